@@ -1,0 +1,87 @@
+//! What a recipe may touch: its node's clock, sleep, spawn, randomness, and the network.
+//!
+//! Recipes never call madsim directly. Going through [`Ctx`] is what makes per-node clocks work (a
+//! recipe's "now" is its node's wall clock, its sleeps run at its node's clock rate) and is the seam
+//! where the same recipe could later run on a real tokio runtime against real servers.
+
+use crate::clock::Clock;
+use crate::history::NodeIx;
+use crate::net::Rpc;
+use crate::rng::{stream, ChaCha8Rng, Rng, RngCore, Stream};
+use crate::world::NodeEnv;
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// A recipe's view of its node. Cheap to clone; clones share the node's endpoint and random stream.
+#[derive(Clone)]
+pub struct Ctx {
+    me: NodeIx,
+    clock: Clock,
+    rpc: Rc<Rpc>,
+    rng: Rc<RefCell<ChaCha8Rng>>,
+}
+
+impl Ctx {
+    /// The context of the node described by `env`, speaking through `rpc`.
+    pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
+        let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
+        let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
+        Ctx {
+            me: env.me,
+            clock: env.clock.clone(),
+            rpc,
+            rng,
+        }
+    }
+
+    pub fn me(&self) -> NodeIx {
+        self.me
+    }
+
+    /// This node's wall clock, in Unix-style milliseconds (jumps move it; it may go backwards).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Sleep for `d` as this node's timers measure it.
+    pub async fn sleep(&self, d: Duration) {
+        self.clock.sleep(d).await
+    }
+
+    /// The node's endpoint for backend calls.
+    pub fn rpc(&self) -> &Rpc {
+        &self.rpc
+    }
+
+    /// Run `task` in the background on this node; it stops when the returned handle is dropped.
+    pub fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
+        Background(madsim::task::spawn_local(task))
+    }
+
+    pub fn random_u64(&self) -> u64 {
+        self.rng.borrow_mut().next_u64()
+    }
+
+    /// A duration drawn uniformly from `[lo, hi]`.
+    pub fn random_duration(&self, lo: Duration, hi: Duration) -> Duration {
+        if hi <= lo {
+            return lo;
+        }
+        Duration::from_nanos(
+            self.rng
+                .borrow_mut()
+                .gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64),
+        )
+    }
+}
+
+/// A background task of a recipe (a keep-alive, a renewal watchdog); aborted when dropped.
+pub struct Background(madsim::task::JoinHandle<()>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,432 @@
+//! Faults: what can be injected into a world, the written-out schedule, and the random nemesis.
+//!
+//! A [`Fault`] is one scheduled injection: when, at whom, and what. The nemesis ([`RandomFaults`]) draws a
+//! schedule from its own random stream before the run starts, so a drawn schedule and the same schedule
+//! written out produce the same run (DESIGN §3).
+
+use crate::rng::{ChaCha8Rng, Rng};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The fault vocabulary of scenario files, results and reports (DESIGN §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    Pause,
+    Crash,
+    Restart,
+    Partition,
+    Clog,
+    Delay,
+    Loss,
+    DropReply,
+    ClockJump,
+    ClockDrift,
+    Failover,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 11] = [
+        FaultKind::Pause,
+        FaultKind::Crash,
+        FaultKind::Restart,
+        FaultKind::Partition,
+        FaultKind::Clog,
+        FaultKind::Delay,
+        FaultKind::Loss,
+        FaultKind::DropReply,
+        FaultKind::ClockJump,
+        FaultKind::ClockDrift,
+        FaultKind::Failover,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Pause => "pause",
+            FaultKind::Crash => "crash",
+            FaultKind::Restart => "restart",
+            FaultKind::Partition => "partition",
+            FaultKind::Clog => "clog",
+            FaultKind::Delay => "delay",
+            FaultKind::Loss => "loss",
+            FaultKind::DropReply => "drop-reply",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::ClockDrift => "clock-drift",
+            FaultKind::Failover => "failover",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// One line for `locksim list faults`: what it does and the keys it takes beside `at` and `target`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FaultKind::Pause => "stop-the-world pause (GC): every task of the node freezes, timers fire late; keys: duration",
+            FaultKind::Crash => "kill the node (volatile state lost); keys: duration (restart after it; omit to stay down)",
+            FaultKind::Restart => "restart a crashed node",
+            FaultKind::Partition => "cut the node off in both directions; keys: duration, peers (default: every other node)",
+            FaultKind::Clog => "drop the node's outgoing messages only (one-way partition); keys: duration, peers",
+            FaultKind::Delay => "add latency to every message to or from the node; keys: duration, latency",
+            FaultKind::Loss => "lose each message to or from the node with a probability; keys: duration, rate",
+            FaultKind::DropReply => "a server applies requests but its replies are lost; keys: duration, rate (default 1.0)",
+            FaultKind::ClockJump => "step the node's wall clock; keys: delta (e.g. \"10s\" or \"-3s\")",
+            FaultKind::ClockDrift => "run the node's clock fast or slow; keys: rate (e.g. 1.5), duration (omit: for good)",
+            FaultKind::Failover => "Sentinel-style failover: the master dies and its replica is promoted, losing unreplicated writes",
+        }
+    }
+}
+
+/// Whom a fault hits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A node by name: `client-2`, `redis-0`, `resource`.
+    Node(String),
+    /// Whoever believes it holds the lock when the fault starts (skipped when nobody does).
+    Holder,
+    /// A client drawn from the nemesis stream when the schedule is resolved.
+    RandomClient,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Node(n) => f.write_str(n),
+            Target::Holder => f.write_str("holder"),
+            Target::RandomClient => f.write_str("random-client"),
+        }
+    }
+}
+
+/// What a fault does, with its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Pause {
+        duration: Duration,
+    },
+    Crash {
+        restart_after: Option<Duration>,
+    },
+    Restart,
+    Partition {
+        peers: Vec<String>,
+        duration: Option<Duration>,
+    },
+    Clog {
+        peers: Vec<String>,
+        duration: Option<Duration>,
+    },
+    Delay {
+        latency: Duration,
+        duration: Option<Duration>,
+    },
+    Loss {
+        rate: f64,
+        duration: Option<Duration>,
+    },
+    DropReply {
+        rate: f64,
+        duration: Option<Duration>,
+    },
+    ClockJump {
+        delta_ms: i64,
+    },
+    ClockDrift {
+        rate: f64,
+        duration: Option<Duration>,
+    },
+    Failover,
+}
+
+impl Action {
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            Action::Pause { .. } => FaultKind::Pause,
+            Action::Crash { .. } => FaultKind::Crash,
+            Action::Restart => FaultKind::Restart,
+            Action::Partition { .. } => FaultKind::Partition,
+            Action::Clog { .. } => FaultKind::Clog,
+            Action::Delay { .. } => FaultKind::Delay,
+            Action::Loss { .. } => FaultKind::Loss,
+            Action::DropReply { .. } => FaultKind::DropReply,
+            Action::ClockJump { .. } => FaultKind::ClockJump,
+            Action::ClockDrift { .. } => FaultKind::ClockDrift,
+            Action::Failover => FaultKind::Failover,
+        }
+    }
+
+    /// How long the fault lasts, for faults that end by themselves.
+    pub fn duration(&self) -> Option<Duration> {
+        match self {
+            Action::Pause { duration } => Some(*duration),
+            Action::Crash { restart_after } => *restart_after,
+            Action::Partition { duration, .. }
+            | Action::Clog { duration, .. }
+            | Action::Delay { duration, .. }
+            | Action::Loss { duration, .. }
+            | Action::DropReply { duration, .. }
+            | Action::ClockDrift { duration, .. } => *duration,
+            Action::Restart | Action::ClockJump { .. } | Action::Failover => None,
+        }
+    }
+
+    /// The parameters in words, for the history and traces.
+    pub fn detail(&self) -> String {
+        let dur = |d: &Option<Duration>| {
+            d.map_or("until the end".to_string(), |d| {
+                format!("for {}", fmt_duration(d))
+            })
+        };
+        let peers = |p: &Vec<String>| {
+            if p.is_empty() {
+                "everyone".to_string()
+            } else {
+                p.join(",")
+            }
+        };
+        match self {
+            Action::Pause { duration } => format!("for {}", fmt_duration(*duration)),
+            Action::Crash {
+                restart_after: Some(d),
+            } => format!("restart after {}", fmt_duration(*d)),
+            Action::Crash {
+                restart_after: None,
+            } => "stays down".into(),
+            Action::Restart => String::new(),
+            Action::Partition { peers: p, duration } => {
+                format!("from {} {}", peers(p), dur(duration))
+            }
+            Action::Clog { peers: p, duration } => {
+                format!("outgoing to {} {}", peers(p), dur(duration))
+            }
+            Action::Delay { latency, duration } => {
+                format!("+{} {}", fmt_duration(*latency), dur(duration))
+            }
+            Action::Loss { rate, duration } | Action::DropReply { rate, duration } => {
+                format!("rate {rate} {}", dur(duration))
+            }
+            Action::ClockJump { delta_ms } => format!("{delta_ms:+}ms"),
+            Action::ClockDrift { rate, duration } => format!("rate {rate} {}", dur(duration)),
+            Action::Failover => String::new(),
+        }
+    }
+}
+
+/// One scheduled fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub at: Duration,
+    pub target: Target,
+    pub action: Action,
+}
+
+/// The nodes a schedule can aim at.
+#[derive(Debug, Clone, Default)]
+pub struct Topology {
+    pub clients: Vec<String>,
+    pub servers: Vec<String>,
+    /// Masters that have a replica to fail over to.
+    pub failover_masters: Vec<String>,
+}
+
+/// `[faults.random]`: a nemesis that draws faults of the given kinds at random intervals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RandomFaults {
+    pub kinds: Vec<FaultKind>,
+    /// Gap between one fault's start and the next, drawn uniformly.
+    pub every: (Duration, Duration),
+    /// How long each fault lasts (and how far a clock jumps), drawn uniformly.
+    pub duration: (Duration, Duration),
+}
+
+impl RandomFaults {
+    /// Draw the schedule of one run of `run_for`, from the nemesis stream.
+    pub fn draw(&self, rng: &mut ChaCha8Rng, run_for: Duration, topo: &Topology) -> Vec<Fault> {
+        let mut faults = Vec::new();
+        let mut at = Duration::ZERO;
+        loop {
+            at += uniform(rng, self.every);
+            if at >= run_for || self.kinds.is_empty() {
+                return faults;
+            }
+            let kind = self.kinds[rng.gen_range(0..self.kinds.len())];
+            let duration = uniform(rng, self.duration);
+            if let Some((target, action)) = self.draw_one(rng, kind, duration, topo) {
+                faults.push(Fault { at, target, action });
+            }
+        }
+    }
+
+    fn draw_one(
+        &self,
+        rng: &mut ChaCha8Rng,
+        kind: FaultKind,
+        duration: Duration,
+        topo: &Topology,
+    ) -> Option<(Target, Action)> {
+        let any_node = |rng: &mut ChaCha8Rng| {
+            let all: Vec<&String> = topo.clients.iter().chain(&topo.servers).collect();
+            Target::Node(all[rng.gen_range(0..all.len())].clone())
+        };
+        let pick = |rng: &mut ChaCha8Rng, from: &[String]| {
+            Target::Node(from[rng.gen_range(0..from.len())].clone())
+        };
+        let d = Some(duration);
+        Some(match kind {
+            // Half of the pauses hit the holder: a pause matters most where the lock is held.
+            FaultKind::Pause if rng.gen_bool(0.5) => (Target::Holder, Action::Pause { duration }),
+            FaultKind::Pause => (any_node(rng), Action::Pause { duration }),
+            FaultKind::Crash => (any_node(rng), Action::Crash { restart_after: d }),
+            FaultKind::Restart => return None,
+            FaultKind::Partition => (
+                any_node(rng),
+                Action::Partition {
+                    peers: vec![],
+                    duration: d,
+                },
+            ),
+            FaultKind::Clog => (
+                any_node(rng),
+                Action::Clog {
+                    peers: vec![],
+                    duration: d,
+                },
+            ),
+            FaultKind::Delay => (
+                any_node(rng),
+                Action::Delay {
+                    latency: duration / 10,
+                    duration: d,
+                },
+            ),
+            FaultKind::Loss => (
+                any_node(rng),
+                Action::Loss {
+                    rate: 0.5,
+                    duration: d,
+                },
+            ),
+            FaultKind::DropReply => (
+                pick(rng, &topo.servers),
+                Action::DropReply {
+                    rate: 1.0,
+                    duration: d,
+                },
+            ),
+            FaultKind::ClockJump => {
+                let ms = duration.as_millis() as i64;
+                let delta_ms = if rng.gen_bool(0.5) { ms } else { -ms };
+                (any_node(rng), Action::ClockJump { delta_ms })
+            }
+            FaultKind::ClockDrift => {
+                let rate = if rng.gen_bool(0.5) { 2.0 } else { 0.5 };
+                (any_node(rng), Action::ClockDrift { rate, duration: d })
+            }
+            FaultKind::Failover if topo.failover_masters.is_empty() => return None,
+            FaultKind::Failover => (pick(rng, &topo.failover_masters), Action::Failover),
+        })
+    }
+}
+
+/// Resolve `random-client` targets from the nemesis stream, in schedule order.
+pub fn resolve_random_clients(faults: &mut [Fault], rng: &mut ChaCha8Rng, clients: &[String]) {
+    for f in faults
+        .iter_mut()
+        .filter(|f| f.target == Target::RandomClient)
+    {
+        f.target = Target::Node(clients[rng.gen_range(0..clients.len())].clone());
+    }
+}
+
+fn uniform(rng: &mut ChaCha8Rng, (lo, hi): (Duration, Duration)) -> Duration {
+    if hi <= lo {
+        return lo;
+    }
+    Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
+}
+
+/// `1.5s`, `250ms`, `2m`: the shortest exact spelling in the scenario-file units.
+pub fn fmt_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    for (unit, per) in [
+        ("h", 3_600_000_000_000u128),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+    ] {
+        if ns >= per && ns % per == 0 {
+            return format!("{}{unit}", ns / per);
+        }
+    }
+    match ns {
+        0 => "0s".into(),
+        ns if ns >= 1_000_000 => format!("{}ms", ns as f64 / 1e6),
+        ns if ns % 1_000 == 0 => format!("{}us", ns / 1_000),
+        ns => format!("{ns}ns"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{stream, Stream};
+
+    fn topo() -> Topology {
+        Topology {
+            clients: vec!["client-0".into(), "client-1".into()],
+            servers: vec!["redis-0".into()],
+            failover_masters: vec![],
+        }
+    }
+
+    #[test]
+    fn the_nemesis_draws_the_same_schedule_from_the_same_seed() {
+        let nemesis = RandomFaults {
+            kinds: vec![FaultKind::Pause, FaultKind::Partition, FaultKind::Crash],
+            every: (Duration::from_secs(2), Duration::from_secs(10)),
+            duration: (Duration::from_secs(1), Duration::from_secs(15)),
+        };
+        let draw = |seed| {
+            nemesis.draw(
+                &mut stream(seed, Stream::Nemesis, 0),
+                Duration::from_secs(60),
+                &topo(),
+            )
+        };
+        assert_eq!(draw(3), draw(3));
+        assert_ne!(draw(3), draw(4));
+        let faults = draw(3);
+        assert!(
+            faults.len() >= 5,
+            "60 s at most 10 s apart gives at least 5 faults, got {}",
+            faults.len()
+        );
+        assert!(faults.windows(2).all(|w| w[0].at < w[1].at));
+        assert!(faults.iter().all(|f| f.at < Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn failover_is_not_drawn_without_a_replica() {
+        let nemesis = RandomFaults {
+            kinds: vec![FaultKind::Failover],
+            every: (Duration::from_secs(1), Duration::from_secs(1)),
+            duration: (Duration::from_secs(1), Duration::from_secs(1)),
+        };
+        assert!(nemesis
+            .draw(
+                &mut stream(1, Stream::Nemesis, 0),
+                Duration::from_secs(10),
+                &topo()
+            )
+            .is_empty());
+    }
+
+    #[test]
+    fn durations_print_in_scenario_units() {
+        assert_eq!(fmt_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(fmt_duration(Duration::from_secs(8)), "8s");
+        assert_eq!(fmt_duration(Duration::from_micros(1500)), "1.5ms");
+    }
+}

@@ -1,0 +1,209 @@
+//! The history: the ordered event log of one run, and the only thing checkers read.
+//!
+//! Events are recorded at the boundaries — by the workload around each lock call, by the resource for
+//! each access, by the world for each fault — never by recipes. Every event carries the simulated time
+//! `t` (nanoseconds, the one true time, not any node's clock) and the node it concerns. Order is the order
+//! of recording, which is simulated-time order because the world runs on one thread.
+//!
+//! Serialised as JSON lines; the FNV-1a hash of those bytes is the run's determinism fingerprint.
+
+use crate::fault::FaultKind;
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
+
+/// Index of a node in [`History::nodes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeIx(pub u32);
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum EventKind {
+    /// A client called `acquire`.
+    AcquireInvoke,
+    /// `acquire` returned: the client now believes it holds the lock.
+    AcquireOk {
+        token: Option<u64>,
+    },
+    /// `acquire` returned a definite failure: the client does not hold the lock.
+    AcquireFail {
+        reason: String,
+    },
+    /// `acquire` ended without knowing (a timeout): the lock may or may not have been taken for it.
+    AcquireUnknown {
+        reason: String,
+    },
+    /// A client called `release`: from here on it no longer believes it holds the lock.
+    ReleaseInvoke,
+    ReleaseOk,
+    ReleaseFail {
+        reason: String,
+    },
+    ReleaseUnknown {
+        reason: String,
+    },
+    /// The resource saw a client begin its critical section.
+    Enter {
+        token: Option<u64>,
+    },
+    Read {
+        value: i64,
+        token: Option<u64>,
+        accepted: bool,
+    },
+    Write {
+        value: i64,
+        token: Option<u64>,
+        accepted: bool,
+    },
+    /// The resource saw a client end its critical section.
+    Exit,
+    /// A fault began. `target` is the node it was aimed at; `detail` says the rest in words.
+    FaultStart {
+        id: u32,
+        fault: FaultKind,
+        target: String,
+        detail: String,
+    },
+    FaultEnd {
+        id: u32,
+    },
+    /// A scheduled fault found nothing to act on (e.g. `target = "holder"` while nobody held the lock).
+    FaultSkipped {
+        id: u32,
+        fault: FaultKind,
+        reason: String,
+    },
+}
+
+/// One entry of the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Simulated nanoseconds since the world started.
+    pub t: u64,
+    pub node: NodeIx,
+    pub kind: EventKind,
+}
+
+/// A finished run's events and the names of its nodes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    pub nodes: Vec<String>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Serialize)]
+struct EventLine<'a> {
+    t: u64,
+    node: &'a str,
+    #[serde(flatten)]
+    kind: &'a EventKind,
+}
+
+impl History {
+    pub fn name(&self, node: NodeIx) -> &str {
+        &self.nodes[node.0 as usize]
+    }
+
+    /// The history as JSON lines: one event per line, node names spelled out.
+    pub fn to_jsonl(&self) -> String {
+        let mut out = String::with_capacity(self.events.len() * 64);
+        for e in &self.events {
+            let line = EventLine {
+                t: e.t,
+                node: self.name(e.node),
+                kind: &e.kind,
+            };
+            out.push_str(&serde_json::to_string(&line).expect("events serialise"));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The determinism fingerprint: FNV-1a over [`History::to_jsonl`].
+    pub fn hash(&self) -> u64 {
+        fnv1a(self.to_jsonl().as_bytes())
+    }
+}
+
+/// 64-bit FNV-1a: tiny, portable and stable across Rust versions (std's `Hash` is not promised to be).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Appends events during a run; shared by every node of the world.
+#[derive(Clone, Default)]
+pub struct Recorder(Arc<Mutex<RecorderState>>);
+
+#[derive(Default)]
+struct RecorderState {
+    events: Vec<Event>,
+    /// Who believes it holds the lock now, in node order (for `target = "holder"`).
+    holders: std::collections::BTreeSet<NodeIx>,
+}
+
+impl Recorder {
+    pub fn record(&self, node: NodeIx, kind: EventKind) {
+        let t = crate::clock::sim_now_ns();
+        let mut s = self.0.lock().expect("recorder lock");
+        match &kind {
+            EventKind::AcquireOk { .. } => {
+                s.holders.insert(node);
+            }
+            EventKind::ReleaseInvoke => {
+                s.holders.remove(&node);
+            }
+            _ => {}
+        }
+        s.events.push(Event { t, node, kind });
+    }
+
+    /// A node that crashed believes nothing any more.
+    pub fn forget_holder(&self, node: NodeIx) {
+        self.0.lock().expect("recorder lock").holders.remove(&node);
+    }
+
+    /// The lowest-numbered node that believes it holds the lock now.
+    pub fn holder(&self) -> Option<NodeIx> {
+        self.0
+            .lock()
+            .expect("recorder lock")
+            .holders
+            .first()
+            .copied()
+    }
+
+    pub fn finish(&self, nodes: Vec<String>) -> History {
+        let events = std::mem::take(&mut self.0.lock().expect("recorder lock").events);
+        History { nodes, events }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jsonl_spells_out_kinds_and_names() {
+        let h = History {
+            nodes: vec!["client-0".into()],
+            events: vec![Event {
+                t: 5,
+                node: NodeIx(0),
+                kind: EventKind::AcquireOk { token: Some(3) },
+            }],
+        };
+        assert_eq!(
+            h.to_jsonl(),
+            "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n"
+        );
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
+    }
+}

@@ -1,0 +1,227 @@
+//! The resource the lock protects: a counter that records every access with the caller and its token.
+//!
+//! A client in its critical section reads the value and later writes a new one (read-modify-write). The
+//! resource records `Enter` and `Read` for the read, `Write` and `Exit` for the write. With `fencing` on it
+//! behaves like the storage in Kleppmann's fencing scheme: it remembers the highest token it has seen on
+//! any access and refuses any access with a lower one (recorded with `accepted = false`).
+
+use crate::backend::{Backend, Out};
+use crate::history::{EventKind, NodeIx};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResourceRequest {
+    Read { token: Option<u64> },
+    Write { token: Option<u64>, value: i64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResourceReply {
+    Value(i64),
+    Written,
+    /// Fencing refused a token lower than one already seen.
+    StaleToken {
+        highest: u64,
+    },
+}
+
+#[derive(Debug, Default)]
+pub struct ResourceState {
+    pub value: i64,
+    pub fencing: bool,
+    highest: Option<u64>,
+}
+
+impl ResourceState {
+    pub fn new(fencing: bool) -> ResourceState {
+        ResourceState {
+            value: 0,
+            fencing,
+            highest: None,
+        }
+    }
+
+    /// Check a token against the highest seen; remember it when accepted.
+    fn admit(&mut self, token: Option<u64>) -> Result<(), u64> {
+        if !self.fencing {
+            return Ok(());
+        }
+        match (token, self.highest) {
+            (Some(t), Some(h)) if t < h => Err(h),
+            (None, Some(h)) => Err(h),
+            (t, h) => {
+                self.highest = t.max(h);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Backend for ResourceState {
+    type Request = ResourceRequest;
+    type Reply = ResourceReply;
+
+    fn apply(
+        &mut self,
+        _now_ms: i64,
+        from: NodeIx,
+        request: ResourceRequest,
+        out: &mut Out,
+    ) -> ResourceReply {
+        match request {
+            ResourceRequest::Read { token } => {
+                let admitted = self.admit(token);
+                let accepted = admitted.is_ok();
+                out.push((from, EventKind::Enter { token }));
+                out.push((
+                    from,
+                    EventKind::Read {
+                        value: self.value,
+                        token,
+                        accepted,
+                    },
+                ));
+                match admitted {
+                    Ok(()) => ResourceReply::Value(self.value),
+                    Err(highest) => {
+                        out.push((from, EventKind::Exit));
+                        ResourceReply::StaleToken { highest }
+                    }
+                }
+            }
+            ResourceRequest::Write { token, value } => {
+                let admitted = self.admit(token);
+                let accepted = admitted.is_ok();
+                if accepted {
+                    self.value = value;
+                }
+                out.push((
+                    from,
+                    EventKind::Write {
+                        value,
+                        token,
+                        accepted,
+                    },
+                ));
+                out.push((from, EventKind::Exit));
+                match admitted {
+                    Ok(()) => ResourceReply::Written,
+                    Err(highest) => ResourceReply::StaleToken { highest },
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(r: &mut ResourceState, req: ResourceRequest) -> ResourceReply {
+        r.apply(0, NodeIx(1), req, &mut Out::new())
+    }
+
+    #[test]
+    fn without_fencing_every_write_lands() {
+        let mut r = ResourceState::new(false);
+        assert_eq!(
+            apply(
+                &mut r,
+                ResourceRequest::Write {
+                    token: Some(5),
+                    value: 1
+                }
+            ),
+            ResourceReply::Written
+        );
+        assert_eq!(
+            apply(
+                &mut r,
+                ResourceRequest::Write {
+                    token: Some(4),
+                    value: 2
+                }
+            ),
+            ResourceReply::Written
+        );
+        assert_eq!(
+            apply(&mut r, ResourceRequest::Read { token: None }),
+            ResourceReply::Value(2)
+        );
+    }
+
+    #[test]
+    fn fencing_refuses_a_token_lower_than_one_seen_on_any_access() {
+        let mut r = ResourceState::new(true);
+        assert_eq!(
+            apply(&mut r, ResourceRequest::Read { token: Some(5) }),
+            ResourceReply::Value(0)
+        );
+        // A paused holder with token 4 wakes up and writes after token 5 has read.
+        assert_eq!(
+            apply(
+                &mut r,
+                ResourceRequest::Write {
+                    token: Some(4),
+                    value: 1
+                }
+            ),
+            ResourceReply::StaleToken { highest: 5 }
+        );
+        assert_eq!(
+            apply(
+                &mut r,
+                ResourceRequest::Write {
+                    token: Some(5),
+                    value: 1
+                }
+            ),
+            ResourceReply::Written
+        );
+        assert_eq!(r.value, 1);
+    }
+
+    #[test]
+    fn accesses_are_recorded_for_the_caller() {
+        let mut r = ResourceState::new(true);
+        let mut out = Out::new();
+        r.apply(
+            0,
+            NodeIx(2),
+            ResourceRequest::Read { token: Some(1) },
+            &mut out,
+        );
+        r.apply(
+            0,
+            NodeIx(2),
+            ResourceRequest::Write {
+                token: Some(1),
+                value: 1,
+            },
+            &mut out,
+        );
+        let kinds: Vec<_> = out.into_iter().map(|(n, k)| (n.0, k)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (2, EventKind::Enter { token: Some(1) }),
+                (
+                    2,
+                    EventKind::Read {
+                        value: 0,
+                        token: Some(1),
+                        accepted: true
+                    }
+                ),
+                (
+                    2,
+                    EventKind::Write {
+                        value: 1,
+                        token: Some(1),
+                        accepted: true
+                    }
+                ),
+                (2, EventKind::Exit),
+            ]
+        );
+    }
+}

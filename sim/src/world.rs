@@ -1,0 +1,369 @@
+//! The world: one deterministic run's nodes, their clocks, and the faults injected into them.
+//!
+//! Each node is a madsim node with its own address and a *program* — an async function of its
+//! [`NodeEnv`] — that madsim runs when the node is built and again on every restart, so a restarted node
+//! starts from its program with whatever state its program chooses to keep. Faults are applied by the
+//! supervisor (the future passed to `block_on`), which is never paused or killed itself.
+
+use crate::clock::Clock;
+use crate::fault::{Action, Fault, Target};
+use crate::history::{EventKind, NodeIx, Recorder};
+use crate::net::{addr_of, Net};
+use madsim::runtime::Handle;
+use madsim::task::NodeId;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a node program is given each time it starts.
+#[derive(Clone)]
+pub struct NodeEnv {
+    pub me: NodeIx,
+    pub clock: Clock,
+    pub net: Net,
+    pub recorder: Recorder,
+    /// The run's seed, for the node's own random streams.
+    pub seed: u64,
+    /// 0 on the first start, then one more on each restart.
+    pub incarnation: u32,
+}
+
+/// A node's program, run on start and on every restart.
+pub type Program = Arc<dyn Fn(NodeEnv) -> Pin<Box<dyn Future<Output = ()>>> + Send + Sync>;
+
+/// Promote the replica of a failed master: returns the promoted node, or why there is none.
+pub type FailoverFn = Box<dyn FnMut(NodeIx) -> Result<NodeIx, String>>;
+
+struct WorldNode {
+    name: String,
+    id: NodeId,
+    clock: Clock,
+}
+
+pub struct World {
+    handle: Handle,
+    seed: u64,
+    net: Net,
+    recorder: Recorder,
+    nodes: Vec<WorldNode>,
+    /// Overlapping pauses of one node: it resumes when the last one ends.
+    pauses: BTreeMap<NodeIx, u32>,
+    /// Overlapping cuts of one directed link: it heals when the last one ends.
+    cuts: BTreeMap<(NodeIx, NodeIx), u32>,
+    failover: Option<FailoverFn>,
+}
+
+/// A fault's start or end, placed on the run's timeline.
+enum Step {
+    Start,
+    End,
+}
+
+impl World {
+    /// A world for the current madsim runtime (call inside `block_on`).
+    pub fn new(seed: u64) -> World {
+        World {
+            handle: Handle::current(),
+            seed,
+            net: Net::new(seed),
+            recorder: Recorder::default(),
+            nodes: Vec::new(),
+            pauses: BTreeMap::new(),
+            cuts: BTreeMap::new(),
+            failover: None,
+        }
+    }
+
+    pub fn net(&self) -> &Net {
+        &self.net
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    pub fn index(&self, name: &str) -> Option<NodeIx> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| NodeIx(i as u32))
+    }
+
+    /// The index the next added node will get (for programs that must know their peers up front).
+    pub fn next_index(&self) -> NodeIx {
+        NodeIx(self.nodes.len() as u32)
+    }
+
+    pub fn set_failover(&mut self, f: FailoverFn) {
+        self.failover = Some(f);
+    }
+
+    /// Add a node running `program`; it starts at once.
+    pub fn add_node(&mut self, name: &str, program: Program) -> NodeIx {
+        let me = self.next_index();
+        let clock = Clock::default();
+        let env = NodeEnv {
+            me,
+            clock: clock.clone(),
+            net: self.net.clone(),
+            recorder: self.recorder.clone(),
+            seed: self.seed,
+            incarnation: 0,
+        };
+        let starts = Arc::new(AtomicU32::new(0));
+        let node = self
+            .handle
+            .create_node()
+            .name(name)
+            .ip(addr_of(me).ip())
+            .init(move || {
+                let env = NodeEnv {
+                    incarnation: starts.fetch_add(1, Ordering::Relaxed),
+                    ..env.clone()
+                };
+                program(env)
+            })
+            .build();
+        self.nodes.push(WorldNode {
+            name: name.to_string(),
+            id: node.id(),
+            clock,
+        });
+        me
+    }
+
+    /// Apply `schedule` while the nodes run, then stop every node at `run_for`.
+    pub async fn run(&mut self, schedule: &[Fault], run_for: Duration) {
+        let mut steps: Vec<(Duration, usize, Step)> = Vec::new();
+        for (i, f) in schedule.iter().enumerate() {
+            steps.push((f.at, i, Step::Start));
+            if let Some(d) = f.action.duration() {
+                steps.push((f.at + d, i, Step::End));
+            }
+        }
+        // Stable: at equal times, schedule order, and a fault's start before its end.
+        steps.sort_by_key(|(at, i, step)| (*at, matches!(step, Step::End), *i));
+        let mut hit: BTreeMap<usize, NodeIx> = BTreeMap::new();
+        for (at, i, step) in steps.into_iter().filter(|(at, _, _)| *at < run_for) {
+            sleep_until(at).await;
+            let fault = &schedule[i];
+            match step {
+                Step::Start => {
+                    if let Some(node) = self.start(i as u32, fault) {
+                        hit.insert(i, node);
+                    }
+                }
+                Step::End => {
+                    if let Some(node) = hit.remove(&i) {
+                        self.end(i as u32, fault, node);
+                    }
+                }
+            }
+        }
+        sleep_until(run_for).await;
+        self.shutdown();
+    }
+
+    /// Kill every node, so that no task outlives the run (madsim issue #242).
+    pub fn shutdown(&self) {
+        for n in &self.nodes {
+            self.handle.kill(n.id);
+        }
+    }
+
+    fn resolve(&self, target: &Target) -> Result<NodeIx, String> {
+        match target {
+            Target::Node(name) => Ok(self
+                .index(name)
+                .expect("targets are validated against the topology")),
+            Target::Holder => self
+                .recorder
+                .holder()
+                .ok_or_else(|| "nobody held the lock".to_string()),
+            Target::RandomClient => {
+                unreachable!("random-client targets are resolved before the run")
+            }
+        }
+    }
+
+    fn start(&mut self, id: u32, fault: &Fault) -> Option<NodeIx> {
+        let kind = fault.action.kind();
+        let node = match self.resolve(&fault.target) {
+            Ok(node) => node,
+            Err(reason) => {
+                self.recorder.record(
+                    NodeIx(0),
+                    EventKind::FaultSkipped {
+                        id,
+                        fault: kind,
+                        reason,
+                    },
+                );
+                return None;
+            }
+        };
+        let target = self.nodes[node.0 as usize].name.clone();
+        let mut detail = fault.action.detail();
+        match &fault.action {
+            Action::Pause { .. } => self.pause(node),
+            Action::Crash { .. } => self.crash(node),
+            Action::Restart => self.restart(node),
+            Action::Partition { peers, .. } => {
+                for peer in self.peers(node, peers) {
+                    self.cut(node, peer, true);
+                    self.cut(peer, node, true);
+                }
+            }
+            Action::Clog { peers, .. } => {
+                for peer in self.peers(node, peers) {
+                    self.cut(node, peer, true);
+                }
+            }
+            Action::Delay { latency, .. } => self.net.set_delay(node, Some(*latency)),
+            Action::Loss { rate, .. } => self.net.set_loss(node, Some(*rate)),
+            Action::DropReply { rate, .. } => self.net.set_drop_reply(node, Some(*rate)),
+            Action::ClockJump { delta_ms } => self.nodes[node.0 as usize].clock.jump(*delta_ms),
+            Action::ClockDrift { rate, .. } => self.nodes[node.0 as usize].clock.set_rate(*rate),
+            Action::Failover => {
+                let promoted = self
+                    .failover
+                    .as_mut()
+                    .map_or(Err("no replica to promote".to_string()), |f| f(node));
+                match promoted {
+                    Ok(replica) => {
+                        self.crash(node);
+                        detail = format!("{} promoted", self.nodes[replica.0 as usize].name);
+                    }
+                    Err(reason) => {
+                        self.recorder.record(
+                            node,
+                            EventKind::FaultSkipped {
+                                id,
+                                fault: kind,
+                                reason,
+                            },
+                        );
+                        return None;
+                    }
+                }
+            }
+        }
+        self.recorder.record(
+            node,
+            EventKind::FaultStart {
+                id,
+                fault: kind,
+                target,
+                detail,
+            },
+        );
+        Some(node)
+    }
+
+    fn end(&mut self, id: u32, fault: &Fault, node: NodeIx) {
+        match &fault.action {
+            Action::Pause { .. } => self.resume(node),
+            Action::Crash { .. } => self.restart(node),
+            Action::Partition { peers, .. } => {
+                for peer in self.peers(node, peers) {
+                    self.cut(node, peer, false);
+                    self.cut(peer, node, false);
+                }
+            }
+            Action::Clog { peers, .. } => {
+                for peer in self.peers(node, peers) {
+                    self.cut(node, peer, false);
+                }
+            }
+            Action::Delay { .. } => self.net.set_delay(node, None),
+            Action::Loss { .. } => self.net.set_loss(node, None),
+            Action::DropReply { .. } => self.net.set_drop_reply(node, None),
+            Action::ClockDrift { .. } => self.nodes[node.0 as usize].clock.set_rate(1.0),
+            Action::Restart | Action::ClockJump { .. } | Action::Failover => return,
+        }
+        self.recorder.record(node, EventKind::FaultEnd { id });
+    }
+
+    fn peers(&self, node: NodeIx, named: &[String]) -> Vec<NodeIx> {
+        if named.is_empty() {
+            return (0..self.nodes.len() as u32)
+                .map(NodeIx)
+                .filter(|n| *n != node)
+                .collect();
+        }
+        named
+            .iter()
+            .map(|n| {
+                self.index(n)
+                    .expect("peers are validated against the topology")
+            })
+            .collect()
+    }
+
+    fn pause(&mut self, node: NodeIx) {
+        let depth = self.pauses.entry(node).or_default();
+        *depth += 1;
+        if *depth == 1 {
+            self.handle.pause(self.nodes[node.0 as usize].id);
+        }
+    }
+
+    fn resume(&mut self, node: NodeIx) {
+        let Some(depth) = self.pauses.get_mut(&node) else {
+            return;
+        };
+        *depth -= 1;
+        if *depth == 0 {
+            self.pauses.remove(&node);
+            self.handle.resume(self.nodes[node.0 as usize].id);
+        }
+    }
+
+    fn crash(&mut self, node: NodeIx) {
+        self.handle.kill(self.nodes[node.0 as usize].id);
+        self.pauses.remove(&node);
+        self.recorder.forget_holder(node);
+    }
+
+    fn restart(&mut self, node: NodeIx) {
+        let id = self.nodes[node.0 as usize].id;
+        // Kill first: madsim's restart alone keeps the old node's sockets bound.
+        self.handle.kill(id);
+        self.pauses.remove(&node);
+        self.recorder.forget_holder(node);
+        self.handle.restart(id);
+    }
+
+    /// Cut (or heal one cut of) the directed link `from → to`.
+    fn cut(&mut self, from: NodeIx, to: NodeIx, on: bool) {
+        let count = self.cuts.entry((from, to)).or_default();
+        let net = madsim::net::NetSim::current();
+        let (a, b) = (self.nodes[from.0 as usize].id, self.nodes[to.0 as usize].id);
+        if on {
+            *count += 1;
+            if *count == 1 {
+                net.clog_link(a, b);
+            }
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.cuts.remove(&(from, to));
+                net.unclog_link(a, b);
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Duration) {
+    let now = Duration::from_nanos(crate::clock::sim_now_ns());
+    if at > now {
+        madsim::time::sleep(at - now).await;
+    }
+}
