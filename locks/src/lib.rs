@@ -1,1 +1,121 @@
+//! Lock recipes: real lock algorithms written as clients of the simulated backends.
+//!
+//! Module map:
+//! - this file: the [`Lock`] trait every recipe implements, its [`Outcome`]s, and the [`Registry`] of
+//!   recipes and backend families that scenario files name.
+//! - [`params`]: typed recipe and backend parameters, declared once.
+//! - [`redis`]: the Redis family — the `RedisApi` client trait, the simulated servers, and the recipes
+//!   `redis.set-nx`, `redis.set-nx-px`, `redis.getset-expiry`, `redis.watchdog`, `redis.redlock`.
+//!
+//! Architecture invariants: recipes see time, sleep, spawn and their backend only through
+//! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
+//! workload records around their calls); they never see checkers.
 
+pub mod params;
+pub mod redis;
+
+use locksim_sim::ctx::Ctx;
+use locksim_sim::world::World;
+use params::{ParamSpec, Params};
+
+pub use async_trait::async_trait;
+
+/// How a lock call ended. A timed-out call is `Unknown`: it may have taken effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    Ok(T),
+    Fail(String),
+    Unknown(String),
+}
+
+/// What a successful `acquire` hands the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// The fencing token the backend offers, if the recipe has one: larger for later holders.
+    pub token: Option<u64>,
+}
+
+/// A distributed lock as one client uses it. One value per client; `acquire` and `release` alternate.
+///
+/// Implement this in your own crate to test your lock: see `scenarios/examples/custom_lock.rs`.
+#[async_trait(?Send)]
+pub trait Lock {
+    /// Take the lock, waiting as the recipe waits (each recipe bounds its wait).
+    async fn acquire(&mut self) -> Outcome<Grant>;
+    /// Give the lock up.
+    async fn release(&mut self) -> Outcome<()>;
+}
+
+/// The servers of one backend family in one world, as recipes reach them.
+#[derive(Clone, Debug)]
+pub enum Servers {
+    Redis(redis::RedisServers),
+}
+
+/// A backend family deployed in a world.
+pub struct Deployed {
+    pub servers: Servers,
+    /// Every server node's name.
+    pub names: Vec<String>,
+    /// Servers that have a replica to fail over to.
+    pub failover_masters: Vec<String>,
+}
+
+/// A backend family: its `[backend]` parameters and how to start its servers in a world.
+pub struct Family {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub params: &'static [ParamSpec],
+    pub deploy: fn(&mut World, &Params) -> Deployed,
+}
+
+/// A recipe as scenario files name it.
+#[derive(Clone, Copy)]
+pub struct RecipeSpec {
+    /// `family.mechanism`, e.g. `redis.set-nx-px`.
+    pub id: &'static str,
+    pub family: &'static Family,
+    /// One line: what it does.
+    pub summary: &'static str,
+    /// Where the algorithm comes from.
+    pub source: &'static str,
+    pub params: &'static [ParamSpec],
+    /// Whether `acquire` returns a fencing token (needed for `fencing = true`).
+    pub offers_token: bool,
+    /// Checks that need both parameter sets, e.g. Redlock's number of masters.
+    pub validate: fn(recipe: &Params, backend: &Params) -> Result<(), String>,
+    /// Build one client's lock on its node.
+    pub build: fn(&Params, Ctx, &Servers) -> Box<dyn Lock>,
+}
+
+/// A recipe without cross-parameter constraints.
+pub fn no_constraints(_: &Params, _: &Params) -> Result<(), String> {
+    Ok(())
+}
+
+/// The recipes a scenario file may name: the built-in zoo plus any a user adds.
+#[derive(Clone)]
+pub struct Registry {
+    recipes: Vec<RecipeSpec>,
+}
+
+impl Registry {
+    /// Every recipe that ships with locksim.
+    pub fn builtin() -> Registry {
+        Registry { recipes: redis::RECIPES.to_vec() }
+    }
+
+    /// This registry and `recipe` (e.g. a user's own lock).
+    pub fn with(mut self, recipe: RecipeSpec) -> Registry {
+        self.recipes.push(recipe);
+        self
+    }
+
+    pub fn get(&self, id: &str) -> Option<&RecipeSpec> {
+        self.recipes.iter().find(|r| r.id == id)
+    }
+
+    pub fn recipes(&self) -> &[RecipeSpec] {
+        &self.recipes
+    }
+}

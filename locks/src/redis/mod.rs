@@ -1,0 +1,254 @@
+//! The Redis family: the client trait recipes speak, the simulated deployment, and the recipes.
+//!
+//! Recipes talk to one Redis master through [`RedisApi`], whose methods mirror a Redis client's commands
+//! (redis-rs, Jedis, redis-py). [`SimRedis`] implements it over the simulated network, following the
+//! shard's current master as a Sentinel-aware client does.
+
+mod getset_expiry;
+mod redlock;
+mod set_nx;
+mod set_nx_px;
+mod watchdog;
+
+use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
+use crate::{async_trait, Deployed, Family, Grant, Outcome, RecipeSpec, Servers};
+use locksim_sim::backend::redis::{RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards};
+use locksim_sim::ctx::Ctx;
+use locksim_sim::history::NodeIx;
+use locksim_sim::net::CallError;
+use locksim_sim::world::{Program, World};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Every Redis recipe, for the registry.
+pub const RECIPES: &[RecipeSpec] =
+    &[set_nx::RECIPE, set_nx_px::RECIPE, getset_expiry::RECIPE, watchdog::RECIPE, redlock::RECIPE];
+
+/// The key every Redis recipe locks, and the counter that hands out fencing tokens.
+const LOCK_KEY: &str = "lock";
+const FENCE_KEY: &str = "lock:fence";
+
+/// A Redis connection's commands. Errors are network outcomes; Redis errors come back as replies.
+#[async_trait(?Send)]
+pub trait RedisApi {
+    /// Send one command and wait for its reply.
+    async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError>;
+
+    async fn set(&self, key: &str, value: &str, condition: SetCondition, px_ms: Option<i64>) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Set { key: key.into(), value: value.into(), condition, px_ms }).await
+    }
+    async fn get(&self, key: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Get { key: key.into() }).await
+    }
+    async fn del(&self, key: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Del { key: key.into() }).await
+    }
+    async fn getset(&self, key: &str, value: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::GetSet { key: key.into(), value: value.into() }).await
+    }
+    async fn incr(&self, key: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Incr { key: key.into() }).await
+    }
+    async fn eval(&self, script: Script, key: &str, arg: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Eval { script, key: key.into(), arg: arg.into() }).await
+    }
+}
+
+/// A connection to one shard of the simulated Redis deployment.
+pub struct SimRedis {
+    ctx: Ctx,
+    shards: Shards,
+    shard: usize,
+    timeout: Duration,
+}
+
+impl SimRedis {
+    pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
+        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout }
+    }
+}
+
+#[async_trait(?Send)]
+impl RedisApi for SimRedis {
+    async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
+        self.ctx.rpc().call(self.shards.master(self.shard), request, self.timeout).await
+    }
+}
+
+/// The Redis servers of one world.
+#[derive(Clone, Debug)]
+pub struct RedisServers {
+    pub shards: Shards,
+}
+
+impl RedisServers {
+    fn from(servers: &Servers) -> &RedisServers {
+        match servers {
+            Servers::Redis(r) => r,
+        }
+    }
+}
+
+/// `[backend]` keys of the Redis family.
+pub const BACKEND_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "masters",
+        kind: ParamKind::Int { min: 1, max: 9 },
+        default: ParamValue::Int(1),
+        doc: "independent Redis masters (Redlock uses several; other recipes one)",
+    },
+    ParamSpec {
+        name: "replicas",
+        kind: ParamKind::Int { min: 0, max: 1 },
+        default: ParamValue::Int(0),
+        doc: "replicas per master, fed by asynchronous replication; `failover` promotes one",
+    },
+    ParamSpec {
+        name: "replication_lag",
+        kind: ParamKind::Duration,
+        default: ms(100),
+        doc: "how long a write waits before the master ships it to its replica",
+    },
+    ParamSpec {
+        name: "persist",
+        kind: ParamKind::Bool,
+        default: ParamValue::Bool(false),
+        doc: "keep the dataset across a crash (AOF, fsync always); false restarts empty",
+    },
+];
+
+pub static FAMILY: Family = Family {
+    name: "redis",
+    summary: "Redis 7: strings with PX expiry by the server clock, EVAL scripts, async replica, Sentinel failover",
+    params: BACKEND_PARAMS,
+    deploy,
+};
+
+fn deploy(world: &mut World, params: &Params) -> Deployed {
+    let masters = params.int("masters") as usize;
+    let with_replica = params.int("replicas") == 1;
+    let lag = params.duration("replication_lag");
+    let persist = params.bool("persist");
+    let mut names = Vec::new();
+    let mut failover_masters = Vec::new();
+    let mut master_ids = Vec::new();
+    let mut replica_of = Vec::new();
+    for i in 0..masters {
+        let name = format!("redis-{i}");
+        // The replica is added right after its master, so its index is known before either starts.
+        let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
+        let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
+        let master = world.add_node(&name, redis_program(RedisNode { state: Arc::new(Mutex::new(state)), persist, replica }));
+        master_ids.push(master);
+        names.push(name.clone());
+        if with_replica {
+            let replica_name = format!("{name}-replica");
+            let node = RedisNode { state: Arc::default(), persist, replica: None };
+            let replica = world.add_node(&replica_name, redis_program(node));
+            replica_of.push((master, replica));
+            names.push(replica_name);
+            failover_masters.push(name);
+        }
+    }
+    let shards = Shards::new(master_ids);
+    let directory = shards.clone();
+    world.set_failover(Box::new(move |master| {
+        let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
+        let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
+        directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
+        Ok(replica)
+    }));
+    Deployed { servers: Servers::Redis(RedisServers { shards }), names, failover_masters }
+}
+
+fn redis_program(node: RedisNode) -> Program {
+    Arc::new(move |env| {
+        let node = node.clone();
+        Box::pin(async move { node.run(env.me, env.clock, env.net, env.recorder).await })
+    })
+}
+
+/// Parameters the single-instance Redis recipes share.
+const RETRY: ParamSpec = ParamSpec {
+    name: "retry",
+    kind: ParamKind::Duration,
+    default: ms(100),
+    doc: "sleep between attempts while the lock is taken (redis-py's `sleep`)",
+};
+const ACQUIRE_TIMEOUT: ParamSpec = ParamSpec {
+    name: "acquire_timeout",
+    kind: ParamKind::Duration,
+    default: ms(10_000),
+    doc: "give up waiting after this long (redis-py's `blocking_timeout`)",
+};
+const CALL_TIMEOUT: ParamSpec = ParamSpec {
+    name: "call_timeout",
+    kind: ParamKind::Duration,
+    default: ms(1_000),
+    doc: "socket timeout of each Redis command; a timed-out command may still have run",
+};
+const TTL: ParamSpec = ParamSpec {
+    name: "ttl",
+    kind: ParamKind::Duration,
+    default: ms(10_000),
+    doc: "expiry of the lock key (PX)",
+};
+
+/// What one attempt to take a Redis lock found.
+enum Attempt {
+    Taken,
+    Busy,
+    Unknown(String),
+}
+
+/// Try `attempt` until it takes the lock, sleeping `retry` between tries, for at most `acquire_timeout`
+/// by the client's clock; then ask for a fencing token. The loop every single-instance recipe shares.
+async fn spin<F, Fut>(ctx: &Ctx, params: &Params, redis: &SimRedis, mut attempt: F) -> Outcome<Grant>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Attempt>,
+{
+    let (retry, budget) = (params.duration("retry"), params.duration("acquire_timeout"));
+    let deadline = ctx.now_ms() + budget.as_millis() as i64;
+    loop {
+        match attempt().await {
+            Attempt::Taken => return Outcome::Ok(fencing_token(redis).await),
+            Attempt::Unknown(why) => return Outcome::Unknown(why),
+            Attempt::Busy if ctx.now_ms() >= deadline => return Outcome::Fail("timed out waiting".into()),
+            Attempt::Busy => ctx.sleep(retry).await,
+        }
+    }
+}
+
+/// `INCR lock:fence` after taking the lock: a token larger than every earlier holder's, as long as the
+/// counter itself survives. A lost reply leaves the holder without a token.
+async fn fencing_token(redis: &impl RedisApi) -> Grant {
+    match redis.incr(FENCE_KEY).await {
+        Ok(RedisReply::Int(n)) => Grant { token: Some(n as u64) },
+        _ => Grant { token: None },
+    }
+}
+
+/// A release's outcome from the reply of DEL or compare-and-delete.
+fn released(reply: Result<RedisReply, CallError>) -> Outcome<()> {
+    match reply {
+        Ok(RedisReply::Int(1)) => Outcome::Ok(()),
+        Ok(RedisReply::Int(_)) => Outcome::Fail("the lock key was not ours any more".into()),
+        Ok(other) => Outcome::Fail(format!("unexpected reply {other:?}")),
+        Err(CallError::Timeout) => Outcome::Unknown("release timed out".into()),
+    }
+}
+
+/// A random lock value identifying this acquisition (a UUID in real clients).
+fn lock_value(ctx: &Ctx) -> String {
+    format!("{:016x}", ctx.random_u64())
+}
+
+/// A recipe that needs exactly one master.
+fn one_master(_: &Params, backend: &Params) -> Result<(), String> {
+    match backend.int("masters") {
+        1 => Ok(()),
+        n => Err(format!("this recipe uses one Redis master, but [backend] masters = {n} (several masters are for redis.redlock)")),
+    }
+}
