@@ -15,6 +15,7 @@ pub mod params;
 pub mod redis;
 
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
 use locksim_sim::world::World;
 use params::{ParamSpec, Params};
 
@@ -52,21 +53,15 @@ pub enum Servers {
     Redis(redis::RedisServers),
 }
 
-/// A backend family deployed in a world.
-pub struct Deployed {
-    pub servers: Servers,
-    /// Every server node's name.
-    pub names: Vec<String>,
-    /// Servers that have a replica to fail over to.
-    pub failover_masters: Vec<String>,
-}
-
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.
 pub struct Family {
     pub name: &'static str,
     pub summary: &'static str,
     pub params: &'static [ParamSpec],
-    pub deploy: fn(&mut World, &Params) -> Deployed,
+    /// The server nodes these parameters make (`servers` and `failover_masters`; no clients).
+    pub topology: fn(&Params) -> Topology,
+    /// Start the servers in a world; node names follow `topology`.
+    pub deploy: fn(&mut World, &Params) -> Servers,
 }
 
 /// A recipe as scenario files name it.
@@ -102,7 +97,9 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        Registry { recipes: redis::RECIPES.to_vec() }
+        Registry {
+            recipes: redis::RECIPES.to_vec(),
+        }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).

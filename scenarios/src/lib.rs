@@ -1,1 +1,23 @@
+//! Scenarios, workloads, checkers and the seed runner.
+//!
+//! Module map:
+//! - [`file`]: the scenario file as written, with positions and precise errors.
+//! - [`scenario`]: the validated [`Scenario`] a run needs.
+//! - [`duration`]: `"250ms"`-style durations and ranges.
+//! - [`workload`]: the client program around a recipe, and the only code touching the resource.
+//! - [`checkers`]: pure functions from a history to findings, and the run's measurements.
+//! - [`run`]: one seed: build the world, run it, check it.
+//! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation.
+//!
+//! Architecture invariants: checkers see only the history; the result of a seed depends on the scenario
+//! and the seed alone (fresh thread, fresh runtime, every node killed before returning).
 
+pub mod checkers;
+pub mod duration;
+pub mod file;
+pub mod run;
+pub mod scenario;
+pub mod sweep;
+pub mod workload;
+
+pub use scenario::{Scenario, Verdict};

@@ -90,6 +90,8 @@ pub struct Event {
 pub struct History {
     pub nodes: Vec<String>,
     pub events: Vec<Event>,
+    /// Simulated nanoseconds at which the run stopped.
+    pub end: u64,
 }
 
 #[derive(Serialize)]
@@ -175,9 +177,14 @@ impl Recorder {
             .copied()
     }
 
+    /// The history so far, ending now.
     pub fn finish(&self, nodes: Vec<String>) -> History {
         let events = std::mem::take(&mut self.0.lock().expect("recorder lock").events);
-        History { nodes, events }
+        History {
+            nodes,
+            events,
+            end: crate::clock::sim_now_ns(),
+        }
     }
 }
 

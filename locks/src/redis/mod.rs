@@ -11,9 +11,12 @@ mod set_nx_px;
 mod watchdog;
 
 use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
-use crate::{async_trait, Deployed, Family, Grant, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards};
+use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
+use locksim_sim::backend::redis::{
+    RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards,
+};
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
 use locksim_sim::net::CallError;
 use locksim_sim::world::{Program, World};
@@ -22,8 +25,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Every Redis recipe, for the registry.
-pub const RECIPES: &[RecipeSpec] =
-    &[set_nx::RECIPE, set_nx_px::RECIPE, getset_expiry::RECIPE, watchdog::RECIPE, redlock::RECIPE];
+pub const RECIPES: &[RecipeSpec] = &[
+    set_nx::RECIPE,
+    set_nx_px::RECIPE,
+    getset_expiry::RECIPE,
+    watchdog::RECIPE,
+    redlock::RECIPE,
+];
 
 /// The key every Redis recipe locks, and the counter that hands out fencing tokens.
 const LOCK_KEY: &str = "lock";
@@ -35,8 +43,20 @@ pub trait RedisApi {
     /// Send one command and wait for its reply.
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError>;
 
-    async fn set(&self, key: &str, value: &str, condition: SetCondition, px_ms: Option<i64>) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Set { key: key.into(), value: value.into(), condition, px_ms }).await
+    async fn set(
+        &self,
+        key: &str,
+        value: &str,
+        condition: SetCondition,
+        px_ms: Option<i64>,
+    ) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Set {
+            key: key.into(),
+            value: value.into(),
+            condition,
+            px_ms,
+        })
+        .await
     }
     async fn get(&self, key: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Get { key: key.into() }).await
@@ -45,13 +65,22 @@ pub trait RedisApi {
         self.request(RedisRequest::Del { key: key.into() }).await
     }
     async fn getset(&self, key: &str, value: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::GetSet { key: key.into(), value: value.into() }).await
+        self.request(RedisRequest::GetSet {
+            key: key.into(),
+            value: value.into(),
+        })
+        .await
     }
     async fn incr(&self, key: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Incr { key: key.into() }).await
     }
     async fn eval(&self, script: Script, key: &str, arg: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Eval { script, key: key.into(), arg: arg.into() }).await
+        self.request(RedisRequest::Eval {
+            script,
+            key: key.into(),
+            arg: arg.into(),
+        })
+        .await
     }
 }
 
@@ -65,14 +94,22 @@ pub struct SimRedis {
 
 impl SimRedis {
     pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
-        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout }
+        SimRedis {
+            ctx,
+            shards: servers.shards.clone(),
+            shard,
+            timeout,
+        }
     }
 }
 
 #[async_trait(?Send)]
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
-        self.ctx.rpc().call(self.shards.master(self.shard), request, self.timeout).await
+        self.ctx
+            .rpc()
+            .call(self.shards.master(self.shard), request, self.timeout)
+            .await
     }
 }
 
@@ -122,44 +159,76 @@ pub static FAMILY: Family = Family {
     name: "redis",
     summary: "Redis 7: strings with PX expiry by the server clock, EVAL scripts, async replica, Sentinel failover",
     params: BACKEND_PARAMS,
+    topology,
     deploy,
 };
 
-fn deploy(world: &mut World, params: &Params) -> Deployed {
-    let masters = params.int("masters") as usize;
+fn master_name(shard: usize) -> String {
+    format!("redis-{shard}")
+}
+
+fn replica_name(shard: usize) -> String {
+    format!("redis-{shard}-replica")
+}
+
+fn topology(params: &Params) -> Topology {
     let with_replica = params.int("replicas") == 1;
-    let lag = params.duration("replication_lag");
-    let persist = params.bool("persist");
-    let mut names = Vec::new();
-    let mut failover_masters = Vec::new();
-    let mut master_ids = Vec::new();
-    let mut replica_of = Vec::new();
-    for i in 0..masters {
-        let name = format!("redis-{i}");
-        // The replica is added right after its master, so its index is known before either starts.
-        let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
-        let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
-        let master = world.add_node(&name, redis_program(RedisNode { state: Arc::new(Mutex::new(state)), persist, replica }));
-        master_ids.push(master);
-        names.push(name.clone());
+    let mut topo = Topology::default();
+    for shard in 0..params.int("masters") as usize {
+        topo.servers.push(master_name(shard));
         if with_replica {
-            let replica_name = format!("{name}-replica");
-            let node = RedisNode { state: Arc::default(), persist, replica: None };
-            let replica = world.add_node(&replica_name, redis_program(node));
-            replica_of.push((master, replica));
-            names.push(replica_name);
-            failover_masters.push(name);
+            topo.servers.push(replica_name(shard));
+            topo.failover_masters.push(master_name(shard));
         }
     }
-    let shards = Shards::new(master_ids);
+    topo
+}
+
+fn deploy(world: &mut World, params: &Params) -> Servers {
+    let with_replica = params.int("replicas") == 1;
+    let (lag, persist) = (params.duration("replication_lag"), params.bool("persist"));
+    let (mut masters, mut replica_of) = (Vec::new(), Vec::new());
+    for shard in 0..params.int("masters") as usize {
+        // The replica is added right after its master, so its index is known before either starts.
+        let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
+        let state = if with_replica {
+            RedisState::with_replica()
+        } else {
+            RedisState::default()
+        };
+        let node = RedisNode {
+            state: Arc::new(Mutex::new(state)),
+            persist,
+            replica,
+        };
+        let master = world.add_node(&master_name(shard), redis_program(node));
+        masters.push(master);
+        if with_replica {
+            let node = RedisNode {
+                state: Arc::default(),
+                persist,
+                replica: None,
+            };
+            replica_of.push((
+                master,
+                world.add_node(&replica_name(shard), redis_program(node)),
+            ));
+        }
+    }
+    let shards = Shards::new(masters);
     let directory = shards.clone();
     world.set_failover(Box::new(move |master| {
-        let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
+        let replica = replica_of
+            .iter()
+            .find(|(m, _)| *m == master)
+            .map(|(_, r)| *r);
         let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
-        directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
+        directory
+            .promote(master, replica)
+            .ok_or_else(|| "already failed over".to_string())?;
         Ok(replica)
     }));
-    Deployed { servers: Servers::Redis(RedisServers { shards }), names, failover_masters }
+    Servers::Redis(RedisServers { shards })
 }
 
 fn redis_program(node: RedisNode) -> Program {
@@ -204,7 +273,12 @@ enum Attempt {
 
 /// Try `attempt` until it takes the lock, sleeping `retry` between tries, for at most `acquire_timeout`
 /// by the client's clock; then ask for a fencing token. The loop every single-instance recipe shares.
-async fn spin<F, Fut>(ctx: &Ctx, params: &Params, redis: &SimRedis, mut attempt: F) -> Outcome<Grant>
+async fn spin<F, Fut>(
+    ctx: &Ctx,
+    params: &Params,
+    redis: &SimRedis,
+    mut attempt: F,
+) -> Outcome<Grant>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt>,
@@ -215,7 +289,9 @@ where
         match attempt().await {
             Attempt::Taken => return Outcome::Ok(fencing_token(redis).await),
             Attempt::Unknown(why) => return Outcome::Unknown(why),
-            Attempt::Busy if ctx.now_ms() >= deadline => return Outcome::Fail("timed out waiting".into()),
+            Attempt::Busy if ctx.now_ms() >= deadline => {
+                return Outcome::Fail("timed out waiting".into())
+            }
             Attempt::Busy => ctx.sleep(retry).await,
         }
     }
@@ -225,7 +301,9 @@ where
 /// counter itself survives. A lost reply leaves the holder without a token.
 async fn fencing_token(redis: &impl RedisApi) -> Grant {
     match redis.incr(FENCE_KEY).await {
-        Ok(RedisReply::Int(n)) => Grant { token: Some(n as u64) },
+        Ok(RedisReply::Int(n)) => Grant {
+            token: Some(n as u64),
+        },
         _ => Grant { token: None },
     }
 }

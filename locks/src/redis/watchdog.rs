@@ -14,7 +14,9 @@
 //! than `watchdog_timeout` stops the renewals too; the key expires under a holder that still believes it
 //! holds the lock — `double-holder`. Shorter pauses are absorbed by the renewals.
 
-use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
+use super::{
+    spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY,
+};
 use crate::params::{ms, ParamKind, ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
@@ -51,8 +53,20 @@ struct Watchdog {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
-    Box::new(Watchdog { ctx, params: params.clone(), servers: servers.clone(), redis, value: String::new(), renewal: None })
+    let redis = SimRedis::new(
+        ctx.clone(),
+        RedisServers::from(servers),
+        0,
+        params.duration("call_timeout"),
+    );
+    Box::new(Watchdog {
+        ctx,
+        params: params.clone(),
+        servers: servers.clone(),
+        redis,
+        value: String::new(),
+        renewal: None,
+    })
 }
 
 #[async_trait(?Send)]
@@ -62,7 +76,15 @@ impl Lock for Watchdog {
         let lease = self.params.duration("watchdog_timeout");
         let (redis, value) = (&self.redis, &self.value);
         let outcome = spin(&self.ctx, &self.params, redis, || async move {
-            match redis.set(LOCK_KEY, value, SetCondition::Nx, Some(lease.as_millis() as i64)).await {
+            match redis
+                .set(
+                    LOCK_KEY,
+                    value,
+                    SetCondition::Nx,
+                    Some(lease.as_millis() as i64),
+                )
+                .await
+            {
                 Ok(RedisReply::Ok) => Attempt::Taken,
                 Ok(_) => Attempt::Busy,
                 Err(_) => Attempt::Unknown("SET NX PX timed out".into()),
@@ -70,10 +92,17 @@ impl Lock for Watchdog {
         })
         .await;
         if let Outcome::Ok(_) = outcome {
-            let redis = SimRedis::new(self.ctx.clone(), RedisServers::from(&self.servers), 0, self.params.duration("call_timeout"));
+            let redis = SimRedis::new(
+                self.ctx.clone(),
+                RedisServers::from(&self.servers),
+                0,
+                self.params.duration("call_timeout"),
+            );
             let (ctx, value) = (self.ctx.clone(), self.value.clone());
             self.renewal = Some(self.ctx.spawn(async move {
-                let script = Script::CompareAndPexpire { ms: lease.as_millis() as i64 };
+                let script = Script::CompareAndPexpire {
+                    ms: lease.as_millis() as i64,
+                };
                 loop {
                     ctx.sleep(lease / 3).await;
                     if redis.eval(script, LOCK_KEY, &value).await != Ok(RedisReply::Int(1)) {
@@ -87,6 +116,10 @@ impl Lock for Watchdog {
 
     async fn release(&mut self) -> Outcome<()> {
         self.renewal = None;
-        super::released(self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await)
+        super::released(
+            self.redis
+                .eval(Script::CompareAndDelete, LOCK_KEY, &self.value)
+                .await,
+        )
     }
 }

@@ -1,0 +1,63 @@
+//! `locksim repro`: replay one seed exactly and show what happened.
+
+use locksim_reports::text;
+use locksim_scenarios::run::run_seed;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The scenario file.
+    scenario: PathBuf,
+    /// The seed to replay.
+    #[arg(long)]
+    seed: u64,
+    /// Print every event of the history, one per line.
+    #[arg(long)]
+    trace: bool,
+    /// Write the history as JSON lines to this file.
+    #[arg(long)]
+    history: Option<PathBuf>,
+}
+
+pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
+    let scenario = super::load(&args.scenario)?;
+    let run = run_seed(&scenario, args.seed)?;
+    let r = &run.result;
+    println!(
+        "{} ({}) seed {}: {:?}",
+        scenario.name, scenario.recipe.id, r.seed, r.verdict
+    );
+    println!("faults:");
+    if r.schedule.is_empty() {
+        println!("  none");
+    }
+    for f in &r.schedule {
+        println!("  {f}");
+    }
+    println!("findings:");
+    if r.findings.is_empty() {
+        println!("  none");
+    }
+    for f in &r.findings {
+        println!("  {}", text::finding(f));
+    }
+    let hidden: u64 = r.counts.values().sum::<u64>() - r.findings.len() as u64;
+    if hidden > 0 {
+        println!("  (and {hidden} more of the same kinds)");
+    }
+    println!("measurements: {}", text::measurements(r));
+    println!(
+        "history: {} events, hash {}",
+        run.history.events.len(),
+        r.history_hash
+    );
+    if args.trace {
+        print!("{}", text::trace(&run.history));
+    }
+    if let Some(path) = &args.history {
+        std::fs::write(path, run.history.to_jsonl())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,87 @@
+//! `locksim run`: many seeds of one scenario, judged against its `[expect]`.
+
+use locksim_reports::text;
+use locksim_scenarios::sweep::sweep;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The scenario file (see `locksim list scenarios`).
+    scenario: PathBuf,
+    /// Seeds to run: `A..B` (B exclusive) or one seed.
+    #[arg(long, default_value = "0..100", value_parser = super::parse_seeds)]
+    seeds: std::ops::Range<u64>,
+    /// Seeds run at once (default: the number of cores). Results do not depend on it.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Write every seed's result (findings, measurements, history hash, schedule) to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let scenario = super::load(&args.scenario)?;
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let seeds = args.seeds.end - args.seeds.start;
+    // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
+    let bar = indicatif::ProgressBar::new(seeds);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta}")
+            .expect("valid template"),
+    );
+    let started = Instant::now();
+    let result = sweep(&scenario, args.seeds.clone(), jobs, &|| bar.inc(1))?;
+    let wall = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+
+    let kinds = text::kinds_summary(&result);
+    println!(
+        "{} ({}): {seeds} seeds, {} unsafe{}",
+        result.scenario,
+        result.recipe,
+        result.unsafe_seeds,
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" — {kinds}")
+        }
+    );
+    let expected: Vec<&str> = result.expect.findings.iter().map(|k| k.name()).collect();
+    let verdict = format!("{:?}", result.expect.verdict).to_lowercase();
+    let label = if expected.is_empty() {
+        verdict
+    } else {
+        format!("{verdict} [{}]", expected.join(", "))
+    };
+    if result.as_expected {
+        println!("expected {label}: as expected");
+    } else {
+        println!("expected {label}: NOT as expected");
+        for reason in &result.reasons {
+            println!("  - {reason}");
+        }
+    }
+    if let Some(seed) = result.example_seed {
+        println!("reproduce: {}", text::repro_line(&result.path, seed));
+    }
+    let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
+    eprintln!(
+        "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s",
+        seeds as f64 / wall,
+        simulated / wall
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, json + "\n")
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(if result.as_expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,93 @@
+//! Plain-text rendering of results, shared by the commands.
+
+use locksim_scenarios::checkers::{fmt_span, fmt_t, Finding};
+use locksim_scenarios::run::SeedResult;
+use locksim_scenarios::sweep::ScenarioResult;
+use locksim_sim::history::History;
+
+/// The one command that replays a seed.
+pub fn repro_line(path: &str, seed: u64) -> String {
+    format!("locksim repro {path} --seed {seed}")
+}
+
+/// `double-holder in 187, unsafe-write in 150`
+pub fn kinds_summary(result: &ScenarioResult) -> String {
+    let mut per_kind = std::collections::BTreeMap::new();
+    for r in &result.results {
+        for kind in r.counts.keys() {
+            *per_kind.entry(*kind).or_insert(0u64) += 1;
+        }
+    }
+    per_kind
+        .iter()
+        .map(|(k, n)| format!("{} in {n}", k.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn finding(f: &Finding) -> String {
+    let mut line = format!(
+        "{} {} at {}..{} ({}): {}",
+        f.kind.name(),
+        f.clients.join(" & "),
+        fmt_t(f.from_ns),
+        fmt_t(f.to_ns),
+        fmt_span(f.to_ns - f.from_ns),
+        f.detail
+    );
+    if !f.faults.is_empty() {
+        line.push_str(&format!("; faults: {}", f.faults.join("; ")));
+    }
+    line
+}
+
+pub fn measurements(r: &SeedResult) -> String {
+    let m = &r.measurements;
+    let mut line = format!(
+        "{} acquisitions; latency p50 {} ms, p99 {} ms, max {} ms; {:.1} messages per acquisition",
+        m.acquisitions,
+        m.latency_ms_p50,
+        m.latency_ms_p99,
+        m.latency_ms_max,
+        m.messages_per_acquisition
+    );
+    if !m.recovery_ms.is_empty() || m.unrecovered > 0 {
+        let shown: Vec<String> = m.recovery_ms.iter().map(|r| format!("{r} ms")).collect();
+        line.push_str(&format!(
+            "; recovery after a holder crash: {}",
+            shown.join(", ")
+        ));
+        if m.unrecovered > 0 {
+            line.push_str(&format!(" ({} never recovered)", m.unrecovered));
+        }
+    }
+    line
+}
+
+/// One event per line: time, node, kind, then the event's fields as `key=value`.
+pub fn trace(h: &History) -> String {
+    let mut out = String::new();
+    for line in h.to_jsonl().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("history lines are JSON");
+        let obj = v.as_object().expect("history lines are objects");
+        let t = obj["t"].as_u64().expect("t is a number");
+        let fields: Vec<String> = obj
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "t" | "node" | "kind"))
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    v.as_str().map_or(v.to_string(), |s| s.to_string())
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:>14.6}s  {:<16} {:<18} {}\n",
+            t as f64 / 1e9,
+            obj["node"].as_str().unwrap_or_default(),
+            obj["kind"].as_str().unwrap_or_default(),
+            fields.join(" ")
+        ));
+    }
+    out
+}

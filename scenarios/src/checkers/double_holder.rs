@@ -1,0 +1,96 @@
+//! `double-holder`: two clients each believed they held the lock at the same simulated instant.
+
+use super::holds::Hold;
+use super::{fmt_span, FindingKind, Raw};
+
+pub(super) fn check(holds: &[Hold]) -> Vec<Raw> {
+    let mut found = Vec::new();
+    for (i, a) in holds.iter().enumerate() {
+        // Holds are sorted by start: only later-starting holds that begin before `a` ends can overlap it.
+        for b in holds[i + 1..].iter().take_while(|b| b.start < a.end) {
+            if b.client == a.client || b.start >= b.end.max(a.start) {
+                continue;
+            }
+            let (from, to) = (b.start, a.end.min(b.end));
+            found.push(Raw {
+                kind: FindingKind::DoubleHolder,
+                clients: vec![a.client, b.client],
+                from,
+                to,
+                detail: format!("both held the lock for {}", fmt_span(to - from)),
+            });
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::holds::holds;
+    use super::super::test_history::{history, ok};
+    use super::*;
+    use locksim_sim::fault::FaultKind;
+    use locksim_sim::history::EventKind::*;
+
+    #[test]
+    fn overlapping_holds_of_two_clients_are_found() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 1, ok(2)),
+                (3.0, 0, ReleaseInvoke),
+                (4.0, 1, ReleaseInvoke),
+            ],
+        );
+        let found = check(&holds(&h));
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].from, found[0].to), (2_000_000_000, 3_000_000_000));
+    }
+
+    #[test]
+    fn a_clean_handoff_is_quiet() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 0, ReleaseInvoke),
+                (2.5, 1, ok(2)),
+                (3.0, 1, ReleaseInvoke),
+            ],
+        );
+        assert!(check(&holds(&h)).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_acquire_is_not_a_belief_and_a_crash_ends_one() {
+        let crash = FaultStart {
+            id: 0,
+            fault: FaultKind::Crash,
+            target: "client-0".into(),
+            detail: String::new(),
+        };
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 0, crash),
+                (
+                    2.5,
+                    1,
+                    AcquireUnknown {
+                        reason: "timeout".into(),
+                    },
+                ),
+                (3.0, 2, ok(2)),
+            ],
+        );
+        assert!(check(&holds(&h)).is_empty());
+    }
+
+    #[test]
+    fn a_hold_still_open_at_the_end_counts() {
+        let h = history(10.0, vec![(1.0, 0, ok(1)), (9.0, 1, ok(2))]);
+        assert_eq!(check(&holds(&h)).len(), 1);
+    }
+}

@@ -1,0 +1,138 @@
+//! Measurements every run reports (not findings): acquisitions, latency, messages, recovery time.
+
+use super::holds::kills;
+use locksim_sim::history::{EventKind, History, NodeIx};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Measurements {
+    pub acquisitions: u64,
+    /// From `AcquireInvoke` to `AcquireOk`, simulated milliseconds.
+    pub latency_ms_p50: f64,
+    pub latency_ms_p99: f64,
+    pub latency_ms_max: f64,
+    /// Every message sent in the run (requests, replies, replication).
+    pub messages: u64,
+    pub messages_per_acquisition: f64,
+    /// For each crash of a holder: simulated milliseconds until another client was granted the lock.
+    pub recovery_ms: Vec<f64>,
+    /// Crashes of a holder after which nobody got the lock before the run ended.
+    pub unrecovered: u64,
+}
+
+pub fn measure(h: &History, messages: u64) -> Measurements {
+    let mut invoked: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    let mut latencies = Vec::new();
+    let mut holding: BTreeSet<NodeIx> = BTreeSet::new();
+    let mut crashed_holders: Vec<(NodeIx, u64)> = Vec::new();
+    let mut recovery_ms = Vec::new();
+    for e in &h.events {
+        match &e.kind {
+            EventKind::AcquireInvoke => {
+                invoked.insert(e.node, e.t);
+            }
+            EventKind::AcquireOk { .. } => {
+                latencies.extend(invoked.remove(&e.node).map(|t| e.t - t));
+                holding.insert(e.node);
+                let (recovered, waiting): (Vec<_>, Vec<_>) =
+                    crashed_holders.iter().partition(|(c, _)| *c != e.node);
+                recovery_ms.extend(recovered.iter().map(|(_, t)| ms(e.t - t)));
+                crashed_holders = waiting;
+            }
+            EventKind::ReleaseInvoke => {
+                holding.remove(&e.node);
+            }
+            k if kills(k) && holding.remove(&e.node) => crashed_holders.push((e.node, e.t)),
+            _ => {}
+        }
+    }
+    latencies.sort_unstable();
+    let acquisitions = latencies.len() as u64;
+    Measurements {
+        acquisitions,
+        latency_ms_p50: percentile(&latencies, 50),
+        latency_ms_p99: percentile(&latencies, 99),
+        latency_ms_max: latencies.last().map_or(0.0, |l| ms(*l)),
+        messages,
+        messages_per_acquisition: if acquisitions == 0 {
+            0.0
+        } else {
+            round3(messages as f64 / acquisitions as f64)
+        },
+        recovery_ms,
+        unrecovered: crashed_holders.len() as u64,
+    }
+}
+
+/// Nearest-rank percentile of sorted nanoseconds, in milliseconds.
+fn percentile(sorted: &[u64], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    ms(sorted[rank - 1])
+}
+
+fn ms(ns: u64) -> f64 {
+    round3(ns as f64 / 1e6)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_history::{history, ok};
+    use super::*;
+    use locksim_sim::fault::FaultKind;
+    use locksim_sim::history::EventKind::*;
+
+    #[test]
+    fn latency_messages_and_recovery_after_a_holder_crash() {
+        let crash = FaultStart {
+            id: 0,
+            fault: FaultKind::Crash,
+            target: "client-0".into(),
+            detail: String::new(),
+        };
+        let h = history(
+            60.0,
+            vec![
+                (1.0, 0, AcquireInvoke),
+                (1.010, 0, ok(1)),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 0, crash),
+                (13.5, 1, ok(2)),
+            ],
+        );
+        let m = measure(&h, 40);
+        assert_eq!(m.acquisitions, 2);
+        assert_eq!(m.latency_ms_p50, 10.0);
+        assert_eq!(m.latency_ms_max, 11_500.0);
+        assert_eq!(m.messages_per_acquisition, 20.0);
+        assert_eq!(m.recovery_ms, vec![10_500.0]);
+        assert_eq!(m.unrecovered, 0);
+    }
+
+    #[test]
+    fn a_crash_of_a_client_that_did_not_hold_is_not_a_recovery() {
+        let crash = FaultStart {
+            id: 0,
+            fault: FaultKind::Crash,
+            target: "client-1".into(),
+            detail: String::new(),
+        };
+        let h = history(
+            60.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 1, crash),
+                (3.0, 0, ReleaseInvoke),
+                (4.0, 2, ok(2)),
+            ],
+        );
+        assert!(measure(&h, 0).recovery_ms.is_empty());
+    }
+}

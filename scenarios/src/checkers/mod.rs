@@ -1,0 +1,188 @@
+//! Checkers: pure functions from a history to findings, one per finding kind (DESIGN §7).
+//!
+//! Checkers read only the [`History`]; they know nothing of recipes or backends. Each is tested on
+//! hand-built histories where it fires and where it stays quiet.
+
+mod deadlock;
+mod double_holder;
+pub mod holds;
+mod measure;
+mod unsafe_write;
+
+pub use measure::{measure, Measurements};
+
+use locksim_sim::fault::{fmt_duration, FaultKind};
+use locksim_sim::history::{EventKind, History, NodeIx};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The finding vocabulary of scenario files, results and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FindingKind {
+    DoubleHolder,
+    UnsafeWrite,
+    StaleWriteRejected,
+    Deadlock,
+}
+
+impl FindingKind {
+    pub const ALL: [FindingKind; 4] = [
+        FindingKind::DoubleHolder,
+        FindingKind::UnsafeWrite,
+        FindingKind::StaleWriteRejected,
+        FindingKind::Deadlock,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FindingKind::DoubleHolder => "double-holder",
+            FindingKind::UnsafeWrite => "unsafe-write",
+            FindingKind::StaleWriteRejected => "stale-write-rejected",
+            FindingKind::Deadlock => "deadlock",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<FindingKind> {
+        FindingKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether this finding makes a seed `unsafe`; `stale-write-rejected` is the defence working.
+    pub fn is_violation(self) -> bool {
+        self != FindingKind::StaleWriteRejected
+    }
+}
+
+/// One thing a checker found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    /// The clients involved, by name.
+    pub clients: Vec<String>,
+    /// The window in simulated nanoseconds.
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// The faults active in that window, in words.
+    pub faults: Vec<String>,
+    pub detail: String,
+}
+
+/// Checker settings from the scenario's `[check]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CheckConfig {
+    /// `deadlock` when clients wait this long while nobody holds the lock.
+    pub liveness: Duration,
+}
+
+/// A finding before the history's names and faults are attached.
+struct Raw {
+    kind: FindingKind,
+    clients: Vec<NodeIx>,
+    from: u64,
+    to: u64,
+    detail: String,
+}
+
+/// Run every checker over `h`.
+pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
+    let holds = holds::holds(h);
+    let mut raw = double_holder::check(&holds);
+    raw.extend(unsafe_write::check(h));
+    raw.extend(deadlock::check(h, &holds, config.liveness));
+    let faults = fault_windows(h);
+    raw.into_iter()
+        .map(|r| Finding {
+            kind: r.kind,
+            clients: r.clients.iter().map(|c| h.name(*c).to_string()).collect(),
+            from_ns: r.from,
+            to_ns: r.to,
+            faults: faults
+                .iter()
+                .filter(|f| f.0 <= r.to && r.from <= f.1)
+                .map(|f| f.2.clone())
+                .collect(),
+            detail: r.detail,
+        })
+        .collect()
+}
+
+/// `(start, end, words)` for every fault; lasting effects (a jump, a crash) run to the end.
+fn fault_windows(h: &History) -> Vec<(u64, u64, String)> {
+    let mut started: BTreeMap<u32, (u64, String)> = BTreeMap::new();
+    let mut windows = Vec::new();
+    for e in &h.events {
+        match &e.kind {
+            EventKind::FaultStart {
+                id,
+                fault,
+                target,
+                detail,
+            } => {
+                started.insert(*id, (e.t, describe_fault(*fault, target, detail)));
+            }
+            EventKind::FaultEnd { id } => {
+                if let Some((start, words)) = started.remove(id) {
+                    windows.push((start, e.t, words));
+                }
+            }
+            _ => {}
+        }
+    }
+    windows.extend(
+        started
+            .into_values()
+            .map(|(start, words)| (start, h.end, words)),
+    );
+    windows.sort();
+    windows
+}
+
+fn describe_fault(kind: FaultKind, target: &str, detail: &str) -> String {
+    [kind.name(), target, detail]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `12.345s`: simulated time for people.
+pub fn fmt_t(ns: u64) -> String {
+    format!("{:.3}s", ns as f64 / 1e9)
+}
+
+/// A duration for people, from nanoseconds.
+pub fn fmt_span(ns: u64) -> String {
+    fmt_duration(Duration::from_millis(ns / 1_000_000))
+}
+
+#[cfg(test)]
+pub(crate) mod test_history {
+    //! A tiny language for hand-built histories in checker tests.
+    use locksim_sim::history::{Event, EventKind, History, NodeIx};
+
+    pub fn history(end_s: f64, events: Vec<(f64, u32, EventKind)>) -> History {
+        History {
+            nodes: vec![
+                "client-0".into(),
+                "client-1".into(),
+                "client-2".into(),
+                "redis-0".into(),
+            ],
+            events: events
+                .into_iter()
+                .map(|(t, node, kind)| Event {
+                    t: (t * 1e9) as u64,
+                    node: NodeIx(node),
+                    kind,
+                })
+                .collect(),
+            end: (end_s * 1e9) as u64,
+        }
+    }
+
+    pub fn ok(token: u64) -> EventKind {
+        EventKind::AcquireOk { token: Some(token) }
+    }
+}

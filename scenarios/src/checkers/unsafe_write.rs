@@ -1,0 +1,179 @@
+//! `unsafe-write` (the damage) and `stale-write-rejected` (the defence), from the resource's events.
+//!
+//! A write by client A is unsafe when the resource accepted it after another client B, whose hold began
+//! after A's hold began, had already entered the resource: A is acting on a lock that has passed on, and
+//! B has already read state A is about to overwrite. It is also unsafe when its token is lower than one
+//! the resource already accepted. A refused access (`accepted = false`) is `stale-write-rejected`.
+
+use super::{FindingKind, Raw};
+use locksim_sim::history::{EventKind, History, NodeIx};
+use std::collections::BTreeMap;
+
+pub(super) fn check(h: &History) -> Vec<Raw> {
+    let mut found = Vec::new();
+    // When each client's current hold began, and the hold start of each client's latest entry.
+    let mut hold_start: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    let mut entered: BTreeMap<NodeIx, (u64, u64)> = BTreeMap::new();
+    let mut highest_accepted: Option<u64> = None;
+    for e in &h.events {
+        match &e.kind {
+            EventKind::AcquireOk { .. } => {
+                hold_start.insert(e.node, e.t);
+            }
+            EventKind::ReleaseInvoke => {
+                hold_start.remove(&e.node);
+            }
+            k if super::holds::kills(k) => {
+                hold_start.remove(&e.node);
+            }
+            EventKind::Enter { .. } => {
+                if let Some(start) = hold_start.get(&e.node) {
+                    entered.insert(e.node, (*start, e.t));
+                }
+            }
+            EventKind::Read {
+                accepted: false,
+                token,
+                ..
+            }
+            | EventKind::Write {
+                accepted: false,
+                token,
+                ..
+            } => {
+                found.push(Raw {
+                    kind: FindingKind::StaleWriteRejected,
+                    clients: vec![e.node],
+                    from: e.t,
+                    to: e.t,
+                    detail: format!("the resource refused token {}", show(token)),
+                });
+            }
+            EventKind::Write {
+                accepted: true,
+                token,
+                ..
+            } => {
+                let mine = hold_start.get(&e.node).copied();
+                let newer = entered
+                    .iter()
+                    .find(|(c, (start, _))| **c != e.node && mine.is_some_and(|m| *start > m));
+                if let Some((other, (_, at))) = newer {
+                    found.push(Raw {
+                        kind: FindingKind::UnsafeWrite,
+                        clients: vec![e.node, *other],
+                        from: *at,
+                        to: e.t,
+                        detail: format!(
+                            "write with token {} accepted after a later holder entered",
+                            show(token)
+                        ),
+                    });
+                } else if let (Some(t), Some(high)) = (token, highest_accepted) {
+                    if *t < high {
+                        found.push(Raw {
+                            kind: FindingKind::UnsafeWrite,
+                            clients: vec![e.node],
+                            from: e.t,
+                            to: e.t,
+                            detail: format!("token {t} accepted after token {high}"),
+                        });
+                    }
+                }
+                highest_accepted = highest_accepted.max(*token);
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+fn show(token: &Option<u64>) -> String {
+    token.map_or("none".into(), |t| t.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_history::{history, ok};
+    use super::*;
+    use locksim_sim::history::EventKind::*;
+
+    fn enter(t: u64) -> EventKind {
+        Enter { token: Some(t) }
+    }
+    fn write(token: u64, accepted: bool) -> EventKind {
+        Write {
+            value: 1,
+            token: Some(token),
+            accepted,
+        }
+    }
+
+    #[test]
+    fn a_paused_holder_writing_after_the_next_holder_entered_is_unsafe() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (1.1, 0, enter(1)),
+                (5.0, 1, ok(2)),
+                (5.1, 1, enter(2)),
+                (9.0, 0, write(1, true)),
+            ],
+        );
+        let found = check(&h);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, FindingKind::UnsafeWrite);
+        assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(1)]);
+    }
+
+    #[test]
+    fn the_same_write_refused_by_fencing_is_the_defence_working() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (1.1, 0, enter(1)),
+                (5.0, 1, ok(2)),
+                (5.1, 1, enter(2)),
+                (9.0, 0, write(1, false)),
+            ],
+        );
+        let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
+    }
+
+    #[test]
+    fn sequential_holders_are_quiet() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (1.1, 0, enter(1)),
+                (1.2, 0, write(1, true)),
+                (1.3, 0, ReleaseInvoke),
+                (2.0, 1, ok(2)),
+                (2.1, 1, enter(2)),
+                (2.2, 1, write(2, true)),
+            ],
+        );
+        assert!(check(&h).is_empty());
+    }
+
+    #[test]
+    fn an_accepted_lower_token_is_unsafe() {
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 1, ok(5)),
+                (1.1, 1, write(5, true)),
+                (1.2, 1, ReleaseInvoke),
+                (2.0, 0, ok(4)),
+                (2.1, 0, write(4, true)),
+            ],
+        );
+        let found = check(&h);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].detail, "token 4 accepted after token 5");
+    }
+}

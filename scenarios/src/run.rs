@@ -1,0 +1,184 @@
+//! One seed of one scenario: build the world, run it, check the history.
+//!
+//! Each seed runs on a fresh OS thread with a fresh madsim runtime, and every node is killed before the
+//! seed returns (dropping a runtime does not cancel live tasks, madsim issue #242). Nothing of one seed
+//! reaches the next: the result depends on the scenario and the seed alone.
+
+use crate::checkers::{check, measure, Finding, FindingKind, Measurements};
+use crate::scenario::{Scenario, Verdict};
+use crate::workload::{client_program, ClientPlan};
+use locksim_sim::backend::serve;
+use locksim_sim::fault::{fmt_duration, resolve_random_clients, Fault};
+use locksim_sim::history::History;
+use locksim_sim::net::Rpc;
+use locksim_sim::resource::ResourceState;
+use locksim_sim::rng::{stream, Stream};
+use locksim_sim::world::{Program, World};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// At most this many findings of one kind are kept per seed (all are counted).
+const FINDINGS_KEPT_PER_KIND: usize = 5;
+
+/// What one seed produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub verdict: Verdict,
+    /// How many findings of each kind.
+    pub counts: BTreeMap<FindingKind, u64>,
+    /// The first few findings of each kind.
+    pub findings: Vec<Finding>,
+    pub measurements: Measurements,
+    /// FNV-1a of the history's JSON lines, in hex: the determinism fingerprint.
+    pub history_hash: String,
+    /// The faults this seed ran, written out (the nemesis's draws resolved).
+    pub schedule: Vec<String>,
+}
+
+/// A seed's result and its full history.
+pub struct SeedRun {
+    pub result: SeedResult,
+    pub history: History,
+    pub faults: Vec<Fault>,
+}
+
+/// Why a seed could not be run.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("seed {seed}: the simulation failed: {message}")]
+pub struct HarnessError {
+    pub seed: u64,
+    pub message: String,
+}
+
+/// The faults one seed runs: the written ones and the nemesis's draws, in time order.
+pub fn resolve_schedule(scenario: &Scenario, seed: u64) -> Vec<Fault> {
+    let topo = scenario.topology();
+    let mut faults = scenario.schedule.clone();
+    resolve_random_clients(
+        &mut faults,
+        &mut stream(seed, Stream::Nemesis, 1),
+        &topo.clients,
+    );
+    if let Some(nemesis) = &scenario.random {
+        faults.extend(nemesis.draw(
+            &mut stream(seed, Stream::Nemesis, 0),
+            scenario.workload.duration,
+            &topo,
+        ));
+    }
+    faults.sort_by_key(|f| f.at);
+    faults
+}
+
+/// Run one seed on a fresh thread.
+pub fn run_seed(scenario: &Scenario, seed: u64) -> Result<SeedRun, HarnessError> {
+    let scenario = scenario.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("seed-{seed}"))
+        .spawn(move || simulate(&scenario, seed));
+    let joined = thread.expect("the OS can start a thread").join();
+    joined.map_err(|panic| HarnessError {
+        seed,
+        message: panic_text(&panic),
+    })
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
+    let faults = resolve_schedule(scenario, seed);
+    let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+    let (history, messages) = runtime.block_on({
+        let faults = faults.clone();
+        let scenario = scenario.clone();
+        async move {
+            let mut world = World::new(seed);
+            let servers = (scenario.recipe.family.deploy)(&mut world, &scenario.backend_params);
+            let resource = world.add_node("resource", resource_program(scenario.workload.fencing));
+            let plan = Arc::new(ClientPlan {
+                recipe: scenario.recipe,
+                params: scenario.recipe_params.clone(),
+                servers,
+                resource,
+                workload: scenario.workload.clone(),
+            });
+            for i in 0..scenario.workload.clients {
+                world.add_node(&Scenario::client_name(i), client_program(plan.clone()));
+            }
+            world.run(&faults, scenario.workload.duration).await;
+            (
+                world.recorder().finish(world.names()),
+                world.net().messages(),
+            )
+        }
+    });
+    let findings = check(&history, &scenario.check);
+    let result = SeedResult {
+        seed,
+        verdict: if findings.iter().any(|f| f.kind.is_violation()) {
+            Verdict::Unsafe
+        } else {
+            Verdict::Safe
+        },
+        counts: findings.iter().fold(BTreeMap::new(), |mut m, f| {
+            *m.entry(f.kind).or_default() += 1;
+            m
+        }),
+        findings: keep_first(findings),
+        measurements: measure(&history, messages),
+        history_hash: format!("{:016x}", history.hash()),
+        schedule: faults.iter().map(describe).collect(),
+    };
+    SeedRun {
+        result,
+        history,
+        faults,
+    }
+}
+
+fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
+    let mut seen: BTreeMap<FindingKind, usize> = BTreeMap::new();
+    findings
+        .into_iter()
+        .filter(|f| {
+            let n = seen.entry(f.kind).or_default();
+            *n += 1;
+            *n <= FINDINGS_KEPT_PER_KIND
+        })
+        .collect()
+}
+
+/// `at 12.5s pause holder for 8s`
+pub fn describe(f: &Fault) -> String {
+    let detail = f.action.detail();
+    let mut words = format!(
+        "at {} {} {}",
+        fmt_duration(f.at),
+        f.action.kind().name(),
+        f.target
+    );
+    if !detail.is_empty() {
+        words = format!("{words} {detail}");
+    }
+    words
+}
+
+fn resource_program(fencing: bool) -> Program {
+    // The resource is durable: a restart keeps its value (it is the system of record).
+    let state = Arc::new(Mutex::new(ResourceState::new(fencing)));
+    Arc::new(move |env| {
+        let state = state.clone();
+        Box::pin(async move {
+            let rpc = Rpc::bind(env.me, env.net.clone(), env.clock.clone()).await;
+            serve(state, &rpc, &env.clock, &env.recorder).await
+        })
+    })
+}

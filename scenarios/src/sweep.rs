@@ -1,0 +1,135 @@
+//! Many seeds of one scenario, in parallel, and whether the results meet the scenario's expectation.
+//!
+//! Seeds are independent, so `--jobs` only changes how fast results arrive: results are kept in seed
+//! order and everything printed or saved from them is the same at any `--jobs`.
+
+use crate::checkers::FindingKind;
+use crate::run::{run_seed, HarnessError, SeedResult};
+use crate::scenario::{Expect, Scenario, Verdict};
+use serde::Serialize;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// The results of one scenario over a range of seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub scenario: String,
+    pub path: String,
+    pub recipe: String,
+    pub seeds: Range<u64>,
+    pub expect: Expect,
+    /// Did the seeds meet the expectation?
+    pub as_expected: bool,
+    /// Why not (or, when met, what met it), one line each.
+    pub reasons: Vec<String>,
+    /// The seed that best shows what happened: the first unexpected one, or the first unsafe one.
+    pub example_seed: Option<u64>,
+    pub unsafe_seeds: u64,
+    pub results: Vec<SeedResult>,
+}
+
+/// Run `seeds` of `scenario` on `jobs` threads; `progress` is called once per finished seed.
+pub fn sweep(
+    scenario: &Scenario,
+    seeds: Range<u64>,
+    jobs: usize,
+    progress: &(dyn Fn() + Sync),
+) -> Result<ScenarioResult, HarnessError> {
+    let next = AtomicU64::new(seeds.start);
+    let results: Mutex<Vec<Result<SeedResult, HarnessError>>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= seeds.end {
+                    return;
+                }
+                let result = run_seed(scenario, seed).map(|run| run.result);
+                results.lock().expect("results lock").push(result);
+                progress();
+            });
+        }
+    });
+    let mut results = results
+        .into_inner()
+        .expect("results lock")
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    results.sort_by_key(|r| r.seed);
+    Ok(judge(scenario, seeds, results))
+}
+
+/// Compare seed results with the scenario's `[expect]`.
+pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -> ScenarioResult {
+    let expect = &scenario.expect;
+    let has = |r: &SeedResult, k: FindingKind| r.counts.contains_key(&k);
+    let first_with = |k: FindingKind| results.iter().find(|r| has(r, k)).map(|r| r.seed);
+    let first_unsafe = results
+        .iter()
+        .find(|r| r.verdict == Verdict::Unsafe)
+        .map(|r| r.seed);
+    let mut reasons = Vec::new();
+    let mut unexpected_seed = None;
+    let mut flag = |why: String, seed: Option<u64>| {
+        reasons.push(why);
+        unexpected_seed = unexpected_seed.or(seed);
+    };
+    match expect.verdict {
+        Verdict::Safe => {
+            if let Some(seed) = first_unsafe {
+                let kinds = results
+                    .iter()
+                    .filter(|r| r.verdict == Verdict::Unsafe)
+                    .flat_map(|r| r.counts.keys());
+                let mut kinds: Vec<&str> = kinds
+                    .filter(|k| k.is_violation())
+                    .map(|k| k.name())
+                    .collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                flag(
+                    format!("expected safe, but some seeds found {}", kinds.join(", ")),
+                    Some(seed),
+                );
+            }
+        }
+        Verdict::Unsafe => {
+            if first_unsafe.is_none() {
+                flag("expected unsafe, but every seed was safe".into(), None);
+            }
+        }
+    }
+    for kind in &expect.findings {
+        if first_with(*kind).is_none() {
+            flag(
+                format!("expected {}, but no seed found it", kind.name()),
+                None,
+            );
+        }
+    }
+    for kind in &expect.absent {
+        if let Some(seed) = first_with(*kind) {
+            flag(
+                format!("expected no {}, but seed {seed} found it", kind.name()),
+                Some(seed),
+            );
+        }
+    }
+    let as_expected = reasons.is_empty();
+    ScenarioResult {
+        scenario: scenario.name.clone(),
+        path: scenario.path.clone(),
+        recipe: scenario.recipe.id.to_string(),
+        seeds,
+        expect: expect.clone(),
+        as_expected,
+        reasons,
+        example_seed: unexpected_seed.or(first_unsafe),
+        unsafe_seeds: results
+            .iter()
+            .filter(|r| r.verdict == Verdict::Unsafe)
+            .count() as u64,
+        results,
+    }
+}
