@@ -97,9 +97,7 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        Registry {
-            recipes: redis::RECIPES.to_vec(),
-        }
+        Registry { recipes: redis::RECIPES.to_vec() }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).

@@ -72,20 +72,14 @@ pub struct Params(BTreeMap<&'static str, ParamValue>);
 
 impl Params {
     /// Defaults for every spec, overridden by `given`.
-    pub fn resolve(
-        specs: &[ParamSpec],
-        given: impl IntoIterator<Item = (&'static str, ParamValue)>,
-    ) -> Params {
+    pub fn resolve(specs: &[ParamSpec], given: impl IntoIterator<Item = (&'static str, ParamValue)>) -> Params {
         let mut values: BTreeMap<_, _> = specs.iter().map(|s| (s.name, s.default)).collect();
         values.extend(given);
         Params(values)
     }
 
     fn get(&self, name: &str) -> ParamValue {
-        *self
-            .0
-            .get(name)
-            .unwrap_or_else(|| panic!("parameter {name} is declared by its recipe or backend"))
+        *self.0.get(name).unwrap_or_else(|| panic!("parameter {name} is declared by its recipe or backend"))
     }
 
     pub fn duration(&self, name: &str) -> Duration {
@@ -132,12 +126,7 @@ mod tests {
     use super::*;
 
     const SPECS: &[ParamSpec] = &[
-        ParamSpec {
-            name: "ttl",
-            kind: ParamKind::Duration,
-            default: ms(5000),
-            doc: "",
-        },
+        ParamSpec { name: "ttl", kind: ParamKind::Duration, default: ms(5000), doc: "" },
         ParamSpec {
             name: "release",
             kind: ParamKind::Choice(&["del", "cad"]),

@@ -18,11 +18,7 @@ pub fn kinds_summary(result: &ScenarioResult) -> String {
             *per_kind.entry(*kind).or_insert(0u64) += 1;
         }
     }
-    per_kind
-        .iter()
-        .map(|(k, n)| format!("{} in {n}", k.name()))
-        .collect::<Vec<_>>()
-        .join(", ")
+    per_kind.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
 }
 
 pub fn finding(f: &Finding) -> String {
@@ -45,18 +41,11 @@ pub fn measurements(r: &SeedResult) -> String {
     let m = &r.measurements;
     let mut line = format!(
         "{} acquisitions; latency p50 {} ms, p99 {} ms, max {} ms; {:.1} messages per acquisition",
-        m.acquisitions,
-        m.latency_ms_p50,
-        m.latency_ms_p99,
-        m.latency_ms_max,
-        m.messages_per_acquisition
+        m.acquisitions, m.latency_ms_p50, m.latency_ms_p99, m.latency_ms_max, m.messages_per_acquisition
     );
     if !m.recovery_ms.is_empty() || m.unrecovered > 0 {
         let shown: Vec<String> = m.recovery_ms.iter().map(|r| format!("{r} ms")).collect();
-        line.push_str(&format!(
-            "; recovery after a holder crash: {}",
-            shown.join(", ")
-        ));
+        line.push_str(&format!("; recovery after a holder crash: {}", shown.join(", ")));
         if m.unrecovered > 0 {
             line.push_str(&format!(" ({} never recovered)", m.unrecovered));
         }
@@ -74,12 +63,7 @@ pub fn trace(h: &History) -> String {
         let fields: Vec<String> = obj
             .iter()
             .filter(|(k, _)| !matches!(k.as_str(), "t" | "node" | "kind"))
-            .map(|(k, v)| {
-                format!(
-                    "{k}={}",
-                    v.as_str().map_or(v.to_string(), |s| s.to_string())
-                )
-            })
+            .map(|(k, v)| format!("{k}={}", v.as_str().map_or(v.to_string(), |s| s.to_string())))
             .collect();
         out.push_str(&format!(
             "{:>14.6}s  {:<16} {:<18} {}\n",

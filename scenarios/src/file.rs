@@ -46,17 +46,11 @@ pub struct WorkloadFile {
 }
 
 fn default_hold() -> DurRange {
-    DurRange(
-        std::time::Duration::from_millis(100),
-        std::time::Duration::from_millis(500),
-    )
+    DurRange(std::time::Duration::from_millis(100), std::time::Duration::from_millis(500))
 }
 
 fn default_think() -> DurRange {
-    DurRange(
-        std::time::Duration::ZERO,
-        std::time::Duration::from_millis(200),
-    )
+    DurRange(std::time::Duration::ZERO, std::time::Duration::from_millis(200))
 }
 
 #[derive(Deserialize, Default)]
@@ -73,6 +67,7 @@ pub struct RandomFile {
     pub kinds: Vec<Spanned<String>>,
     pub every: Spanned<DurRange>,
     pub duration: DurRange,
+    pub target: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -112,17 +107,11 @@ impl Source<'_> {
         let before = &self.text[..span.start.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
         let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        ScenarioError {
-            path: self.path.to_string(),
-            line,
-            col,
-            message: message.into(),
-        }
+        ScenarioError { path: self.path.to_string(), line, col, message: message.into() }
     }
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
-        toml::from_str(self.text)
-            .map_err(|e| self.error(e.span().unwrap_or(0..0), e.message().trim_end().to_string()))
+        toml::from_str(self.text).map_err(|e| self.error(e.span().unwrap_or(0..0), e.message().trim_end().to_string()))
     }
 }
 
@@ -136,15 +125,8 @@ pub struct Section<'a> {
 
 impl<'a> Section<'a> {
     pub fn new(src: &'a Source<'a>, name: impl Into<String>, table: &Table) -> Section<'a> {
-        let entries = table
-            .iter()
-            .map(|(k, v)| (k.get_ref().clone(), (k.span(), v.clone())))
-            .collect();
-        Section {
-            src,
-            name: name.into(),
-            entries,
-        }
+        let entries = table.iter().map(|(k, v)| (k.get_ref().clone(), (k.span(), v.clone()))).collect();
+        Section { src, name: name.into(), entries }
     }
 
     pub fn take(&mut self, key: &str) -> Option<Spanned<toml::Value>> {
@@ -163,23 +145,9 @@ impl<'a> Section<'a> {
             .ok_or_else(|| self.error(v.span(), format!("{key}: expected a string")))
     }
 
-    pub fn require(
-        &mut self,
-        key: &str,
-        what: &str,
-    ) -> Result<Spanned<toml::Value>, ScenarioError> {
-        let (name, start) = (
-            self.name.clone(),
-            self.entries
-                .values()
-                .map(|(k, _)| k.start)
-                .min()
-                .unwrap_or(0),
-        );
-        self.take(key).ok_or_else(|| {
-            self.src
-                .error(start..start, format!("{name} needs `{key}` ({what})"))
-        })
+    pub fn require(&mut self, key: &str, what: &str) -> Result<Spanned<toml::Value>, ScenarioError> {
+        let (name, start) = (self.name.clone(), self.entries.values().map(|(k, _)| k.start).min().unwrap_or(0));
+        self.take(key).ok_or_else(|| self.src.error(start..start, format!("{name} needs `{key}` ({what})")))
     }
 
     pub fn duration(
@@ -192,27 +160,18 @@ impl<'a> Section<'a> {
         duration::parse(&text, signed).map_err(|e| self.error(v.span(), format!("{key}: {e}")))
     }
 
-    pub fn number(
-        &self,
-        key: &str,
-        v: &Spanned<toml::Value>,
-        range: Range<f64>,
-    ) -> Result<f64, ScenarioError> {
+    pub fn number(&self, key: &str, v: &Spanned<toml::Value>, range: Range<f64>) -> Result<f64, ScenarioError> {
         let n = match v.get_ref() {
             toml::Value::Float(f) => Some(*f),
             toml::Value::Integer(i) => Some(*i as f64),
             _ => None,
         };
-        n.filter(|n| *n > range.start && *n <= range.end)
-            .ok_or_else(|| {
-                self.error(
-                    v.span(),
-                    format!(
-                        "{key}: expected a number greater than {} and at most {}",
-                        range.start, range.end
-                    ),
-                )
-            })
+        n.filter(|n| *n > range.start && *n <= range.end).ok_or_else(|| {
+            self.error(
+                v.span(),
+                format!("{key}: expected a number greater than {} and at most {}", range.start, range.end),
+            )
+        })
     }
 
     /// Values for every declared parameter: the file's where given (checked), defaults elsewhere.
@@ -226,23 +185,12 @@ impl<'a> Section<'a> {
         Ok(Params::resolve(specs, given))
     }
 
-    fn param(
-        &self,
-        spec: &ParamSpec,
-        v: &Spanned<toml::Value>,
-    ) -> Result<ParamValue, ScenarioError> {
-        let bad = || {
-            self.error(
-                v.span(),
-                format!("{}: expected {}", spec.name, spec.expected()),
-            )
-        };
+    fn param(&self, spec: &ParamSpec, v: &Spanned<toml::Value>) -> Result<ParamValue, ScenarioError> {
+        let bad = || self.error(v.span(), format!("{}: expected {}", spec.name, spec.expected()));
         Ok(match (spec.kind, v.get_ref()) {
             (ParamKind::Duration, _) => ParamValue::Duration(self.duration(spec.name, v, false)?.1),
             (ParamKind::Bool, toml::Value::Boolean(b)) => ParamValue::Bool(*b),
-            (ParamKind::Int { min, max }, toml::Value::Integer(i)) if (min..=max).contains(i) => {
-                ParamValue::Int(*i)
-            }
+            (ParamKind::Int { min, max }, toml::Value::Integer(i)) if (min..=max).contains(i) => ParamValue::Int(*i),
             (ParamKind::Choice(options), toml::Value::String(s)) => {
                 ParamValue::Choice(options.iter().find(|o| *o == s).ok_or_else(bad)?)
             }
@@ -255,18 +203,8 @@ impl<'a> Section<'a> {
         match self.entries.into_iter().next() {
             None => Ok(()),
             Some((key, (span, _))) => {
-                let list = if accepted.is_empty() {
-                    "no keys".to_string()
-                } else {
-                    accepted.join(", ")
-                };
-                Err(self.src.error(
-                    span,
-                    format!(
-                        "unknown key `{key}` in {}; expected one of: {list}",
-                        self.name
-                    ),
-                ))
+                let list = if accepted.is_empty() { "no keys".to_string() } else { accepted.join(", ") };
+                Err(self.src.error(span, format!("unknown key `{key}` in {}; expected one of: {list}", self.name)))
             }
         }
     }
@@ -278,10 +216,7 @@ mod tests {
 
     #[test]
     fn positions_are_one_based_lines_and_columns() {
-        let src = Source {
-            path: "x.toml",
-            text: "a = 1\nbb = 2\n",
-        };
+        let src = Source { path: "x.toml", text: "a = 1\nbb = 2\n" };
         let e = src.error(9..10, "m");
         assert_eq!((e.line, e.col), (2, 4));
         assert_eq!(e.to_string(), "x.toml:2:4: m");

@@ -56,17 +56,9 @@ pub struct HarnessError {
 pub fn resolve_schedule(scenario: &Scenario, seed: u64) -> Vec<Fault> {
     let topo = scenario.topology();
     let mut faults = scenario.schedule.clone();
-    resolve_random_clients(
-        &mut faults,
-        &mut stream(seed, Stream::Nemesis, 1),
-        &topo.clients,
-    );
+    resolve_random_clients(&mut faults, &mut stream(seed, Stream::Nemesis, 1), &topo.clients);
     if let Some(nemesis) = &scenario.random {
-        faults.extend(nemesis.draw(
-            &mut stream(seed, Stream::Nemesis, 0),
-            scenario.workload.duration,
-            &topo,
-        ));
+        faults.extend(nemesis.draw(&mut stream(seed, Stream::Nemesis, 0), scenario.workload.duration, &topo));
     }
     faults.sort_by_key(|f| f.at);
     faults
@@ -75,14 +67,9 @@ pub fn resolve_schedule(scenario: &Scenario, seed: u64) -> Vec<Fault> {
 /// Run one seed on a fresh thread.
 pub fn run_seed(scenario: &Scenario, seed: u64) -> Result<SeedRun, HarnessError> {
     let scenario = scenario.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("seed-{seed}"))
-        .spawn(move || simulate(&scenario, seed));
+    let thread = std::thread::Builder::new().name(format!("seed-{seed}")).spawn(move || simulate(&scenario, seed));
     let joined = thread.expect("the OS can start a thread").join();
-    joined.map_err(|panic| HarnessError {
-        seed,
-        message: panic_text(&panic),
-    })
+    joined.map_err(|panic| HarnessError { seed, message: panic_text(&panic) })
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
@@ -114,20 +101,13 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
                 world.add_node(&Scenario::client_name(i), client_program(plan.clone()));
             }
             world.run(&faults, scenario.workload.duration).await;
-            (
-                world.recorder().finish(world.names()),
-                world.net().messages(),
-            )
+            (world.recorder().finish(world.names()), world.net().messages())
         }
     });
     let findings = check(&history, &scenario.check);
     let result = SeedResult {
         seed,
-        verdict: if findings.iter().any(|f| f.kind.is_violation()) {
-            Verdict::Unsafe
-        } else {
-            Verdict::Safe
-        },
+        verdict: if findings.iter().any(|f| f.kind.is_violation()) { Verdict::Unsafe } else { Verdict::Safe },
         counts: findings.iter().fold(BTreeMap::new(), |mut m, f| {
             *m.entry(f.kind).or_default() += 1;
             m
@@ -137,11 +117,7 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
         history_hash: format!("{:016x}", history.hash()),
         schedule: faults.iter().map(describe).collect(),
     };
-    SeedRun {
-        result,
-        history,
-        faults,
-    }
+    SeedRun { result, history, faults }
 }
 
 fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
@@ -159,12 +135,7 @@ fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
 /// `at 12.5s pause holder for 8s`
 pub fn describe(f: &Fault) -> String {
     let detail = f.action.detail();
-    let mut words = format!(
-        "at {} {} {}",
-        fmt_duration(f.at),
-        f.action.kind().name(),
-        f.target
-    );
+    let mut words = format!("at {} {} {}", fmt_duration(f.at), f.action.kind().name(), f.target);
     if !detail.is_empty() {
         words = format!("{words} {detail}");
     }
@@ -177,7 +148,7 @@ fn resource_program(fencing: bool) -> Program {
     Arc::new(move |env| {
         let state = state.clone();
         Box::pin(async move {
-            let rpc = Rpc::bind(env.me, env.net.clone(), env.clock.clone()).await;
+            let rpc = Rpc::bind(&env).await;
             serve(state, &rpc, &env.clock, &env.recorder).await
         })
     })

@@ -61,10 +61,7 @@ pub struct Scenario {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error(transparent)]
     Invalid(#[from] ScenarioError),
 }
@@ -82,10 +79,7 @@ impl Scenario {
     /// Read and validate a scenario file.
     pub fn load(path: &Path, registry: &Registry) -> Result<Scenario, LoadError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
-            path: shown.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
         Ok(Scenario::parse(&shown, &text, registry)?)
     }
 
@@ -94,49 +88,26 @@ impl Scenario {
         let src = Source { path, text };
         let file = src.parse()?;
         let (recipe, recipe_params) = recipe(&src, &file.recipe, registry)?;
-        let mut backend = Section::new(
-            &src,
-            format!("[backend] of the {} family", recipe.family.name),
-            &file.backend,
-        );
+        let mut backend = Section::new(&src, format!("[backend] of the {} family", recipe.family.name), &file.backend);
         let backend_params = backend.params(recipe.family.params)?;
         backend.finish(&names(recipe.family.params))?;
-        (recipe.validate)(&recipe_params, &backend_params)
-            .map_err(|m| src.error(file.recipe.span(), m))?;
+        (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
         let workload = workload(&src, &file, &recipe)?;
         let topo = topology(&recipe, &backend_params, workload.clients);
-        let schedule = file
-            .faults
-            .schedule
-            .iter()
-            .map(|t| fault(&src, t, &topo))
-            .collect::<Result<_, _>>()?;
-        let random = file
-            .faults
-            .random
+        let schedule = file.faults.schedule.iter().map(|t| fault(&src, t, &topo)).collect::<Result<_, _>>()?;
+        let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
+        let liveness = file.check.liveness.as_ref().map_or(Ok(Duration::from_secs(30)), |l| {
+            let d = l.get_ref().0;
+            if d.is_zero() {
+                Err(src.error(l.span(), "liveness: expected a duration above zero"))
+            } else {
+                Ok(d)
+            }
+        })?;
+        let expect = file
+            .expect
             .as_ref()
-            .map(|r| random(&src, r, &topo))
-            .transpose()?;
-        let liveness = file
-            .check
-            .liveness
-            .as_ref()
-            .map_or(Ok(Duration::from_secs(30)), |l| {
-                let d = l.get_ref().0;
-                if d.is_zero() {
-                    Err(src.error(l.span(), "liveness: expected a duration above zero"))
-                } else {
-                    Ok(d)
-                }
-            })?;
-        let expect = file.expect.as_ref().map_or(
-            Ok(Expect {
-                verdict: Verdict::Safe,
-                findings: vec![],
-                absent: vec![],
-            }),
-            |e| expect(&src, e),
-        )?;
+            .map_or(Ok(Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![] }), |e| expect(&src, e))?;
         Ok(Scenario {
             name: file.name.get_ref().clone(),
             description: file.description.clone(),
@@ -163,28 +134,15 @@ fn topology(recipe: &RecipeSpec, backend: &Params, clients: usize) -> Topology {
     topo
 }
 
-fn recipe(
-    src: &Source,
-    table: &Spanned<Table>,
-    registry: &Registry,
-) -> Result<(RecipeSpec, Params), ScenarioError> {
+fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<(RecipeSpec, Params), ScenarioError> {
     let mut section = Section::new(src, "[recipe]", table.get_ref());
-    let id = section.take("id").ok_or_else(|| {
-        src.error(
-            table.span(),
-            "[recipe] needs `id` (see `locksim list recipes`)",
-        )
-    })?;
+    let id = section
+        .take("id")
+        .ok_or_else(|| src.error(table.span(), "[recipe] needs `id` (see `locksim list recipes`)"))?;
     let name = section.string("id", &id)?;
     let spec = *registry.get(&name).ok_or_else(|| {
         let known: Vec<&str> = registry.recipes().iter().map(|r| r.id).collect();
-        src.error(
-            id.span(),
-            format!(
-                "unknown recipe id \"{name}\"; expected one of: {}",
-                known.join(", ")
-            ),
-        )
+        src.error(id.span(), format!("unknown recipe id \"{name}\"; expected one of: {}", known.join(", ")))
     })?;
     let mut section = Section::new(src, format!("[recipe] of {name}"), table.get_ref());
     section.take("id");
@@ -199,51 +157,27 @@ fn range(r: &DurRange) -> (Duration, Duration) {
     (r.0, r.1)
 }
 
-fn workload(
-    src: &Source,
-    file: &ScenarioFile,
-    recipe: &RecipeSpec,
-) -> Result<Workload, ScenarioError> {
+fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Workload, ScenarioError> {
     let w = &file.workload;
     if w.kind.get_ref() != "counter" {
-        return Err(src.error(
-            w.kind.span(),
-            format!("kind: expected \"counter\", found \"{}\"", w.kind.get_ref()),
-        ));
+        return Err(src.error(w.kind.span(), format!("kind: expected \"counter\", found \"{}\"", w.kind.get_ref())));
     }
     let clients = *w.clients.get_ref();
     if !(1..=64).contains(&clients) {
-        return Err(src.error(
-            w.clients.span(),
-            format!("clients: expected a whole number from 1 to 64, found {clients}"),
-        ));
+        return Err(
+            src.error(w.clients.span(), format!("clients: expected a whole number from 1 to 64, found {clients}"))
+        );
     }
     let duration = w.duration.get_ref().0;
     if duration.is_zero() || duration > Duration::from_secs(24 * 3600) {
-        return Err(src.error(
-            w.duration.span(),
-            "duration: expected a simulated time above zero and at most 24h",
-        ));
+        return Err(src.error(w.duration.span(), "duration: expected a simulated time above zero and at most 24h"));
     }
     let fencing = w.fencing.as_ref().is_some_and(|f| *f.get_ref());
-    if let Some(f) = w
-        .fencing
-        .as_ref()
-        .filter(|_| fencing && !recipe.offers_token)
-    {
-        let m = format!(
-            "fencing = true needs a fencing token, and {} offers none",
-            recipe.id
-        );
+    if let Some(f) = w.fencing.as_ref().filter(|_| fencing && !recipe.offers_token) {
+        let m = format!("fencing = true needs a fencing token, and {} offers none", recipe.id);
         return Err(src.error(f.span(), m));
     }
-    Ok(Workload {
-        clients: clients as usize,
-        duration,
-        hold: range(&w.hold),
-        think: range(&w.think),
-        fencing,
-    })
+    Ok(Workload { clients: clients as usize, duration, hold: range(&w.hold), think: range(&w.think), fencing })
 }
 
 fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, ScenarioError> {
@@ -251,38 +185,32 @@ fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, 
     FaultKind::parse(&name).ok_or_else(|| {
         let known: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
         let why = match name.as_str() {
-            "expire-session" => {
-                "expire-session needs a backend with sessions (zk, etcd); Redis has none"
-                    .to_string()
-            }
-            _ => format!(
-                "unknown fault kind \"{name}\"; expected one of: {}",
-                known.join(", ")
-            ),
+            "expire-session" => "expire-session needs a backend with sessions (zk, etcd); Redis has none".to_string(),
+            _ => format!("unknown fault kind \"{name}\"; expected one of: {}", known.join(", ")),
         };
         section.error(v.span(), why)
     })
 }
 
-fn node_name(
-    section: &Section,
-    key: &str,
-    v: &Spanned<toml::Value>,
-    topo: &Topology,
-) -> Result<String, ScenarioError> {
+fn node_name(section: &Section, key: &str, v: &Spanned<toml::Value>, topo: &Topology) -> Result<String, ScenarioError> {
     let name = section.string(key, v)?;
     let all: Vec<&String> = topo.clients.iter().chain(&topo.servers).collect();
     if name == "resource" || all.iter().any(|n| **n == name) {
         return Ok(name);
     }
     let list: Vec<&str> = all.iter().map(|s| s.as_str()).chain(["resource"]).collect();
-    Err(section.error(
-        v.span(),
-        format!(
-            "{key}: no node \"{name}\" in this scenario; expected one of: {}",
-            list.join(", ")
-        ),
-    ))
+    Err(section
+        .error(v.span(), format!("{key}: no node \"{name}\" in this scenario; expected one of: {}", list.join(", "))))
+}
+
+/// `target = ...`: a node name, `holder`, `waiter` or `random-client`.
+fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Target, ScenarioError> {
+    Ok(match s.string("target", v)?.as_str() {
+        "holder" => Target::Holder,
+        "waiter" => Target::Waiter,
+        "random-client" => Target::RandomClient,
+        _ => Target::Node(node_name(s, "target", v, topo)?),
+    })
 }
 
 /// One `[[faults.schedule]]` entry: `at`, `kind`, `target`, and the keys its kind takes.
@@ -292,125 +220,67 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology) -> Result<Fault,
     let at = s.duration("at", &at_v, false)?.1;
     let kind_v = s.require("kind", "one of the fault kinds, see `locksim list faults`")?;
     let kind = fault_kind(&s, &kind_v)?;
-    let target_v = s.require("target", "a node name, \"holder\" or \"random-client\"")?;
-    let target = match s.string("target", &target_v)?.as_str() {
-        "holder" => Target::Holder,
-        "random-client" => Target::RandomClient,
-        _ => Target::Node(node_name(&s, "target", &target_v, topo)?),
-    };
+    let target_v = s.require("target", "a node name, \"holder\", \"waiter\" or \"random-client\"")?;
+    let target = target(&s, &target_v, topo)?;
     let mut s = Section::new(src, format!("a `{}` fault", kind.name()), table.get_ref());
     for k in ["at", "kind", "target"] {
         s.take(k);
     }
     let duration = |s: &mut Section| -> Result<Option<Duration>, ScenarioError> {
-        s.take("duration")
-            .map(|v| s.duration("duration", &v, false).map(|d| d.1))
-            .transpose()
+        s.take("duration").map(|v| s.duration("duration", &v, false).map(|d| d.1)).transpose()
     };
     let peers = |s: &mut Section| -> Result<Vec<String>, ScenarioError> {
         let Some(v) = s.take("peers") else {
             return Ok(vec![]);
         };
-        let items = v
-            .get_ref()
-            .as_array()
-            .ok_or_else(|| s.error(v.span(), "peers: expected an array of node names"))?;
-        items
-            .iter()
-            .map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo))
-            .collect()
+        let items =
+            v.get_ref().as_array().ok_or_else(|| s.error(v.span(), "peers: expected an array of node names"))?;
+        items.iter().map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo)).collect()
     };
     let (action, keys): (Action, &[&str]) = match kind {
         FaultKind::Pause => {
             let v = s.require("duration", "how long the node stays paused")?;
-            (
-                Action::Pause {
-                    duration: s.duration("duration", &v, false)?.1,
-                },
-                &["duration"],
-            )
+            (Action::Pause { duration: s.duration("duration", &v, false)?.1 }, &["duration"])
         }
-        FaultKind::Crash => (
-            Action::Crash {
-                restart_after: duration(&mut s)?,
-            },
-            &["duration"],
-        ),
+        FaultKind::Crash => (Action::Crash { restart_after: duration(&mut s)? }, &["duration"]),
         FaultKind::Restart => (Action::Restart, &[]),
-        FaultKind::Partition => (
-            Action::Partition {
-                peers: peers(&mut s)?,
-                duration: duration(&mut s)?,
-            },
-            &["duration", "peers"],
-        ),
-        FaultKind::Clog => (
-            Action::Clog {
-                peers: peers(&mut s)?,
-                duration: duration(&mut s)?,
-            },
-            &["duration", "peers"],
-        ),
+        FaultKind::Partition => {
+            (Action::Partition { peers: peers(&mut s)?, duration: duration(&mut s)? }, &["duration", "peers"])
+        }
+        FaultKind::Clog => {
+            (Action::Clog { peers: peers(&mut s)?, duration: duration(&mut s)? }, &["duration", "peers"])
+        }
         FaultKind::Delay => {
             let v = s.require("latency", "the extra latency, e.g. \"200ms\"")?;
             let latency = s.duration("latency", &v, false)?.1;
-            (
-                Action::Delay {
-                    latency,
-                    duration: duration(&mut s)?,
-                },
-                &["duration", "latency"],
-            )
+            (Action::Delay { latency, duration: duration(&mut s)? }, &["duration", "latency"])
         }
         FaultKind::Loss => {
             let v = s.require("rate", "the probability of losing each message, e.g. 0.3")?;
             let rate = s.number("rate", &v, 0.0..1.0)?;
-            (
-                Action::Loss {
-                    rate,
-                    duration: duration(&mut s)?,
-                },
-                &["duration", "rate"],
-            )
+            (Action::Loss { rate, duration: duration(&mut s)? }, &["duration", "rate"])
         }
         FaultKind::DropReply => {
-            let rate = s
-                .take("rate")
-                .map_or(Ok(1.0), |v| s.number("rate", &v, 0.0..1.0))?;
-            (
-                Action::DropReply {
-                    rate,
-                    duration: duration(&mut s)?,
-                },
-                &["duration", "rate"],
-            )
+            let rate = s.take("rate").map_or(Ok(1.0), |v| s.number("rate", &v, 0.0..1.0))?;
+            (Action::DropReply { rate, duration: duration(&mut s)? }, &["duration", "rate"])
         }
         FaultKind::ClockJump => {
             let v = s.require("delta", "how far the clock steps, e.g. \"10s\" or \"-3s\"")?;
             let (negative, d) = s.duration("delta", &v, true)?;
             let ms = d.as_millis() as i64;
-            (
-                Action::ClockJump {
-                    delta_ms: if negative { -ms } else { ms },
-                },
-                &["delta"],
-            )
+            (Action::ClockJump { delta_ms: if negative { -ms } else { ms } }, &["delta"])
         }
         FaultKind::ClockDrift => {
             let v = s.require("rate", "the clock's speed, e.g. 1.5 (1.0 is exact)")?;
             let rate = s.number("rate", &v, 0.0..100.0)?;
-            (
-                Action::ClockDrift {
-                    rate,
-                    duration: duration(&mut s)?,
-                },
-                &["duration", "rate"],
-            )
+            (Action::ClockDrift { rate, duration: duration(&mut s)? }, &["duration", "rate"])
         }
         FaultKind::Failover => {
             if let Target::Node(n) = &target {
                 if !topo.failover_masters.contains(n) {
-                    let m = format!("target: failover needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one");
+                    let m = format!(
+                        "target: failover needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one"
+                    );
                     return Err(s.error(target_v.span(), m));
                 }
             }
@@ -423,24 +293,19 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology) -> Result<Fault,
     Ok(Fault { at, target, action })
 }
 
-fn random(
-    src: &Source,
-    r: &crate::file::RandomFile,
-    topo: &Topology,
-) -> Result<RandomFaults, ScenarioError> {
+fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<RandomFaults, ScenarioError> {
     let empty = Table::new();
     let section = Section::new(src, "[faults.random]", &empty);
     let mut kinds = Vec::new();
     for k in &r.kinds {
-        let kind = fault_kind(
-            &section,
-            &Spanned::new(k.span(), toml::Value::String(k.get_ref().clone())),
-        )?;
+        let kind = fault_kind(&section, &Spanned::new(k.span(), toml::Value::String(k.get_ref().clone())))?;
         match kind {
-            FaultKind::Restart => return Err(src.error(
-                k.span(),
-                "kinds: the nemesis restarts what it crashes; \"restart\" is for written schedules",
-            )),
+            FaultKind::Restart => {
+                return Err(src.error(
+                    k.span(),
+                    "kinds: the nemesis restarts what it crashes; \"restart\" is for written schedules",
+                ))
+            }
             FaultKind::Failover if topo.failover_masters.is_empty() => {
                 return Err(src.error(k.span(), "kinds: failover needs [backend] replicas = 1"))
             }
@@ -449,15 +314,17 @@ fn random(
     }
     let every = *r.every.get_ref();
     if every.0.is_zero() {
-        return Err(src.error(
-            r.every.span(),
-            "every: the shortest gap between faults must be above zero",
-        ));
+        return Err(src.error(r.every.span(), "every: the shortest gap between faults must be above zero"));
     }
+    let target = r.target.as_ref().map(|t| {
+        let v = Spanned::new(t.span(), toml::Value::String(t.get_ref().clone()));
+        target(&section, &v, topo)
+    });
     Ok(RandomFaults {
         kinds,
         every: (every.0, every.1),
         duration: (r.duration.0, r.duration.1),
+        target: target.transpose()?,
     })
 }
 
@@ -466,10 +333,9 @@ fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {
         "safe" => Verdict::Safe,
         "unsafe" => Verdict::Unsafe,
         other => {
-            return Err(src.error(
-                e.verdict.span(),
-                format!("verdict: expected \"safe\" or \"unsafe\", found \"{other}\""),
-            ))
+            return Err(
+                src.error(e.verdict.span(), format!("verdict: expected \"safe\" or \"unsafe\", found \"{other}\""))
+            )
         }
     };
     let kinds = |list: &[Spanned<String>]| -> Result<Vec<FindingKind>, ScenarioError> {
@@ -479,11 +345,7 @@ fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {
                     let known: Vec<&str> = FindingKind::ALL.iter().map(|k| k.name()).collect();
                     src.error(
                         f.span(),
-                        format!(
-                            "unknown finding kind \"{}\"; expected one of: {}",
-                            f.get_ref(),
-                            known.join(", ")
-                        ),
+                        format!("unknown finding kind \"{}\"; expected one of: {}", f.get_ref(), known.join(", ")),
                     )
                 })
             })
@@ -491,20 +353,10 @@ fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {
     };
     let (findings, absent) = (kinds(&e.findings)?, kinds(&e.absent)?);
     if verdict == Verdict::Safe {
-        if let Some(bad) = e
-            .findings
-            .iter()
-            .find(|f| FindingKind::parse(f.get_ref()).is_some_and(|k| k.is_violation()))
+        if let Some(bad) = e.findings.iter().find(|f| FindingKind::parse(f.get_ref()).is_some_and(|k| k.is_violation()))
         {
-            return Err(src.error(
-                bad.span(),
-                "findings: a \"safe\" verdict cannot expect a violation",
-            ));
+            return Err(src.error(bad.span(), "findings: a \"safe\" verdict cannot expect a violation"));
         }
     }
-    Ok(Expect {
-        verdict,
-        findings,
-        absent,
-    })
+    Ok(Expect { verdict, findings, absent })
 }

@@ -51,11 +51,7 @@ pub fn sweep(
             });
         }
     });
-    let mut results = results
-        .into_inner()
-        .expect("results lock")
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut results = results.into_inner().expect("results lock").into_iter().collect::<Result<Vec<_>, _>>()?;
     results.sort_by_key(|r| r.seed);
     Ok(judge(scenario, seeds, results))
 }
@@ -65,10 +61,7 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
     let expect = &scenario.expect;
     let has = |r: &SeedResult, k: FindingKind| r.counts.contains_key(&k);
     let first_with = |k: FindingKind| results.iter().find(|r| has(r, k)).map(|r| r.seed);
-    let first_unsafe = results
-        .iter()
-        .find(|r| r.verdict == Verdict::Unsafe)
-        .map(|r| r.seed);
+    let first_unsafe = results.iter().find(|r| r.verdict == Verdict::Unsafe).map(|r| r.seed);
     let mut reasons = Vec::new();
     let mut unexpected_seed = None;
     let mut flag = |why: String, seed: Option<u64>| {
@@ -78,20 +71,11 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
     match expect.verdict {
         Verdict::Safe => {
             if let Some(seed) = first_unsafe {
-                let kinds = results
-                    .iter()
-                    .filter(|r| r.verdict == Verdict::Unsafe)
-                    .flat_map(|r| r.counts.keys());
-                let mut kinds: Vec<&str> = kinds
-                    .filter(|k| k.is_violation())
-                    .map(|k| k.name())
-                    .collect();
+                let kinds = results.iter().filter(|r| r.verdict == Verdict::Unsafe).flat_map(|r| r.counts.keys());
+                let mut kinds: Vec<&str> = kinds.filter(|k| k.is_violation()).map(|k| k.name()).collect();
                 kinds.sort_unstable();
                 kinds.dedup();
-                flag(
-                    format!("expected safe, but some seeds found {}", kinds.join(", ")),
-                    Some(seed),
-                );
+                flag(format!("expected safe, but some seeds found {}", kinds.join(", ")), Some(seed));
             }
         }
         Verdict::Unsafe => {
@@ -102,18 +86,12 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
     }
     for kind in &expect.findings {
         if first_with(*kind).is_none() {
-            flag(
-                format!("expected {}, but no seed found it", kind.name()),
-                None,
-            );
+            flag(format!("expected {}, but no seed found it", kind.name()), None);
         }
     }
     for kind in &expect.absent {
         if let Some(seed) = first_with(*kind) {
-            flag(
-                format!("expected no {}, but seed {seed} found it", kind.name()),
-                Some(seed),
-            );
+            flag(format!("expected no {}, but seed {seed} found it", kind.name()), Some(seed));
         }
     }
     let as_expected = reasons.is_empty();
@@ -126,10 +104,7 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
         as_expected,
         reasons,
         example_seed: unexpected_seed.or(first_unsafe),
-        unsafe_seeds: results
-            .iter()
-            .filter(|r| r.verdict == Verdict::Unsafe)
-            .count() as u64,
+        unsafe_seeds: results.iter().filter(|r| r.verdict == Verdict::Unsafe).count() as u64,
         results,
     }
 }

@@ -39,14 +39,10 @@ pub fn client_program(plan: Arc<ClientPlan>) -> Program {
 }
 
 async fn client(env: NodeEnv, plan: &ClientPlan) {
-    let rpc = Rc::new(Rpc::bind(env.me, env.net.clone(), env.clock.clone()).await);
+    let rpc = Rc::new(Rpc::bind(&env).await);
     let ctx = Ctx::new(&env, rpc.clone());
     let mut lock = (plan.recipe.build)(&plan.params, ctx.clone(), &plan.servers);
-    let mut rng = stream(
-        env.seed,
-        Stream::Workload,
-        (u64::from(env.me.0) << 16) | u64::from(env.incarnation),
-    );
+    let mut rng = stream(env.seed, Stream::Workload, (u64::from(env.me.0) << 16) | u64::from(env.incarnation));
     let mut draw = |(lo, hi): (Duration, Duration)| {
         if hi <= lo {
             lo
@@ -61,14 +57,7 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
         match lock.acquire().await {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token });
-                critical_section(
-                    &rpc,
-                    plan.resource,
-                    grant.token,
-                    &ctx,
-                    draw(plan.workload.hold),
-                )
-                .await;
+                critical_section(&rpc, plan.resource, grant.token, &ctx, draw(plan.workload.hold)).await;
                 record(EventKind::ReleaseInvoke);
                 record(match lock.release().await {
                     Outcome::Ok(()) => EventKind::ReleaseOk,
@@ -84,28 +73,12 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
 }
 
 /// Read the counter, hold the lock for `hold`, write the counter plus one.
-async fn critical_section(
-    rpc: &Rpc,
-    resource: NodeIx,
-    token: Option<u64>,
-    ctx: &Ctx,
-    hold: Duration,
-) {
-    let read = rpc
-        .call(resource, ResourceRequest::Read { token }, RESOURCE_TIMEOUT)
-        .await;
+async fn critical_section(rpc: &Rpc, resource: NodeIx, token: Option<u64>, ctx: &Ctx, hold: Duration) {
+    let read = rpc.call(resource, ResourceRequest::Read { token }, RESOURCE_TIMEOUT).await;
     let Ok(ResourceReply::Value(value)) = read else {
         return;
     };
     ctx.sleep(hold).await;
-    let _: Result<ResourceReply, _> = rpc
-        .call(
-            resource,
-            ResourceRequest::Write {
-                token,
-                value: value + 1,
-            },
-            RESOURCE_TIMEOUT,
-        )
-        .await;
+    let _: Result<ResourceReply, _> =
+        rpc.call(resource, ResourceRequest::Write { token, value: value + 1 }, RESOURCE_TIMEOUT).await;
 }

@@ -32,11 +32,7 @@ struct ClockState {
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock(Arc::new(Mutex::new(ClockState {
-            wall_at_anchor_ns: 0,
-            anchor_ns: 0,
-            rate: 1.0,
-        })))
+        Clock(Arc::new(Mutex::new(ClockState { wall_at_anchor_ns: 0, anchor_ns: 0, rate: 1.0 })))
     }
 }
 
@@ -108,11 +104,7 @@ mod tests {
             assert_eq!(c.now_ms(), 6000);
             c.sleep(Duration::from_secs(1)).await;
             assert_eq!(c.now_ms(), 7000);
-            assert_eq!(
-                sim_now_ns() / 1_000_000,
-                2_000,
-                "madsim adds only nanoseconds of jitter"
-            );
+            assert_eq!(sim_now_ns() / 1_000_000, 2_000, "madsim adds only nanoseconds of jitter");
         });
     }
 
@@ -122,11 +114,7 @@ mod tests {
             let c = Clock::default();
             c.set_rate(2.0);
             c.sleep(Duration::from_secs(2)).await;
-            assert_eq!(
-                sim_now_ns() / 1_000_000,
-                1_000,
-                "a 2x clock measures 2 s in 1 s"
-            );
+            assert_eq!(sim_now_ns() / 1_000_000, 1_000, "a 2x clock measures 2 s in 1 s");
             assert_eq!(c.now_ms(), 2000);
             c.set_rate(1.0);
             madsim::time::sleep(Duration::from_secs(1)).await;

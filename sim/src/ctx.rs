@@ -28,12 +28,7 @@ impl Ctx {
     pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
-        Ctx {
-            me: env.me,
-            clock: env.clock.clone(),
-            rpc,
-            rng,
-        }
+        Ctx { me: env.me, clock: env.clock.clone(), rpc, rng }
     }
 
     pub fn me(&self) -> NodeIx {
@@ -69,11 +64,7 @@ impl Ctx {
         if hi <= lo {
             return lo;
         }
-        Duration::from_nanos(
-            self.rng
-                .borrow_mut()
-                .gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64),
-        )
+        Duration::from_nanos(self.rng.borrow_mut().gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
     }
 }
 

@@ -63,17 +63,29 @@ impl FaultKind {
     /// One line for `locksim list faults`: what it does and the keys it takes beside `at` and `target`.
     pub fn describe(self) -> &'static str {
         match self {
-            FaultKind::Pause => "stop-the-world pause (GC): every task of the node freezes, timers fire late; keys: duration",
-            FaultKind::Crash => "kill the node (volatile state lost); keys: duration (restart after it; omit to stay down)",
+            FaultKind::Pause => {
+                "stop-the-world pause (GC): every task of the node freezes, timers fire late; keys: duration"
+            }
+            FaultKind::Crash => {
+                "kill the node (volatile state lost); keys: duration (restart after it; omit to stay down)"
+            }
             FaultKind::Restart => "restart a crashed node",
-            FaultKind::Partition => "cut the node off in both directions; keys: duration, peers (default: every other node)",
+            FaultKind::Partition => {
+                "cut the node off in both directions; keys: duration, peers (default: every other node)"
+            }
             FaultKind::Clog => "drop the node's outgoing messages only (one-way partition); keys: duration, peers",
             FaultKind::Delay => "add latency to every message to or from the node; keys: duration, latency",
             FaultKind::Loss => "lose each message to or from the node with a probability; keys: duration, rate",
-            FaultKind::DropReply => "a server applies requests but its replies are lost; keys: duration, rate (default 1.0)",
+            FaultKind::DropReply => {
+                "a server applies requests but its replies are lost; keys: duration, rate (default 1.0)"
+            }
             FaultKind::ClockJump => "step the node's wall clock; keys: delta (e.g. \"10s\" or \"-3s\")",
-            FaultKind::ClockDrift => "run the node's clock fast or slow; keys: rate (e.g. 1.5), duration (omit: for good)",
-            FaultKind::Failover => "Sentinel-style failover: the master dies and its replica is promoted, losing unreplicated writes",
+            FaultKind::ClockDrift => {
+                "run the node's clock fast or slow; keys: rate (e.g. 1.5), duration (omit: for good)"
+            }
+            FaultKind::Failover => {
+                "Sentinel-style failover: the master dies and its replica is promoted, losing unreplicated writes"
+            }
         }
     }
 }
@@ -85,6 +97,8 @@ pub enum Target {
     Node(String),
     /// Whoever believes it holds the lock when the fault starts (skipped when nobody does).
     Holder,
+    /// A client waiting inside `acquire` when the fault starts (skipped when none is).
+    Waiter,
     /// A client drawn from the nemesis stream when the schedule is resolved.
     RandomClient,
 }
@@ -94,6 +108,7 @@ impl std::fmt::Display for Target {
         match self {
             Target::Node(n) => f.write_str(n),
             Target::Holder => f.write_str("holder"),
+            Target::Waiter => f.write_str("waiter"),
             Target::RandomClient => f.write_str("random-client"),
         }
     }
@@ -102,40 +117,16 @@ impl std::fmt::Display for Target {
 /// What a fault does, with its parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    Pause {
-        duration: Duration,
-    },
-    Crash {
-        restart_after: Option<Duration>,
-    },
+    Pause { duration: Duration },
+    Crash { restart_after: Option<Duration> },
     Restart,
-    Partition {
-        peers: Vec<String>,
-        duration: Option<Duration>,
-    },
-    Clog {
-        peers: Vec<String>,
-        duration: Option<Duration>,
-    },
-    Delay {
-        latency: Duration,
-        duration: Option<Duration>,
-    },
-    Loss {
-        rate: f64,
-        duration: Option<Duration>,
-    },
-    DropReply {
-        rate: f64,
-        duration: Option<Duration>,
-    },
-    ClockJump {
-        delta_ms: i64,
-    },
-    ClockDrift {
-        rate: f64,
-        duration: Option<Duration>,
-    },
+    Partition { peers: Vec<String>, duration: Option<Duration> },
+    Clog { peers: Vec<String>, duration: Option<Duration> },
+    Delay { latency: Duration, duration: Option<Duration> },
+    Loss { rate: f64, duration: Option<Duration> },
+    DropReply { rate: f64, duration: Option<Duration> },
+    ClockJump { delta_ms: i64 },
+    ClockDrift { rate: f64, duration: Option<Duration> },
     Failover,
 }
 
@@ -173,11 +164,7 @@ impl Action {
 
     /// The parameters in words, for the history and traces.
     pub fn detail(&self) -> String {
-        let dur = |d: &Option<Duration>| {
-            d.map_or("until the end".to_string(), |d| {
-                format!("for {}", fmt_duration(d))
-            })
-        };
+        let dur = |d: &Option<Duration>| d.map_or("until the end".to_string(), |d| format!("for {}", fmt_duration(d)));
         let peers = |p: &Vec<String>| {
             if p.is_empty() {
                 "everyone".to_string()
@@ -187,12 +174,8 @@ impl Action {
         };
         match self {
             Action::Pause { duration } => format!("for {}", fmt_duration(*duration)),
-            Action::Crash {
-                restart_after: Some(d),
-            } => format!("restart after {}", fmt_duration(*d)),
-            Action::Crash {
-                restart_after: None,
-            } => "stays down".into(),
+            Action::Crash { restart_after: Some(d) } => format!("restart after {}", fmt_duration(*d)),
+            Action::Crash { restart_after: None } => "stays down".into(),
             Action::Restart => String::new(),
             Action::Partition { peers: p, duration } => {
                 format!("from {} {}", peers(p), dur(duration))
@@ -238,6 +221,8 @@ pub struct RandomFaults {
     pub every: (Duration, Duration),
     /// How long each fault lasts (and how far a clock jumps), drawn uniformly.
     pub duration: (Duration, Duration),
+    /// Aim every fault here instead of drawing a target per kind.
+    pub target: Option<Target>,
 }
 
 impl RandomFaults {
@@ -253,7 +238,7 @@ impl RandomFaults {
             let kind = self.kinds[rng.gen_range(0..self.kinds.len())];
             let duration = uniform(rng, self.duration);
             if let Some((target, action)) = self.draw_one(rng, kind, duration, topo) {
-                faults.push(Fault { at, target, action });
+                faults.push(Fault { at, target: self.target.clone().unwrap_or(target), action });
             }
         }
     }
@@ -265,13 +250,13 @@ impl RandomFaults {
         duration: Duration,
         topo: &Topology,
     ) -> Option<(Target, Action)> {
+        // Targets are drawn even when `self.target` overrides them, so that setting it changes only
+        // where faults land, not when or what they are.
         let any_node = |rng: &mut ChaCha8Rng| {
             let all: Vec<&String> = topo.clients.iter().chain(&topo.servers).collect();
             Target::Node(all[rng.gen_range(0..all.len())].clone())
         };
-        let pick = |rng: &mut ChaCha8Rng, from: &[String]| {
-            Target::Node(from[rng.gen_range(0..from.len())].clone())
-        };
+        let pick = |rng: &mut ChaCha8Rng, from: &[String]| Target::Node(from[rng.gen_range(0..from.len())].clone());
         let d = Some(duration);
         Some(match kind {
             // Half of the pauses hit the holder: a pause matters most where the lock is held.
@@ -279,41 +264,11 @@ impl RandomFaults {
             FaultKind::Pause => (any_node(rng), Action::Pause { duration }),
             FaultKind::Crash => (any_node(rng), Action::Crash { restart_after: d }),
             FaultKind::Restart => return None,
-            FaultKind::Partition => (
-                any_node(rng),
-                Action::Partition {
-                    peers: vec![],
-                    duration: d,
-                },
-            ),
-            FaultKind::Clog => (
-                any_node(rng),
-                Action::Clog {
-                    peers: vec![],
-                    duration: d,
-                },
-            ),
-            FaultKind::Delay => (
-                any_node(rng),
-                Action::Delay {
-                    latency: duration / 10,
-                    duration: d,
-                },
-            ),
-            FaultKind::Loss => (
-                any_node(rng),
-                Action::Loss {
-                    rate: 0.5,
-                    duration: d,
-                },
-            ),
-            FaultKind::DropReply => (
-                pick(rng, &topo.servers),
-                Action::DropReply {
-                    rate: 1.0,
-                    duration: d,
-                },
-            ),
+            FaultKind::Partition => (any_node(rng), Action::Partition { peers: vec![], duration: d }),
+            FaultKind::Clog => (any_node(rng), Action::Clog { peers: vec![], duration: d }),
+            FaultKind::Delay => (any_node(rng), Action::Delay { latency: duration / 10, duration: d }),
+            FaultKind::Loss => (any_node(rng), Action::Loss { rate: 0.5, duration: d }),
+            FaultKind::DropReply => (pick(rng, &topo.servers), Action::DropReply { rate: 1.0, duration: d }),
             FaultKind::ClockJump => {
                 let ms = duration.as_millis() as i64;
                 let delta_ms = if rng.gen_bool(0.5) { ms } else { -ms };
@@ -331,30 +286,22 @@ impl RandomFaults {
 
 /// Resolve `random-client` targets from the nemesis stream, in schedule order.
 pub fn resolve_random_clients(faults: &mut [Fault], rng: &mut ChaCha8Rng, clients: &[String]) {
-    for f in faults
-        .iter_mut()
-        .filter(|f| f.target == Target::RandomClient)
-    {
+    for f in faults.iter_mut().filter(|f| f.target == Target::RandomClient) {
         f.target = Target::Node(clients[rng.gen_range(0..clients.len())].clone());
     }
 }
 
+/// A duration drawn uniformly from `[lo, hi]`, in whole milliseconds (so a drawn schedule reads
+/// cleanly when written out).
 fn uniform(rng: &mut ChaCha8Rng, (lo, hi): (Duration, Duration)) -> Duration {
-    if hi <= lo {
-        return lo;
-    }
-    Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
+    let (lo, hi) = (lo.as_millis() as u64, hi.as_millis() as u64);
+    Duration::from_millis(if hi <= lo { lo } else { rng.gen_range(lo..=hi) })
 }
 
 /// `1.5s`, `250ms`, `2m`: the shortest exact spelling in the scenario-file units.
 pub fn fmt_duration(d: Duration) -> String {
     let ns = d.as_nanos();
-    for (unit, per) in [
-        ("h", 3_600_000_000_000u128),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-    ] {
+    for (unit, per) in [("h", 3_600_000_000_000u128), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000)] {
         if ns >= per && ns % per == 0 {
             return format!("{}{unit}", ns / per);
         }
@@ -386,22 +333,13 @@ mod tests {
             kinds: vec![FaultKind::Pause, FaultKind::Partition, FaultKind::Crash],
             every: (Duration::from_secs(2), Duration::from_secs(10)),
             duration: (Duration::from_secs(1), Duration::from_secs(15)),
+            target: None,
         };
-        let draw = |seed| {
-            nemesis.draw(
-                &mut stream(seed, Stream::Nemesis, 0),
-                Duration::from_secs(60),
-                &topo(),
-            )
-        };
+        let draw = |seed| nemesis.draw(&mut stream(seed, Stream::Nemesis, 0), Duration::from_secs(60), &topo());
         assert_eq!(draw(3), draw(3));
         assert_ne!(draw(3), draw(4));
         let faults = draw(3);
-        assert!(
-            faults.len() >= 5,
-            "60 s at most 10 s apart gives at least 5 faults, got {}",
-            faults.len()
-        );
+        assert!(faults.len() >= 5, "60 s at most 10 s apart gives at least 5 faults, got {}", faults.len());
         assert!(faults.windows(2).all(|w| w[0].at < w[1].at));
         assert!(faults.iter().all(|f| f.at < Duration::from_secs(60)));
     }
@@ -412,14 +350,9 @@ mod tests {
             kinds: vec![FaultKind::Failover],
             every: (Duration::from_secs(1), Duration::from_secs(1)),
             duration: (Duration::from_secs(1), Duration::from_secs(1)),
+            target: None,
         };
-        assert!(nemesis
-            .draw(
-                &mut stream(1, Stream::Nemesis, 0),
-                Duration::from_secs(10),
-                &topo()
-            )
-            .is_empty());
+        assert!(nemesis.draw(&mut stream(1, Stream::Nemesis, 0), Duration::from_secs(10), &topo()).is_empty());
     }
 
     #[test]

@@ -111,11 +111,7 @@ impl History {
     pub fn to_jsonl(&self) -> String {
         let mut out = String::with_capacity(self.events.len() * 64);
         for e in &self.events {
-            let line = EventLine {
-                t: e.t,
-                node: self.name(e.node),
-                kind: &e.kind,
-            };
+            let line = EventLine { t: e.t, node: self.name(e.node), kind: &e.kind };
             out.push_str(&serde_json::to_string(&line).expect("events serialise"));
             out.push('\n');
         }
@@ -130,9 +126,7 @@ impl History {
 
 /// 64-bit FNV-1a: tiny, portable and stable across Rust versions (std's `Hash` is not promised to be).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Appends events during a run; shared by every node of the world.
@@ -144,6 +138,8 @@ struct RecorderState {
     events: Vec<Event>,
     /// Who believes it holds the lock now, in node order (for `target = "holder"`).
     holders: std::collections::BTreeSet<NodeIx>,
+    /// Who is inside `acquire` now (for `target = "waiter"`).
+    waiters: std::collections::BTreeSet<NodeIx>,
 }
 
 impl Recorder {
@@ -151,8 +147,15 @@ impl Recorder {
         let t = crate::clock::sim_now_ns();
         let mut s = self.0.lock().expect("recorder lock");
         match &kind {
+            EventKind::AcquireInvoke => {
+                s.waiters.insert(node);
+            }
             EventKind::AcquireOk { .. } => {
+                s.waiters.remove(&node);
                 s.holders.insert(node);
+            }
+            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
+                s.waiters.remove(&node);
             }
             EventKind::ReleaseInvoke => {
                 s.holders.remove(&node);
@@ -162,29 +165,27 @@ impl Recorder {
         s.events.push(Event { t, node, kind });
     }
 
-    /// A node that crashed believes nothing any more.
-    pub fn forget_holder(&self, node: NodeIx) {
-        self.0.lock().expect("recorder lock").holders.remove(&node);
+    /// A node that crashed believes and waits for nothing any more.
+    pub fn forget(&self, node: NodeIx) {
+        let mut s = self.0.lock().expect("recorder lock");
+        s.holders.remove(&node);
+        s.waiters.remove(&node);
     }
 
-    /// The lowest-numbered node that believes it holds the lock now.
-    pub fn holder(&self) -> Option<NodeIx> {
-        self.0
-            .lock()
-            .expect("recorder lock")
-            .holders
-            .first()
-            .copied()
+    /// The nodes that believe they hold the lock now, in node order.
+    pub fn holders(&self) -> Vec<NodeIx> {
+        self.0.lock().expect("recorder lock").holders.iter().copied().collect()
+    }
+
+    /// The nodes waiting inside `acquire` now, in node order.
+    pub fn waiters(&self) -> Vec<NodeIx> {
+        self.0.lock().expect("recorder lock").waiters.iter().copied().collect()
     }
 
     /// The history so far, ending now.
     pub fn finish(&self, nodes: Vec<String>) -> History {
         let events = std::mem::take(&mut self.0.lock().expect("recorder lock").events);
-        History {
-            nodes,
-            events,
-            end: crate::clock::sim_now_ns(),
-        }
+        History { nodes, events, end: crate::clock::sim_now_ns() }
     }
 }
 
@@ -196,16 +197,9 @@ mod tests {
     fn jsonl_spells_out_kinds_and_names() {
         let h = History {
             nodes: vec!["client-0".into()],
-            events: vec![Event {
-                t: 5,
-                node: NodeIx(0),
-                kind: EventKind::AcquireOk { token: Some(3) },
-            }],
+            events: vec![Event { t: 5, node: NodeIx(0), kind: EventKind::AcquireOk { token: Some(3) } }],
         };
-        assert_eq!(
-            h.to_jsonl(),
-            "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n"
-        );
+        assert_eq!(h.to_jsonl(), "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n");
     }
 
     #[test]

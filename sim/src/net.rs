@@ -12,6 +12,7 @@
 use crate::clock::Clock;
 use crate::history::NodeIx;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
+use crate::world::NodeEnv;
 use madsim::net::Endpoint;
 use std::any::Any;
 use std::cell::Cell;
@@ -98,20 +99,14 @@ impl Net {
     fn route(&self, from: NodeIx, to: NodeIx, is_reply: bool) -> Option<Duration> {
         let mut s = self.state();
         s.messages += 1;
-        let mut lose = [from, to]
-            .iter()
-            .filter_map(|n| s.loss.get(n).copied())
-            .fold(0.0, f64::max);
+        let mut lose = [from, to].iter().filter_map(|n| s.loss.get(n).copied()).fold(0.0, f64::max);
         if is_reply {
             lose = lose.max(s.drop_reply.get(&from).copied().unwrap_or(0.0));
         }
         if lose > 0.0 && s.rng.gen_bool(lose.min(1.0)) {
             return None;
         }
-        Some(
-            s.delay.get(&from).copied().unwrap_or_default()
-                + s.delay.get(&to).copied().unwrap_or_default(),
-        )
+        Some(s.delay.get(&from).copied().unwrap_or_default() + s.delay.get(&to).copied().unwrap_or_default())
     }
 }
 
@@ -143,17 +138,13 @@ pub struct Rpc {
 }
 
 impl Rpc {
-    pub async fn bind(me: NodeIx, net: Net, clock: Clock) -> Rpc {
-        let ep = Endpoint::bind(addr_of(me))
-            .await
-            .expect("each node binds its own address once per life");
-        Rpc {
-            ep,
-            me,
-            net,
-            clock,
-            next_tag: Cell::new(1),
-        }
+    /// Bind the endpoint of the node `env` describes, for this life of the node.
+    pub async fn bind(env: &NodeEnv) -> Rpc {
+        let ep = Endpoint::bind(addr_of(env.me)).await.expect("each node binds its own address once per life");
+        // Reply tags are unique across restarts: a late reply to a call of a previous life must not be
+        // taken for the answer to a call of this one.
+        let first_tag = (u64::from(env.incarnation) << 40) + 1;
+        Rpc { ep, me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Cell::new(first_tag) }
     }
 
     pub fn me(&self) -> NodeIx {
@@ -185,59 +176,24 @@ impl Rpc {
     {
         let tag = self.next_tag.get();
         self.next_tag.set(tag + 1);
-        self.send(
-            to,
-            REQUEST_TAG,
-            Envelope {
-                reply_tag: tag,
-                body: req,
-            },
-            false,
-        )
-        .await;
-        let wait = madsim::time::timeout(
-            self.clock.real_duration(timeout),
-            self.ep.recv_from_raw(tag),
-        );
+        self.send(to, REQUEST_TAG, Envelope { reply_tag: tag, body: req }, false).await;
+        let wait = madsim::time::timeout(self.clock.real_duration(timeout), self.ep.recv_from_raw(tag));
         match wait.await {
-            Ok(Ok((payload, _))) => Ok(*payload
-                .downcast::<R>()
-                .expect("reply type matches the request type")),
+            Ok(Ok((payload, _))) => Ok(*payload.downcast::<R>().expect("reply type matches the request type")),
             Ok(Err(_)) | Err(_) => Err(CallError::Timeout),
         }
     }
 
     /// Send `msg` to `to` without waiting for anything (replication streams).
     pub async fn tell<Q: Any + Send + Sync>(&self, to: NodeIx, msg: Q) {
-        self.send(
-            to,
-            REQUEST_TAG,
-            Envelope {
-                reply_tag: 0,
-                body: msg,
-            },
-            false,
-        )
-        .await;
+        self.send(to, REQUEST_TAG, Envelope { reply_tag: 0, body: msg }, false).await;
     }
 
     /// The next request for this node. Panics if a node receives a request type it does not serve.
     pub async fn next_request<Q: Any + Send + Sync>(&self) -> (ReplyTo, Q) {
-        let (payload, from) = self
-            .ep
-            .recv_from_raw(REQUEST_TAG)
-            .await
-            .expect("the simulated network stays up");
-        let env = payload
-            .downcast::<Envelope<Q>>()
-            .expect("a node receives only the requests it serves");
-        (
-            ReplyTo {
-                from: node_of(from),
-                reply_tag: env.reply_tag,
-            },
-            env.body,
-        )
+        let (payload, from) = self.ep.recv_from_raw(REQUEST_TAG).await.expect("the simulated network stays up");
+        let env = payload.downcast::<Envelope<Q>>().expect("a node receives only the requests it serves");
+        (ReplyTo { from: node_of(from), reply_tag: env.reply_tag }, env.body)
     }
 
     /// Answer a request (nothing is sent for one-way messages).
@@ -261,16 +217,14 @@ mod tests {
 
     #[test]
     fn drop_reply_loses_replies_but_not_requests() {
-        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(
-            async {
-                let net = Net::new(1);
-                net.set_drop_reply(NodeIx(0), Some(1.0));
-                assert_eq!(net.route(NodeIx(1), NodeIx(0), false), Some(Duration::ZERO));
-                assert_eq!(net.route(NodeIx(0), NodeIx(1), true), None);
-                net.set_drop_reply(NodeIx(0), None);
-                assert_eq!(net.route(NodeIx(0), NodeIx(1), true), Some(Duration::ZERO));
-                assert_eq!(net.messages(), 3);
-            },
-        );
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
+            let net = Net::new(1);
+            net.set_drop_reply(NodeIx(0), Some(1.0));
+            assert_eq!(net.route(NodeIx(1), NodeIx(0), false), Some(Duration::ZERO));
+            assert_eq!(net.route(NodeIx(0), NodeIx(1), true), None);
+            net.set_drop_reply(NodeIx(0), None);
+            assert_eq!(net.route(NodeIx(0), NodeIx(1), true), Some(Duration::ZERO));
+            assert_eq!(net.messages(), 3);
+        });
     }
 }

@@ -33,11 +33,7 @@ pub struct ResourceState {
 
 impl ResourceState {
     pub fn new(fencing: bool) -> ResourceState {
-        ResourceState {
-            value: 0,
-            fencing,
-            highest: None,
-        }
+        ResourceState { value: 0, fencing, highest: None }
     }
 
     /// Check a token against the highest seen; remember it when accepted.
@@ -60,26 +56,13 @@ impl Backend for ResourceState {
     type Request = ResourceRequest;
     type Reply = ResourceReply;
 
-    fn apply(
-        &mut self,
-        _now_ms: i64,
-        from: NodeIx,
-        request: ResourceRequest,
-        out: &mut Out,
-    ) -> ResourceReply {
+    fn apply(&mut self, _now_ms: i64, from: NodeIx, request: ResourceRequest, out: &mut Out) -> ResourceReply {
         match request {
             ResourceRequest::Read { token } => {
                 let admitted = self.admit(token);
                 let accepted = admitted.is_ok();
                 out.push((from, EventKind::Enter { token }));
-                out.push((
-                    from,
-                    EventKind::Read {
-                        value: self.value,
-                        token,
-                        accepted,
-                    },
-                ));
+                out.push((from, EventKind::Read { value: self.value, token, accepted }));
                 match admitted {
                     Ok(()) => ResourceReply::Value(self.value),
                     Err(highest) => {
@@ -94,14 +77,7 @@ impl Backend for ResourceState {
                 if accepted {
                     self.value = value;
                 }
-                out.push((
-                    from,
-                    EventKind::Write {
-                        value,
-                        token,
-                        accepted,
-                    },
-                ));
+                out.push((from, EventKind::Write { value, token, accepted }));
                 out.push((from, EventKind::Exit));
                 match admitted {
                     Ok(()) => ResourceReply::Written,
@@ -123,60 +99,21 @@ mod tests {
     #[test]
     fn without_fencing_every_write_lands() {
         let mut r = ResourceState::new(false);
-        assert_eq!(
-            apply(
-                &mut r,
-                ResourceRequest::Write {
-                    token: Some(5),
-                    value: 1
-                }
-            ),
-            ResourceReply::Written
-        );
-        assert_eq!(
-            apply(
-                &mut r,
-                ResourceRequest::Write {
-                    token: Some(4),
-                    value: 2
-                }
-            ),
-            ResourceReply::Written
-        );
-        assert_eq!(
-            apply(&mut r, ResourceRequest::Read { token: None }),
-            ResourceReply::Value(2)
-        );
+        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1 }), ResourceReply::Written);
+        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(4), value: 2 }), ResourceReply::Written);
+        assert_eq!(apply(&mut r, ResourceRequest::Read { token: None }), ResourceReply::Value(2));
     }
 
     #[test]
     fn fencing_refuses_a_token_lower_than_one_seen_on_any_access() {
         let mut r = ResourceState::new(true);
-        assert_eq!(
-            apply(&mut r, ResourceRequest::Read { token: Some(5) }),
-            ResourceReply::Value(0)
-        );
+        assert_eq!(apply(&mut r, ResourceRequest::Read { token: Some(5) }), ResourceReply::Value(0));
         // A paused holder with token 4 wakes up and writes after token 5 has read.
         assert_eq!(
-            apply(
-                &mut r,
-                ResourceRequest::Write {
-                    token: Some(4),
-                    value: 1
-                }
-            ),
+            apply(&mut r, ResourceRequest::Write { token: Some(4), value: 1 }),
             ResourceReply::StaleToken { highest: 5 }
         );
-        assert_eq!(
-            apply(
-                &mut r,
-                ResourceRequest::Write {
-                    token: Some(5),
-                    value: 1
-                }
-            ),
-            ResourceReply::Written
-        );
+        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1 }), ResourceReply::Written);
         assert_eq!(r.value, 1);
     }
 
@@ -184,42 +121,15 @@ mod tests {
     fn accesses_are_recorded_for_the_caller() {
         let mut r = ResourceState::new(true);
         let mut out = Out::new();
-        r.apply(
-            0,
-            NodeIx(2),
-            ResourceRequest::Read { token: Some(1) },
-            &mut out,
-        );
-        r.apply(
-            0,
-            NodeIx(2),
-            ResourceRequest::Write {
-                token: Some(1),
-                value: 1,
-            },
-            &mut out,
-        );
+        r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1) }, &mut out);
+        r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1 }, &mut out);
         let kinds: Vec<_> = out.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(
             kinds,
             vec![
                 (2, EventKind::Enter { token: Some(1) }),
-                (
-                    2,
-                    EventKind::Read {
-                        value: 0,
-                        token: Some(1),
-                        accepted: true
-                    }
-                ),
-                (
-                    2,
-                    EventKind::Write {
-                        value: 1,
-                        token: Some(1),
-                        accepted: true
-                    }
-                ),
+                (2, EventKind::Read { value: 0, token: Some(1), accepted: true }),
+                (2, EventKind::Write { value: 1, token: Some(1), accepted: true }),
                 (2, EventKind::Exit),
             ]
         );

@@ -35,13 +35,8 @@ mod tests {
 
     #[test]
     fn streams_are_reproducible_and_independent() {
-        let a: Vec<u64> = (0..4)
-            .map(|_| stream(7, Stream::Workload, 1).next_u64())
-            .collect();
-        assert!(
-            a.windows(2).all(|w| w[0] == w[1]),
-            "same seed and stream give the same first value"
-        );
+        let a: Vec<u64> = (0..4).map(|_| stream(7, Stream::Workload, 1).next_u64()).collect();
+        assert!(a.windows(2).all(|w| w[0] == w[1]), "same seed and stream give the same first value");
         let x = stream(7, Stream::Workload, 1).next_u64();
         assert_ne!(x, stream(7, Stream::Workload, 2).next_u64());
         assert_ne!(x, stream(7, Stream::Recipe, 1).next_u64());

@@ -9,6 +9,7 @@ use crate::clock::Clock;
 use crate::fault::{Action, Fault, Target};
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::{addr_of, Net};
+use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
 use madsim::task::NodeId;
 use std::collections::BTreeMap;
@@ -54,6 +55,8 @@ pub struct World {
     /// Overlapping cuts of one directed link: it heals when the last one ends.
     cuts: BTreeMap<(NodeIx, NodeIx), u32>,
     failover: Option<FailoverFn>,
+    /// Choices made while the run goes on (which of several holders a fault hits).
+    rng: ChaCha8Rng,
 }
 
 /// A fault's start or end, placed on the run's timeline.
@@ -74,6 +77,7 @@ impl World {
             pauses: BTreeMap::new(),
             cuts: BTreeMap::new(),
             failover: None,
+            rng: stream(seed, Stream::Nemesis, 2),
         }
     }
 
@@ -90,10 +94,7 @@ impl World {
     }
 
     pub fn index(&self, name: &str) -> Option<NodeIx> {
-        self.nodes
-            .iter()
-            .position(|n| n.name == name)
-            .map(|i| NodeIx(i as u32))
+        self.nodes.iter().position(|n| n.name == name).map(|i| NodeIx(i as u32))
     }
 
     /// The index the next added node will get (for programs that must know their peers up front).
@@ -124,18 +125,11 @@ impl World {
             .name(name)
             .ip(addr_of(me).ip())
             .init(move || {
-                let env = NodeEnv {
-                    incarnation: starts.fetch_add(1, Ordering::Relaxed),
-                    ..env.clone()
-                };
+                let env = NodeEnv { incarnation: starts.fetch_add(1, Ordering::Relaxed), ..env.clone() };
                 program(env)
             })
             .build();
-        self.nodes.push(WorldNode {
-            name: name.to_string(),
-            id: node.id(),
-            clock,
-        });
+        self.nodes.push(WorldNode { name: name.to_string(), id: node.id(), clock });
         me
     }
 
@@ -178,18 +172,17 @@ impl World {
         }
     }
 
-    fn resolve(&self, target: &Target) -> Result<NodeIx, String> {
-        match target {
-            Target::Node(name) => Ok(self
-                .index(name)
-                .expect("targets are validated against the topology")),
-            Target::Holder => self
-                .recorder
-                .holder()
-                .ok_or_else(|| "nobody held the lock".to_string()),
-            Target::RandomClient => {
-                unreachable!("random-client targets are resolved before the run")
-            }
+    /// The node a target means now; `holder` and `waiter` pick among several from the nemesis stream.
+    fn resolve(&mut self, target: &Target) -> Result<NodeIx, String> {
+        let (candidates, nobody) = match target {
+            Target::Node(name) => return Ok(self.index(name).expect("targets are validated against the topology")),
+            Target::RandomClient => unreachable!("random-client targets are resolved before the run"),
+            Target::Holder => (self.recorder.holders(), "nobody held the lock"),
+            Target::Waiter => (self.recorder.waiters(), "nobody was waiting for the lock"),
+        };
+        match candidates.len() {
+            0 => Err(nobody.to_string()),
+            n => Ok(candidates[self.rng.gen_range(0..n)]),
         }
     }
 
@@ -198,14 +191,7 @@ impl World {
         let node = match self.resolve(&fault.target) {
             Ok(node) => node,
             Err(reason) => {
-                self.recorder.record(
-                    NodeIx(0),
-                    EventKind::FaultSkipped {
-                        id,
-                        fault: kind,
-                        reason,
-                    },
-                );
+                self.recorder.record(NodeIx(0), EventKind::FaultSkipped { id, fault: kind, reason });
                 return None;
             }
         };
@@ -232,38 +218,20 @@ impl World {
             Action::ClockJump { delta_ms } => self.nodes[node.0 as usize].clock.jump(*delta_ms),
             Action::ClockDrift { rate, .. } => self.nodes[node.0 as usize].clock.set_rate(*rate),
             Action::Failover => {
-                let promoted = self
-                    .failover
-                    .as_mut()
-                    .map_or(Err("no replica to promote".to_string()), |f| f(node));
+                let promoted = self.failover.as_mut().map_or(Err("no replica to promote".to_string()), |f| f(node));
                 match promoted {
                     Ok(replica) => {
                         self.crash(node);
                         detail = format!("{} promoted", self.nodes[replica.0 as usize].name);
                     }
                     Err(reason) => {
-                        self.recorder.record(
-                            node,
-                            EventKind::FaultSkipped {
-                                id,
-                                fault: kind,
-                                reason,
-                            },
-                        );
+                        self.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
                         return None;
                     }
                 }
             }
         }
-        self.recorder.record(
-            node,
-            EventKind::FaultStart {
-                id,
-                fault: kind,
-                target,
-                detail,
-            },
-        );
+        self.recorder.record(node, EventKind::FaultStart { id, fault: kind, target, detail });
         Some(node)
     }
 
@@ -293,18 +261,9 @@ impl World {
 
     fn peers(&self, node: NodeIx, named: &[String]) -> Vec<NodeIx> {
         if named.is_empty() {
-            return (0..self.nodes.len() as u32)
-                .map(NodeIx)
-                .filter(|n| *n != node)
-                .collect();
+            return (0..self.nodes.len() as u32).map(NodeIx).filter(|n| *n != node).collect();
         }
-        named
-            .iter()
-            .map(|n| {
-                self.index(n)
-                    .expect("peers are validated against the topology")
-            })
-            .collect()
+        named.iter().map(|n| self.index(n).expect("peers are validated against the topology")).collect()
     }
 
     fn pause(&mut self, node: NodeIx) {
@@ -329,7 +288,7 @@ impl World {
     fn crash(&mut self, node: NodeIx) {
         self.handle.kill(self.nodes[node.0 as usize].id);
         self.pauses.remove(&node);
-        self.recorder.forget_holder(node);
+        self.recorder.forget(node);
     }
 
     fn restart(&mut self, node: NodeIx) {
@@ -337,7 +296,7 @@ impl World {
         // Kill first: madsim's restart alone keeps the old node's sockets bound.
         self.handle.kill(id);
         self.pauses.remove(&node);
-        self.recorder.forget_holder(node);
+        self.recorder.forget(node);
         self.handle.restart(id);
     }
 

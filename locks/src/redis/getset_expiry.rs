@@ -12,10 +12,7 @@
 //! Expected failures (catalog): expiry is judged by the *contender's* clock. A contender whose clock jumps
 //! ahead by more than `ttl` sees a live lock as expired and takes it over — `double-holder`.
 
-use super::{
-    spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY,
-    RETRY, TTL,
-};
+use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
@@ -43,18 +40,8 @@ struct GetsetExpiry {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(
-        ctx.clone(),
-        RedisServers::from(servers),
-        0,
-        params.duration("call_timeout"),
-    );
-    Box::new(GetsetExpiry {
-        ctx,
-        params: params.clone(),
-        redis,
-        expires_ms: Cell::new(0),
-    })
+    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    Box::new(GetsetExpiry { ctx, params: params.clone(), redis, expires_ms: Cell::new(0) })
 }
 
 /// Is the timestamp stored in `reply` in the past at `now_ms`? A missing key counts as expired.
@@ -69,12 +56,7 @@ impl GetsetExpiry {
     async fn attempt(&self) -> Result<Attempt, CallError> {
         let ttl_ms = self.params.duration("ttl").as_millis() as i64;
         let ours = self.ctx.now_ms() + ttl_ms + 1;
-        if self
-            .redis
-            .set(LOCK_KEY, &ours.to_string(), SetCondition::Nx, None)
-            .await?
-            == RedisReply::Ok
-        {
+        if self.redis.set(LOCK_KEY, &ours.to_string(), SetCondition::Nx, None).await? == RedisReply::Ok {
             self.expires_ms.set(ours);
             return Ok(Attempt::Taken);
         }
@@ -96,18 +78,14 @@ impl Lock for GetsetExpiry {
     async fn acquire(&mut self) -> Outcome<Grant> {
         let this = &*self;
         spin(&this.ctx, &this.params, &this.redis, || async {
-            this.attempt()
-                .await
-                .unwrap_or_else(|_| Attempt::Unknown("a lock command timed out".into()))
+            this.attempt().await.unwrap_or_else(|_| Attempt::Unknown("a lock command timed out".into()))
         })
         .await
     }
 
     async fn release(&mut self) -> Outcome<()> {
         if self.ctx.now_ms() >= self.expires_ms.get() {
-            return Outcome::Fail(
-                "our timestamp has passed: the key may be someone else's, not deleting".into(),
-            );
+            return Outcome::Fail("our timestamp has passed: the key may be someone else's, not deleting".into());
         }
         super::released(self.redis.del(LOCK_KEY).await)
     }

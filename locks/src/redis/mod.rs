@@ -12,9 +12,7 @@ mod watchdog;
 
 use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{
-    RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards,
-};
+use locksim_sim::backend::redis::{RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
@@ -25,13 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Every Redis recipe, for the registry.
-pub const RECIPES: &[RecipeSpec] = &[
-    set_nx::RECIPE,
-    set_nx_px::RECIPE,
-    getset_expiry::RECIPE,
-    watchdog::RECIPE,
-    redlock::RECIPE,
-];
+pub const RECIPES: &[RecipeSpec] =
+    &[set_nx::RECIPE, set_nx_px::RECIPE, getset_expiry::RECIPE, watchdog::RECIPE, redlock::RECIPE];
 
 /// The key every Redis recipe locks, and the counter that hands out fencing tokens.
 const LOCK_KEY: &str = "lock";
@@ -50,13 +43,7 @@ pub trait RedisApi {
         condition: SetCondition,
         px_ms: Option<i64>,
     ) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Set {
-            key: key.into(),
-            value: value.into(),
-            condition,
-            px_ms,
-        })
-        .await
+        self.request(RedisRequest::Set { key: key.into(), value: value.into(), condition, px_ms }).await
     }
     async fn get(&self, key: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Get { key: key.into() }).await
@@ -65,22 +52,13 @@ pub trait RedisApi {
         self.request(RedisRequest::Del { key: key.into() }).await
     }
     async fn getset(&self, key: &str, value: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::GetSet {
-            key: key.into(),
-            value: value.into(),
-        })
-        .await
+        self.request(RedisRequest::GetSet { key: key.into(), value: value.into() }).await
     }
     async fn incr(&self, key: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Incr { key: key.into() }).await
     }
     async fn eval(&self, script: Script, key: &str, arg: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Eval {
-            script,
-            key: key.into(),
-            arg: arg.into(),
-        })
-        .await
+        self.request(RedisRequest::Eval { script, key: key.into(), arg: arg.into() }).await
     }
 }
 
@@ -94,22 +72,14 @@ pub struct SimRedis {
 
 impl SimRedis {
     pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
-        SimRedis {
-            ctx,
-            shards: servers.shards.clone(),
-            shard,
-            timeout,
-        }
+        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout }
     }
 }
 
 #[async_trait(?Send)]
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
-        self.ctx
-            .rpc()
-            .call(self.shards.master(self.shard), request, self.timeout)
-            .await
+        self.ctx.rpc().call(self.shards.master(self.shard), request, self.timeout).await
     }
 }
 
@@ -191,41 +161,21 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     for shard in 0..params.int("masters") as usize {
         // The replica is added right after its master, so its index is known before either starts.
         let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
-        let state = if with_replica {
-            RedisState::with_replica()
-        } else {
-            RedisState::default()
-        };
-        let node = RedisNode {
-            state: Arc::new(Mutex::new(state)),
-            persist,
-            replica,
-        };
+        let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
+        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica };
         let master = world.add_node(&master_name(shard), redis_program(node));
         masters.push(master);
         if with_replica {
-            let node = RedisNode {
-                state: Arc::default(),
-                persist,
-                replica: None,
-            };
-            replica_of.push((
-                master,
-                world.add_node(&replica_name(shard), redis_program(node)),
-            ));
+            let node = RedisNode { state: Arc::default(), persist, replica: None };
+            replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
         }
     }
     let shards = Shards::new(masters);
     let directory = shards.clone();
     world.set_failover(Box::new(move |master| {
-        let replica = replica_of
-            .iter()
-            .find(|(m, _)| *m == master)
-            .map(|(_, r)| *r);
+        let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
         let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
-        directory
-            .promote(master, replica)
-            .ok_or_else(|| "already failed over".to_string())?;
+        directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
         Ok(replica)
     }));
     Servers::Redis(RedisServers { shards })
@@ -234,7 +184,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
 fn redis_program(node: RedisNode) -> Program {
     Arc::new(move |env| {
         let node = node.clone();
-        Box::pin(async move { node.run(env.me, env.clock, env.net, env.recorder).await })
+        Box::pin(async move { node.run(env).await })
     })
 }
 
@@ -257,12 +207,8 @@ const CALL_TIMEOUT: ParamSpec = ParamSpec {
     default: ms(1_000),
     doc: "socket timeout of each Redis command; a timed-out command may still have run",
 };
-const TTL: ParamSpec = ParamSpec {
-    name: "ttl",
-    kind: ParamKind::Duration,
-    default: ms(10_000),
-    doc: "expiry of the lock key (PX)",
-};
+const TTL: ParamSpec =
+    ParamSpec { name: "ttl", kind: ParamKind::Duration, default: ms(10_000), doc: "expiry of the lock key (PX)" };
 
 /// What one attempt to take a Redis lock found.
 enum Attempt {
@@ -273,12 +219,7 @@ enum Attempt {
 
 /// Try `attempt` until it takes the lock, sleeping `retry` between tries, for at most `acquire_timeout`
 /// by the client's clock; then ask for a fencing token. The loop every single-instance recipe shares.
-async fn spin<F, Fut>(
-    ctx: &Ctx,
-    params: &Params,
-    redis: &SimRedis,
-    mut attempt: F,
-) -> Outcome<Grant>
+async fn spin<F, Fut>(ctx: &Ctx, params: &Params, redis: &SimRedis, mut attempt: F) -> Outcome<Grant>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt>,
@@ -289,9 +230,7 @@ where
         match attempt().await {
             Attempt::Taken => return Outcome::Ok(fencing_token(redis).await),
             Attempt::Unknown(why) => return Outcome::Unknown(why),
-            Attempt::Busy if ctx.now_ms() >= deadline => {
-                return Outcome::Fail("timed out waiting".into())
-            }
+            Attempt::Busy if ctx.now_ms() >= deadline => return Outcome::Fail("timed out waiting".into()),
             Attempt::Busy => ctx.sleep(retry).await,
         }
     }
@@ -301,9 +240,7 @@ where
 /// counter itself survives. A lost reply leaves the holder without a token.
 async fn fencing_token(redis: &impl RedisApi) -> Grant {
     match redis.incr(FENCE_KEY).await {
-        Ok(RedisReply::Int(n)) => Grant {
-            token: Some(n as u64),
-        },
+        Ok(RedisReply::Int(n)) => Grant { token: Some(n as u64) },
         _ => Grant { token: None },
     }
 }
@@ -327,6 +264,8 @@ fn lock_value(ctx: &Ctx) -> String {
 fn one_master(_: &Params, backend: &Params) -> Result<(), String> {
     match backend.int("masters") {
         1 => Ok(()),
-        n => Err(format!("this recipe uses one Redis master, but [backend] masters = {n} (several masters are for redis.redlock)")),
+        n => Err(format!(
+            "this recipe uses one Redis master, but [backend] masters = {n} (several masters are for redis.redlock)"
+        )),
     }
 }

@@ -63,9 +63,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
 fn at_least_three_masters(_: &Params, backend: &Params) -> Result<(), String> {
     match backend.int("masters") {
         n if n >= 3 => Ok(()),
-        n => Err(format!(
-            "redis.redlock needs at least 3 masters ([backend] masters), got {n}"
-        )),
+        n => Err(format!("redis.redlock needs at least 3 masters ([backend] masters), got {n}")),
     }
 }
 
@@ -79,15 +77,8 @@ struct Redlock {
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let servers = RedisServers::from(servers);
     let timeout = params.duration("instance_timeout");
-    let masters = (0..servers.shards.len())
-        .map(|i| SimRedis::new(ctx.clone(), servers, i, timeout))
-        .collect();
-    Box::new(Redlock {
-        ctx,
-        params: params.clone(),
-        masters,
-        value: String::new(),
-    })
+    let masters = (0..servers.shards.len()).map(|i| SimRedis::new(ctx.clone(), servers, i, timeout)).collect();
+    Box::new(Redlock { ctx, params: params.clone(), masters, value: String::new() })
 }
 
 impl Redlock {
@@ -95,10 +86,7 @@ impl Redlock {
     async fn unlock_all(&self) -> (usize, bool) {
         let (mut deleted, mut answered) = (0, false);
         for m in &self.masters {
-            match m
-                .eval(Script::CompareAndDelete, LOCK_KEY, &self.value)
-                .await
-            {
+            match m.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await {
                 Ok(RedisReply::Int(1)) => (deleted, answered) = (deleted + 1, true),
                 Ok(_) => answered = true,
                 Err(_) => {}
@@ -113,10 +101,7 @@ impl Redlock {
         let t1 = self.ctx.now_ms();
         let mut locked = 0;
         for m in &self.masters {
-            if m.set(LOCK_KEY, &self.value, SetCondition::Nx, Some(ttl_ms))
-                .await
-                == Ok(RedisReply::Ok)
-            {
+            if m.set(LOCK_KEY, &self.value, SetCondition::Nx, Some(ttl_ms)).await == Ok(RedisReply::Ok) {
                 locked += 1;
             }
         }
@@ -136,12 +121,7 @@ impl Lock for Redlock {
                 return Outcome::Ok(Grant { token: None });
             }
             self.unlock_all().await;
-            self.ctx
-                .sleep(
-                    self.ctx
-                        .random_duration(Duration::ZERO, self.params.duration("retry_delay")),
-                )
-                .await;
+            self.ctx.sleep(self.ctx.random_duration(Duration::ZERO, self.params.duration("retry_delay"))).await;
         }
         Outcome::Fail("no majority within the validity time".into())
     }

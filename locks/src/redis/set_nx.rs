@@ -8,9 +8,7 @@
 //! Expected failures (catalog): a holder that crashes never releases, and nothing else ever will —
 //! `deadlock`. A `SET` whose reply is lost leaves a lock its owner does not know it has — `deadlock` too.
 
-use super::{
-    spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY,
-};
+use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
@@ -34,17 +32,8 @@ struct SetNx {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(
-        ctx.clone(),
-        RedisServers::from(servers),
-        0,
-        params.duration("call_timeout"),
-    );
-    Box::new(SetNx {
-        ctx,
-        params: params.clone(),
-        redis,
-    })
+    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    Box::new(SetNx { ctx, params: params.clone(), redis })
 }
 
 #[async_trait(?Send)]

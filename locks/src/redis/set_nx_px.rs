@@ -11,10 +11,7 @@
 //! release then deletes the *next* holder's key, letting a third client in. Compare-and-delete fixes the
 //! release but not the pause; fencing (`fencing = true`) stops the stale write at the resource.
 
-use super::{
-    spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY,
-    RETRY, TTL,
-};
+use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
@@ -50,18 +47,8 @@ struct SetNxPx {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(
-        ctx.clone(),
-        RedisServers::from(servers),
-        0,
-        params.duration("call_timeout"),
-    );
-    Box::new(SetNxPx {
-        ctx,
-        params: params.clone(),
-        redis,
-        value: String::new(),
-    })
+    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    Box::new(SetNxPx { ctx, params: params.clone(), redis, value: String::new() })
 }
 
 #[async_trait(?Send)]
@@ -71,10 +58,7 @@ impl Lock for SetNxPx {
         let ttl_ms = self.params.duration("ttl").as_millis() as i64;
         let (redis, value) = (&self.redis, &self.value);
         spin(&self.ctx, &self.params, redis, || async move {
-            match redis
-                .set(LOCK_KEY, value, SetCondition::Nx, Some(ttl_ms))
-                .await
-            {
+            match redis.set(LOCK_KEY, value, SetCondition::Nx, Some(ttl_ms)).await {
                 Ok(RedisReply::Ok) => Attempt::Taken,
                 Ok(_) => Attempt::Busy,
                 Err(_) => Attempt::Unknown("SET NX PX timed out".into()),
@@ -86,11 +70,7 @@ impl Lock for SetNxPx {
     async fn release(&mut self) -> Outcome<()> {
         let reply = match self.params.choice("release") {
             "del" => self.redis.del(LOCK_KEY).await,
-            _ => {
-                self.redis
-                    .eval(Script::CompareAndDelete, LOCK_KEY, &self.value)
-                    .await
-            }
+            _ => self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await,
         };
         super::released(reply)
     }

@@ -14,9 +14,7 @@
 //! than `watchdog_timeout` stops the renewals too; the key expires under a holder that still believes it
 //! holds the lock — `double-holder`. Shorter pauses are absorbed by the renewals.
 
-use super::{
-    spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY,
-};
+use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
 use crate::params::{ms, ParamKind, ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
@@ -53,12 +51,7 @@ struct Watchdog {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(
-        ctx.clone(),
-        RedisServers::from(servers),
-        0,
-        params.duration("call_timeout"),
-    );
+    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
     Box::new(Watchdog {
         ctx,
         params: params.clone(),
@@ -76,15 +69,7 @@ impl Lock for Watchdog {
         let lease = self.params.duration("watchdog_timeout");
         let (redis, value) = (&self.redis, &self.value);
         let outcome = spin(&self.ctx, &self.params, redis, || async move {
-            match redis
-                .set(
-                    LOCK_KEY,
-                    value,
-                    SetCondition::Nx,
-                    Some(lease.as_millis() as i64),
-                )
-                .await
-            {
+            match redis.set(LOCK_KEY, value, SetCondition::Nx, Some(lease.as_millis() as i64)).await {
                 Ok(RedisReply::Ok) => Attempt::Taken,
                 Ok(_) => Attempt::Busy,
                 Err(_) => Attempt::Unknown("SET NX PX timed out".into()),
@@ -100,9 +85,7 @@ impl Lock for Watchdog {
             );
             let (ctx, value) = (self.ctx.clone(), self.value.clone());
             self.renewal = Some(self.ctx.spawn(async move {
-                let script = Script::CompareAndPexpire {
-                    ms: lease.as_millis() as i64,
-                };
+                let script = Script::CompareAndPexpire { ms: lease.as_millis() as i64 };
                 loop {
                     ctx.sleep(lease / 3).await;
                     if redis.eval(script, LOCK_KEY, &value).await != Ok(RedisReply::Int(1)) {
@@ -116,10 +99,6 @@ impl Lock for Watchdog {
 
     async fn release(&mut self) -> Outcome<()> {
         self.renewal = None;
-        super::released(
-            self.redis
-                .eval(Script::CompareAndDelete, LOCK_KEY, &self.value)
-                .await,
-        )
+        super::released(self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await)
     }
 }

@@ -39,12 +39,7 @@ pub fn list(args: Args) -> anyhow::Result<ExitCode> {
 
 fn params(specs: &[ParamSpec], indent: &str) {
     for p in specs {
-        println!(
-            "{indent}{:<18} = {:<22} {}",
-            p.name,
-            ParamSpec::show(&p.default),
-            p.doc
-        );
+        println!("{indent}{:<18} = {:<22} {}", p.name, ParamSpec::show(&p.default), p.doc);
     }
 }
 
@@ -54,23 +49,12 @@ fn recipes() {
     let mut families: Vec<&str> = registry.recipes().iter().map(|r| r.family.name).collect();
     families.dedup();
     for family in families {
-        let recipes: Vec<_> = registry
-            .recipes()
-            .iter()
-            .filter(|r| r.family.name == family)
-            .collect();
+        let recipes: Vec<_> = registry.recipes().iter().filter(|r| r.family.name == family).collect();
         let spec = recipes[0].family;
-        println!(
-            "\n  [backend] of the {} family — {}",
-            spec.name, spec.summary
-        );
+        println!("\n  [backend] of the {} family — {}", spec.name, spec.summary);
         params(spec.params, "      ");
         for r in recipes {
-            let token = if r.offers_token {
-                "fencing token"
-            } else {
-                "no fencing token"
-            };
+            let token = if r.offers_token { "fencing token" } else { "no fencing token" };
             println!("\n  {}  — {} ({token}; {})", r.id, r.summary, r.source);
             params(r.params, "      ");
         }
@@ -87,12 +71,8 @@ fn faults() {
 }
 
 fn scenarios(dir: &PathBuf) -> anyhow::Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: {e} (run from the repository root, or pass --dir)",
-            dir.display()
-        )
-    })?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e} (run from the repository root, or pass --dir)", dir.display()))?;
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.retain(|p| p.extension().is_some_and(|x| x == "toml"));
     paths.sort();

@@ -52,9 +52,7 @@ fn load(path: &Path) -> anyhow::Result<Scenario> {
 
 /// `A..B` (B exclusive) or a single seed `A`.
 fn parse_seeds(text: &str) -> Result<std::ops::Range<u64>, String> {
-    let bad = || {
-        format!("expected a seed range such as 0..200 (end exclusive) or one seed, found {text:?}")
-    };
+    let bad = || format!("expected a seed range such as 0..200 (end exclusive) or one seed, found {text:?}");
     let range = match text.split_once("..") {
         Some((a, b)) => a.parse().map_err(|_| bad())?..b.parse().map_err(|_| bad())?,
         None => {

@@ -24,10 +24,7 @@ pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
     let run = run_seed(&scenario, args.seed)?;
     let r = &run.result;
-    println!(
-        "{} ({}) seed {}: {:?}",
-        scenario.name, scenario.recipe.id, r.seed, r.verdict
-    );
+    println!("{} ({}) seed {}: {:?}", scenario.name, scenario.recipe.id, r.seed, r.verdict);
     println!("faults:");
     if r.schedule.is_empty() {
         println!("  none");
@@ -47,17 +44,12 @@ pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
         println!("  (and {hidden} more of the same kinds)");
     }
     println!("measurements: {}", text::measurements(r));
-    println!(
-        "history: {} events, hash {}",
-        run.history.events.len(),
-        r.history_hash
-    );
+    println!("history: {} events, hash {}", run.history.events.len(), r.history_hash);
     if args.trace {
         print!("{}", text::trace(&run.history));
     }
     if let Some(path) = &args.history {
-        std::fs::write(path, run.history.to_jsonl())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        std::fs::write(path, run.history.to_jsonl()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }

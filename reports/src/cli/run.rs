@@ -23,9 +23,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let seeds = args.seeds.end - args.seeds.start;
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
@@ -44,19 +42,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         result.scenario,
         result.recipe,
         result.unsafe_seeds,
-        if kinds.is_empty() {
-            String::new()
-        } else {
-            format!(" — {kinds}")
-        }
+        if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
     );
     let expected: Vec<&str> = result.expect.findings.iter().map(|k| k.name()).collect();
     let verdict = format!("{:?}", result.expect.verdict).to_lowercase();
-    let label = if expected.is_empty() {
-        verdict
-    } else {
-        format!("{verdict} [{}]", expected.join(", "))
-    };
+    let label = if expected.is_empty() { verdict } else { format!("{verdict} [{}]", expected.join(", ")) };
     if result.as_expected {
         println!("expected {label}: as expected");
     } else {
@@ -76,12 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&result)?;
-        std::fs::write(path, json + "\n")
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        std::fs::write(path, json + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
-    Ok(if result.as_expected {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

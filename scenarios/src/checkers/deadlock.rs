@@ -51,9 +51,7 @@ fn wants(h: &History) -> Vec<(NodeIx, u64, u64)> {
             EventKind::AcquireInvoke => {
                 since.entry(e.node).or_insert(e.t);
             }
-            EventKind::AcquireOk { .. } => {
-                out.extend(since.remove(&e.node).map(|s| (e.node, s, e.t)))
-            }
+            EventKind::AcquireOk { .. } => out.extend(since.remove(&e.node).map(|s| (e.node, s, e.t))),
             k if kills(k) => out.extend(since.remove(&e.node).map(|s| (e.node, s, e.t))),
             _ => {}
         }
@@ -91,12 +89,7 @@ mod tests {
     }
 
     fn crash(target: &str) -> EventKind {
-        FaultStart {
-            id: 0,
-            fault: FaultKind::Crash,
-            target: target.into(),
-            detail: String::new(),
-        }
+        FaultStart { id: 0, fault: FaultKind::Crash, target: target.into(), detail: String::new() }
     }
 
     #[test]
@@ -108,23 +101,14 @@ mod tests {
                 (1.1, 0, ok(1)),
                 (2.0, 1, AcquireInvoke),
                 (5.0, 0, crash("client-0")),
-                (
-                    12.0,
-                    1,
-                    AcquireFail {
-                        reason: "timed out waiting".into(),
-                    },
-                ),
+                (12.0, 1, AcquireFail { reason: "timed out waiting".into() }),
                 (12.1, 1, AcquireInvoke),
             ],
         );
         let found = run(&h);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].clients, vec![NodeIx(1)]);
-        assert_eq!(
-            (found[0].from, found[0].to),
-            (5_000_000_000, 60_000_000_000)
-        );
+        assert_eq!((found[0].from, found[0].to), (5_000_000_000, 60_000_000_000));
     }
 
     #[test]
@@ -144,18 +128,8 @@ mod tests {
 
     #[test]
     fn waiting_on_a_live_holder_is_not_a_deadlock() {
-        let h = history(
-            60.0,
-            vec![
-                (1.0, 0, AcquireInvoke),
-                (1.1, 0, ok(1)),
-                (2.0, 1, AcquireInvoke),
-            ],
-        );
-        assert!(
-            run(&h).is_empty(),
-            "a holder that keeps the lock is slow, not deadlocked"
-        );
+        let h = history(60.0, vec![(1.0, 0, AcquireInvoke), (1.1, 0, ok(1)), (2.0, 1, AcquireInvoke)]);
+        assert!(run(&h).is_empty(), "a holder that keeps the lock is slow, not deadlocked");
     }
 
     #[test]
@@ -165,13 +139,7 @@ mod tests {
             60.0,
             vec![
                 (1.0, 0, AcquireInvoke),
-                (
-                    2.0,
-                    0,
-                    AcquireUnknown {
-                        reason: "timeout".into(),
-                    },
-                ),
+                (2.0, 0, AcquireUnknown { reason: "timeout".into() }),
                 (2.1, 0, AcquireInvoke),
             ],
         );

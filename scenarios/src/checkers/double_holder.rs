@@ -34,15 +34,7 @@ mod tests {
 
     #[test]
     fn overlapping_holds_of_two_clients_are_found() {
-        let h = history(
-            10.0,
-            vec![
-                (1.0, 0, ok(1)),
-                (2.0, 1, ok(2)),
-                (3.0, 0, ReleaseInvoke),
-                (4.0, 1, ReleaseInvoke),
-            ],
-        );
+        let h = history(10.0, vec![(1.0, 0, ok(1)), (2.0, 1, ok(2)), (3.0, 0, ReleaseInvoke), (4.0, 1, ReleaseInvoke)]);
         let found = check(&holds(&h));
         assert_eq!(found.len(), 1);
         assert_eq!((found[0].from, found[0].to), (2_000_000_000, 3_000_000_000));
@@ -50,38 +42,19 @@ mod tests {
 
     #[test]
     fn a_clean_handoff_is_quiet() {
-        let h = history(
-            10.0,
-            vec![
-                (1.0, 0, ok(1)),
-                (2.0, 0, ReleaseInvoke),
-                (2.5, 1, ok(2)),
-                (3.0, 1, ReleaseInvoke),
-            ],
-        );
+        let h = history(10.0, vec![(1.0, 0, ok(1)), (2.0, 0, ReleaseInvoke), (2.5, 1, ok(2)), (3.0, 1, ReleaseInvoke)]);
         assert!(check(&holds(&h)).is_empty());
     }
 
     #[test]
     fn an_unknown_acquire_is_not_a_belief_and_a_crash_ends_one() {
-        let crash = FaultStart {
-            id: 0,
-            fault: FaultKind::Crash,
-            target: "client-0".into(),
-            detail: String::new(),
-        };
+        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-0".into(), detail: String::new() };
         let h = history(
             10.0,
             vec![
                 (1.0, 0, ok(1)),
                 (2.0, 0, crash),
-                (
-                    2.5,
-                    1,
-                    AcquireUnknown {
-                        reason: "timeout".into(),
-                    },
-                ),
+                (2.5, 1, AcquireUnknown { reason: "timeout".into() }),
                 (3.0, 2, ok(2)),
             ],
         );

@@ -17,13 +17,7 @@ pub struct Hold {
 
 /// Does this event end every belief the node had (a crash or restart of it)?
 pub fn kills(kind: &EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::FaultStart {
-            fault: FaultKind::Crash | FaultKind::Restart | FaultKind::Failover,
-            ..
-        }
-    )
+    matches!(kind, EventKind::FaultStart { fault: FaultKind::Crash | FaultKind::Restart | FaultKind::Failover, .. })
 }
 
 /// Every hold of the run, in order of start.
@@ -32,12 +26,7 @@ pub fn holds(h: &History) -> Vec<Hold> {
     let mut done = Vec::new();
     let mut close = |open: &mut BTreeMap<NodeIx, (u64, Option<u64>)>, client: NodeIx, end: u64| {
         if let Some((start, token)) = open.remove(&client) {
-            done.push(Hold {
-                client,
-                start,
-                end,
-                token,
-            });
+            done.push(Hold { client, start, end, token });
         }
     };
     for e in &h.events {

@@ -35,8 +35,7 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
             EventKind::AcquireOk { .. } => {
                 latencies.extend(invoked.remove(&e.node).map(|t| e.t - t));
                 holding.insert(e.node);
-                let (recovered, waiting): (Vec<_>, Vec<_>) =
-                    crashed_holders.iter().partition(|(c, _)| *c != e.node);
+                let (recovered, waiting): (Vec<_>, Vec<_>) = crashed_holders.iter().partition(|(c, _)| *c != e.node);
                 recovery_ms.extend(recovered.iter().map(|(_, t)| ms(e.t - t)));
                 crashed_holders = waiting;
             }
@@ -55,11 +54,7 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
         latency_ms_p99: percentile(&latencies, 99),
         latency_ms_max: latencies.last().map_or(0.0, |l| ms(*l)),
         messages,
-        messages_per_acquisition: if acquisitions == 0 {
-            0.0
-        } else {
-            round3(messages as f64 / acquisitions as f64)
-        },
+        messages_per_acquisition: if acquisitions == 0 { 0.0 } else { round3(messages as f64 / acquisitions as f64) },
         recovery_ms,
         unrecovered: crashed_holders.len() as u64,
     }
@@ -91,12 +86,7 @@ mod tests {
 
     #[test]
     fn latency_messages_and_recovery_after_a_holder_crash() {
-        let crash = FaultStart {
-            id: 0,
-            fault: FaultKind::Crash,
-            target: "client-0".into(),
-            detail: String::new(),
-        };
+        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-0".into(), detail: String::new() };
         let h = history(
             60.0,
             vec![
@@ -118,21 +108,8 @@ mod tests {
 
     #[test]
     fn a_crash_of_a_client_that_did_not_hold_is_not_a_recovery() {
-        let crash = FaultStart {
-            id: 0,
-            fault: FaultKind::Crash,
-            target: "client-1".into(),
-            detail: String::new(),
-        };
-        let h = history(
-            60.0,
-            vec![
-                (1.0, 0, ok(1)),
-                (2.0, 1, crash),
-                (3.0, 0, ReleaseInvoke),
-                (4.0, 2, ok(2)),
-            ],
-        );
+        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-1".into(), detail: String::new() };
+        let h = history(60.0, vec![(1.0, 0, ok(1)), (2.0, 1, crash), (3.0, 0, ReleaseInvoke), (4.0, 2, ok(2))]);
         assert!(measure(&h, 0).recovery_ms.is_empty());
     }
 }

@@ -28,12 +28,8 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 4] = [
-        FindingKind::DoubleHolder,
-        FindingKind::UnsafeWrite,
-        FindingKind::StaleWriteRejected,
-        FindingKind::Deadlock,
-    ];
+    pub const ALL: [FindingKind; 4] =
+        [FindingKind::DoubleHolder, FindingKind::UnsafeWrite, FindingKind::StaleWriteRejected, FindingKind::Deadlock];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -97,11 +93,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
             clients: r.clients.iter().map(|c| h.name(*c).to_string()).collect(),
             from_ns: r.from,
             to_ns: r.to,
-            faults: faults
-                .iter()
-                .filter(|f| f.0 <= r.to && r.from <= f.1)
-                .map(|f| f.2.clone())
-                .collect(),
+            faults: faults.iter().filter(|f| f.0 <= r.to && r.from <= f.1).map(|f| f.2.clone()).collect(),
             detail: r.detail,
         })
         .collect()
@@ -113,12 +105,7 @@ fn fault_windows(h: &History) -> Vec<(u64, u64, String)> {
     let mut windows = Vec::new();
     for e in &h.events {
         match &e.kind {
-            EventKind::FaultStart {
-                id,
-                fault,
-                target,
-                detail,
-            } => {
+            EventKind::FaultStart { id, fault, target, detail } => {
                 started.insert(*id, (e.t, describe_fault(*fault, target, detail)));
             }
             EventKind::FaultEnd { id } => {
@@ -129,22 +116,13 @@ fn fault_windows(h: &History) -> Vec<(u64, u64, String)> {
             _ => {}
         }
     }
-    windows.extend(
-        started
-            .into_values()
-            .map(|(start, words)| (start, h.end, words)),
-    );
+    windows.extend(started.into_values().map(|(start, words)| (start, h.end, words)));
     windows.sort();
     windows
 }
 
 fn describe_fault(kind: FaultKind, target: &str, detail: &str) -> String {
-    [kind.name(), target, detail]
-        .iter()
-        .filter(|s| !s.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join(" ")
+    [kind.name(), target, detail].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(" ")
 }
 
 /// `12.345s`: simulated time for people.
@@ -164,19 +142,10 @@ pub(crate) mod test_history {
 
     pub fn history(end_s: f64, events: Vec<(f64, u32, EventKind)>) -> History {
         History {
-            nodes: vec![
-                "client-0".into(),
-                "client-1".into(),
-                "client-2".into(),
-                "redis-0".into(),
-            ],
+            nodes: vec!["client-0".into(), "client-1".into(), "client-2".into(), "redis-0".into()],
             events: events
                 .into_iter()
-                .map(|(t, node, kind)| Event {
-                    t: (t * 1e9) as u64,
-                    node: NodeIx(node),
-                    kind,
-                })
+                .map(|(t, node, kind)| Event { t: (t * 1e9) as u64, node: NodeIx(node), kind })
                 .collect(),
             end: (end_s * 1e9) as u64,
         }

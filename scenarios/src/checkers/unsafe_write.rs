@@ -31,16 +31,7 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
                     entered.insert(e.node, (*start, e.t));
                 }
             }
-            EventKind::Read {
-                accepted: false,
-                token,
-                ..
-            }
-            | EventKind::Write {
-                accepted: false,
-                token,
-                ..
-            } => {
+            EventKind::Read { accepted: false, token, .. } | EventKind::Write { accepted: false, token, .. } => {
                 found.push(Raw {
                     kind: FindingKind::StaleWriteRejected,
                     clients: vec![e.node],
@@ -49,25 +40,16 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
                     detail: format!("the resource refused token {}", show(token)),
                 });
             }
-            EventKind::Write {
-                accepted: true,
-                token,
-                ..
-            } => {
+            EventKind::Write { accepted: true, token, .. } => {
                 let mine = hold_start.get(&e.node).copied();
-                let newer = entered
-                    .iter()
-                    .find(|(c, (start, _))| **c != e.node && mine.is_some_and(|m| *start > m));
+                let newer = entered.iter().find(|(c, (start, _))| **c != e.node && mine.is_some_and(|m| *start > m));
                 if let Some((other, (_, at))) = newer {
                     found.push(Raw {
                         kind: FindingKind::UnsafeWrite,
                         clients: vec![e.node, *other],
                         from: *at,
                         to: e.t,
-                        detail: format!(
-                            "write with token {} accepted after a later holder entered",
-                            show(token)
-                        ),
+                        detail: format!("write with token {} accepted after a later holder entered", show(token)),
                     });
                 } else if let (Some(t), Some(high)) = (token, highest_accepted) {
                     if *t < high {
@@ -102,24 +84,14 @@ mod tests {
         Enter { token: Some(t) }
     }
     fn write(token: u64, accepted: bool) -> EventKind {
-        Write {
-            value: 1,
-            token: Some(token),
-            accepted,
-        }
+        Write { value: 1, token: Some(token), accepted }
     }
 
     #[test]
     fn a_paused_holder_writing_after_the_next_holder_entered_is_unsafe() {
         let h = history(
             10.0,
-            vec![
-                (1.0, 0, ok(1)),
-                (1.1, 0, enter(1)),
-                (5.0, 1, ok(2)),
-                (5.1, 1, enter(2)),
-                (9.0, 0, write(1, true)),
-            ],
+            vec![(1.0, 0, ok(1)), (1.1, 0, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2)), (9.0, 0, write(1, true))],
         );
         let found = check(&h);
         assert_eq!(found.len(), 1);
@@ -131,13 +103,7 @@ mod tests {
     fn the_same_write_refused_by_fencing_is_the_defence_working() {
         let h = history(
             10.0,
-            vec![
-                (1.0, 0, ok(1)),
-                (1.1, 0, enter(1)),
-                (5.0, 1, ok(2)),
-                (5.1, 1, enter(2)),
-                (9.0, 0, write(1, false)),
-            ],
+            vec![(1.0, 0, ok(1)), (1.1, 0, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2)), (9.0, 0, write(1, false))],
         );
         let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);

@@ -23,31 +23,15 @@ pub trait Backend: Send + 'static {
     type Reply: Any + Send + Sync;
 
     /// Apply one request at `now_ms` by the server's own clock.
-    fn apply(
-        &mut self,
-        now_ms: i64,
-        from: NodeIx,
-        request: Self::Request,
-        out: &mut Out,
-    ) -> Self::Reply;
+    fn apply(&mut self, now_ms: i64, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
 }
 
 /// Serve `state` on this node until the node dies.
-pub async fn serve<B: Backend>(
-    state: Arc<Mutex<B>>,
-    rpc: &Rpc,
-    clock: &Clock,
-    recorder: &Recorder,
-) {
+pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, recorder: &Recorder) {
     let mut out = Out::new();
     loop {
         let (reply_to, request) = rpc.next_request::<B::Request>().await;
-        let reply = state.lock().expect("backend lock").apply(
-            clock.now_ms(),
-            reply_to.from,
-            request,
-            &mut out,
-        );
+        let reply = state.lock().expect("backend lock").apply(clock.now_ms(), reply_to.from, request, &mut out);
         for (node, kind) in out.drain(..) {
             recorder.record(node, kind);
         }

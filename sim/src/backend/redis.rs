@@ -20,9 +20,9 @@
 //! - Persistence: with `persist = false` (no AOF) a crashed server restarts empty.
 
 use super::{Backend, Out};
-use crate::clock::Clock;
-use crate::history::{NodeIx, Recorder};
-use crate::net::{Net, Rpc};
+use crate::history::NodeIx;
+use crate::net::Rpc;
+use crate::world::NodeEnv;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -97,14 +97,8 @@ pub enum RedisReply {
 /// The effect of a write, as shipped to the replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplOp {
-    Set {
-        key: String,
-        value: String,
-        expires_at_ms: Option<i64>,
-    },
-    Del {
-        key: String,
-    },
+    Set { key: String, value: String, expires_at_ms: Option<i64> },
+    Del { key: String },
 }
 
 #[derive(Debug, Clone)]
@@ -125,10 +119,7 @@ pub struct RedisState {
 impl RedisState {
     /// A server whose writes are shipped to a replica.
     pub fn with_replica() -> RedisState {
-        RedisState {
-            backlog: Some(Vec::new()),
-            ..RedisState::default()
-        }
+        RedisState { backlog: Some(Vec::new()), ..RedisState::default() }
     }
 
     fn propagate(&mut self, op: ReplOp) {
@@ -140,34 +131,18 @@ impl RedisState {
 
     /// The live entry for `key`, expiring it first if its time has come.
     fn live(&mut self, key: &str, now_ms: i64) -> Option<&mut Entry> {
-        let expired = self
-            .keys
-            .get(key)?
-            .expires_at_ms
-            .is_some_and(|at| at <= now_ms);
+        let expired = self.keys.get(key)?.expires_at_ms.is_some_and(|at| at <= now_ms);
         if expired {
             self.keys.remove(key);
-            self.propagate(ReplOp::Del {
-                key: key.to_string(),
-            });
+            self.propagate(ReplOp::Del { key: key.to_string() });
             return None;
         }
         self.keys.get_mut(key)
     }
 
     fn write(&mut self, key: &str, value: String, expires_at_ms: Option<i64>) {
-        self.keys.insert(
-            key.to_string(),
-            Entry {
-                value: value.clone(),
-                expires_at_ms,
-            },
-        );
-        self.propagate(ReplOp::Set {
-            key: key.to_string(),
-            value,
-            expires_at_ms,
-        });
+        self.keys.insert(key.to_string(), Entry { value: value.clone(), expires_at_ms });
+        self.propagate(ReplOp::Set { key: key.to_string(), value, expires_at_ms });
     }
 
     fn delete(&mut self, key: &str, now_ms: i64) -> i64 {
@@ -175,9 +150,7 @@ impl RedisState {
             return 0;
         }
         self.keys.remove(key);
-        self.propagate(ReplOp::Del {
-            key: key.to_string(),
-        });
+        self.propagate(ReplOp::Del { key: key.to_string() });
         1
     }
 
@@ -190,11 +163,7 @@ impl RedisState {
         }
         entry.expires_at_ms = Some(now_ms + ms);
         let value = entry.value.clone();
-        self.propagate(ReplOp::Set {
-            key: key.to_string(),
-            value,
-            expires_at_ms: Some(now_ms + ms),
-        });
+        self.propagate(ReplOp::Set { key: key.to_string(), value, expires_at_ms: Some(now_ms + ms) });
         1
     }
 
@@ -215,11 +184,7 @@ impl RedisState {
     fn replicate(&mut self, ops: Vec<ReplOp>) {
         for op in ops {
             match op {
-                ReplOp::Set {
-                    key,
-                    value,
-                    expires_at_ms,
-                } => self.write(&key, value, expires_at_ms),
+                ReplOp::Set { key, value, expires_at_ms } => self.write(&key, value, expires_at_ms),
                 ReplOp::Del { key } => {
                     self.keys.remove(&key);
                 }
@@ -232,21 +197,10 @@ impl Backend for RedisState {
     type Request = RedisRequest;
     type Reply = RedisReply;
 
-    fn apply(
-        &mut self,
-        now_ms: i64,
-        _from: NodeIx,
-        request: RedisRequest,
-        _out: &mut Out,
-    ) -> RedisReply {
+    fn apply(&mut self, now_ms: i64, _from: NodeIx, request: RedisRequest, _out: &mut Out) -> RedisReply {
         use RedisReply::*;
         match request {
-            RedisRequest::Set {
-                key,
-                value,
-                condition,
-                px_ms,
-            } => {
+            RedisRequest::Set { key, value, condition, px_ms } => {
                 let exists = self.live(&key, now_ms).is_some();
                 match (condition, exists) {
                     (SetCondition::Nx, true) | (SetCondition::Xx, false) => Nil,
@@ -266,20 +220,12 @@ impl Backend for RedisState {
             RedisRequest::PExpire { key, ms } => Int(self.pexpire(&key, ms, now_ms)),
             RedisRequest::PTtl { key } => match self.live(&key, now_ms) {
                 None => Int(-2),
-                Some(Entry {
-                    expires_at_ms: None,
-                    ..
-                }) => Int(-1),
-                Some(Entry {
-                    expires_at_ms: Some(at),
-                    ..
-                }) => Int(*at - now_ms),
+                Some(Entry { expires_at_ms: None, .. }) => Int(-1),
+                Some(Entry { expires_at_ms: Some(at), .. }) => Int(*at - now_ms),
             },
             RedisRequest::Incr { key } => {
                 let entry = self.live(&key, now_ms).cloned();
-                let current = entry
-                    .as_ref()
-                    .map_or(Some(0), |e| e.value.parse::<i64>().ok());
+                let current = entry.as_ref().map_or(Some(0), |e| e.value.parse::<i64>().ok());
                 match current.and_then(|n| n.checked_add(1)) {
                     None => Error("ERR value is not an integer or out of range".into()),
                     Some(n) => {
@@ -340,21 +286,17 @@ pub struct RedisNode {
 
 impl RedisNode {
     /// The node's program: serve requests, and ship writes to the replica if there is one.
-    pub async fn run(self, me: NodeIx, clock: Clock, net: Net, recorder: Recorder) {
+    pub async fn run(self, env: NodeEnv) {
         if !self.persist {
-            let fresh = if self.replica.is_some() {
-                RedisState::with_replica()
-            } else {
-                RedisState::default()
-            };
+            let fresh = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() };
             *self.state.lock().expect("redis lock") = fresh;
         }
-        let rpc = std::rc::Rc::new(Rpc::bind(me, net, clock.clone()).await);
+        let rpc = std::rc::Rc::new(Rpc::bind(&env).await);
         if let Some((replica, lag)) = self.replica {
             let (state, rpc) = (self.state.clone(), rpc.clone());
             madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag).await });
         }
-        super::serve(self.state, &rpc, &clock, &recorder).await
+        super::serve(self.state, &rpc, &env.clock, &env.recorder).await
     }
 }
 
@@ -363,13 +305,7 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
     loop {
         shipper.notified().await;
         madsim::time::sleep(lag).await;
-        let ops = std::mem::take(
-            state
-                .lock()
-                .expect("redis lock")
-                .backlog
-                .get_or_insert_with(Vec::new),
-        );
+        let ops = std::mem::take(state.lock().expect("redis lock").backlog.get_or_insert_with(Vec::new));
         if !ops.is_empty() {
             rpc.tell(replica, RedisRequest::Replicate(ops)).await;
         }
@@ -382,12 +318,7 @@ mod tests {
     use super::*;
 
     fn set(key: &str, value: &str, condition: SetCondition, px_ms: Option<i64>) -> RedisRequest {
-        RedisRequest::Set {
-            key: key.into(),
-            value: value.into(),
-            condition,
-            px_ms,
-        }
+        RedisRequest::Set { key: key.into(), value: value.into(), condition, px_ms }
     }
 
     fn key(k: &str) -> String {
@@ -411,11 +342,7 @@ mod tests {
                 (0, set("lock", "a", Nx, Some(5000)), Ok),
                 (1, set("lock", "b", Nx, Some(5000)), Nil),
                 (4999, RedisRequest::PTtl { key: key("lock") }, Int(1)),
-                (
-                    4999,
-                    RedisRequest::Get { key: key("lock") },
-                    Bulk("a".into()),
-                ),
+                (4999, RedisRequest::Get { key: key("lock") }, Bulk("a".into())),
                 (5000, RedisRequest::Get { key: key("lock") }, Nil),
                 (5000, RedisRequest::PTtl { key: key("lock") }, Int(-2)),
                 (5001, set("lock", "b", Nx, Some(5000)), Ok),
@@ -429,11 +356,8 @@ mod tests {
     #[test]
     fn del_and_compare_and_delete() {
         use SetCondition::*;
-        let cad = |arg: &str| RedisRequest::Eval {
-            script: Script::CompareAndDelete,
-            key: key("lock"),
-            arg: arg.into(),
-        };
+        let cad =
+            |arg: &str| RedisRequest::Eval { script: Script::CompareAndDelete, key: key("lock"), arg: arg.into() };
         table(
             &mut RedisState::default(),
             vec![
@@ -459,38 +383,10 @@ mod tests {
         table(
             &mut RedisState::default(),
             vec![
-                (
-                    0,
-                    RedisRequest::GetSet {
-                        key: key("l"),
-                        value: "1".into(),
-                    },
-                    Nil,
-                ),
-                (
-                    0,
-                    RedisRequest::GetSet {
-                        key: key("l"),
-                        value: "2".into(),
-                    },
-                    Bulk("1".into()),
-                ),
-                (
-                    0,
-                    RedisRequest::PExpire {
-                        key: key("missing"),
-                        ms: 10,
-                    },
-                    Int(0),
-                ),
-                (
-                    0,
-                    RedisRequest::PExpire {
-                        key: key("l"),
-                        ms: 10,
-                    },
-                    Int(1),
-                ),
+                (0, RedisRequest::GetSet { key: key("l"), value: "1".into() }, Nil),
+                (0, RedisRequest::GetSet { key: key("l"), value: "2".into() }, Bulk("1".into())),
+                (0, RedisRequest::PExpire { key: key("missing"), ms: 10 }, Int(0)),
+                (0, RedisRequest::PExpire { key: key("l"), ms: 10 }, Int(1)),
                 (0, cap("1", 1000), Int(0)),
                 (0, cap("2", 1000), Int(1)),
                 (999, RedisRequest::Incr { key: key("l") }, Int(3)),
@@ -498,19 +394,8 @@ mod tests {
                 (0, RedisRequest::Incr { key: key("fence") }, Int(1)),
                 (0, RedisRequest::Incr { key: key("fence") }, Int(2)),
                 (0, set("s", "x", Always, None), Ok),
-                (
-                    0,
-                    RedisRequest::Incr { key: key("s") },
-                    Error("ERR value is not an integer or out of range".into()),
-                ),
-                (
-                    0,
-                    RedisRequest::PExpire {
-                        key: key("s"),
-                        ms: 0,
-                    },
-                    Int(1),
-                ),
+                (0, RedisRequest::Incr { key: key("s") }, Error("ERR value is not an integer or out of range".into())),
+                (0, RedisRequest::PExpire { key: key("s"), ms: 0 }, Int(1)),
                 (0, RedisRequest::Get { key: key("s") }, Nil),
             ],
         );
@@ -519,15 +404,9 @@ mod tests {
     #[test]
     fn a_forward_jump_of_the_server_clock_expires_keys_early() {
         let mut s = RedisState::default();
-        table(
-            &mut s,
-            vec![(1_000, set("lock", "a", SetCondition::Nx, Some(30_000)), Ok)],
-        );
+        table(&mut s, vec![(1_000, set("lock", "a", SetCondition::Nx, Some(30_000)), Ok)]);
         // The server's clock jumps 40 s ahead: the 30 s lock is gone after 0 s of real time.
-        table(
-            &mut s,
-            vec![(41_000, set("lock", "b", SetCondition::Nx, Some(30_000)), Ok)],
-        );
+        table(&mut s, vec![(41_000, set("lock", "b", SetCondition::Nx, Some(30_000)), Ok)]);
     }
 
     #[test]
@@ -545,28 +424,14 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                ReplOp::Set {
-                    key: key("lock"),
-                    value: "a".into(),
-                    expires_at_ms: Some(100)
-                },
-                ReplOp::Set {
-                    key: key("fence"),
-                    value: "1".into(),
-                    expires_at_ms: None
-                },
+                ReplOp::Set { key: key("lock"), value: "a".into(), expires_at_ms: Some(100) },
+                ReplOp::Set { key: key("fence"), value: "1".into(), expires_at_ms: None },
                 ReplOp::Del { key: key("lock") },
             ]
         );
         let mut replica = RedisState::default();
-        table(
-            &mut replica,
-            vec![(60, RedisRequest::Replicate(ops[..2].to_vec()), Ok)],
-        );
-        table(
-            &mut replica,
-            vec![(60, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))],
-        );
+        table(&mut replica, vec![(60, RedisRequest::Replicate(ops[..2].to_vec()), Ok)]);
+        table(&mut replica, vec![(60, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
     }
 
     #[test]
