@@ -111,7 +111,8 @@ impl Source<'_> {
     }
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
-        toml::from_str(self.text).map_err(|e| self.error(e.span().unwrap_or(0..0), e.message().trim_end().to_string()))
+        toml::from_str(self.text)
+            .map_err(|e| self.error(e.span().unwrap_or(0..0), e.message().trim_end().replace('\n', "; ")))
     }
 }
 

@@ -148,7 +148,7 @@ fn resource_program(fencing: bool) -> Program {
     Arc::new(move |env| {
         let state = state.clone();
         Box::pin(async move {
-            let rpc = Rpc::bind(&env).await;
+            let rpc = Rpc::bind(&env);
             serve(state, &rpc, &env.clock, &env.recorder).await
         })
     })

@@ -39,7 +39,7 @@ pub fn client_program(plan: Arc<ClientPlan>) -> Program {
 }
 
 async fn client(env: NodeEnv, plan: &ClientPlan) {
-    let rpc = Rc::new(Rpc::bind(&env).await);
+    let rpc = Rc::new(Rpc::bind(&env));
     let ctx = Ctx::new(&env, rpc.clone());
     let mut lock = (plan.recipe.build)(&plan.params, ctx.clone(), &plan.servers);
     let mut rng = stream(env.seed, Stream::Workload, (u64::from(env.me.0) << 16) | u64::from(env.incarnation));

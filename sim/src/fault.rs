@@ -302,14 +302,14 @@ fn uniform(rng: &mut ChaCha8Rng, (lo, hi): (Duration, Duration)) -> Duration {
 pub fn fmt_duration(d: Duration) -> String {
     let ns = d.as_nanos();
     for (unit, per) in [("h", 3_600_000_000_000u128), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000)] {
-        if ns >= per && ns % per == 0 {
+        if ns >= per && ns.is_multiple_of(per) {
             return format!("{}{unit}", ns / per);
         }
     }
     match ns {
         0 => "0s".into(),
         ns if ns >= 1_000_000 => format!("{}ms", ns as f64 / 1e6),
-        ns if ns % 1_000 == 0 => format!("{}us", ns / 1_000),
+        ns if ns.is_multiple_of(1_000) => format!("{}us", ns / 1_000),
         ns => format!("{ns}ns"),
     }
 }

@@ -198,6 +198,7 @@ mod tests {
         let h = History {
             nodes: vec!["client-0".into()],
             events: vec![Event { t: 5, node: NodeIx(0), kind: EventKind::AcquireOk { token: Some(3) } }],
+            end: 10,
         };
         assert_eq!(h.to_jsonl(), "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n");
     }

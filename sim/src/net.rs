@@ -1,45 +1,32 @@
-//! Typed request/response messaging between nodes over madsim's simulated network.
+//! Typed request/response messages between nodes: the simulated network.
 //!
-//! Messages are passed as values through madsim's raw `Endpoint` (no serialisation: the cheap path).
-//! madsim gives latency (1–10 ms), random delivery order and clogged links (our `partition` and `clog`).
-//! What madsim cannot do per node, [`Net`] does on the way out: extra latency (`delay`), random loss
-//! (`loss`) and lost replies of a server that did apply the request (`drop-reply`). Those decisions draw
-//! from the `Network` stream, never from madsim's generator, so they do not disturb task order.
+//! Messages are values (no serialisation). Each is delivered by a small task on the world's `network`
+//! node — a madsim node that is never paused or killed — after a latency drawn from the `Network`
+//! stream (1–10 ms), in order per link as over a TCP connection. A paused receiver finds its messages
+//! waiting when it resumes; a dead one loses them. The network also applies the faults that act on
+//! messages: cut links (`partition`, `clog`, checked when a message is sent and when it arrives), extra
+//! latency (`delay`), random loss (`loss`) and lost replies of a server that did apply the request
+//! (`drop-reply`). Every decision draws from the `Network` stream, never from madsim's generator.
 //!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
 
-use crate::clock::Clock;
+use crate::clock::{sim_now_ns, Clock};
 use crate::history::NodeIx;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use crate::world::NodeEnv;
-use madsim::net::Endpoint;
+use madsim::runtime::NodeHandle;
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 
-const PORT: u16 = 7000;
-/// Requests arrive on this tag; replies go back on the caller's per-call tag (always ≥ 1).
-const REQUEST_TAG: u64 = 0;
+/// Base latency of every message, drawn uniformly (madsim's default range).
+const LATENCY_NS: (u64, u64) = (1_000_000, 10_000_000);
 
-/// The simulated address of a node.
-pub fn addr_of(node: NodeIx) -> SocketAddr {
-    let [_, _, hi, lo] = (node.0 + 1).to_be_bytes();
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, hi, lo)), PORT)
-}
-
-fn node_of(addr: SocketAddr) -> NodeIx {
-    match addr.ip() {
-        IpAddr::V4(ip) => {
-            let [_, _, hi, lo] = ip.octets();
-            NodeIx(u32::from_be_bytes([0, 0, hi, lo]) - 1)
-        }
-        IpAddr::V6(_) => unreachable!("locksim assigns IPv4 addresses only"),
-    }
-}
+type Payload = Box<dyn Any + Send>;
 
 /// Why a call did not return a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,31 +35,75 @@ pub enum CallError {
     Timeout,
 }
 
-/// Network faults that the world sets and every node's sends obey. Shared by all nodes of a world.
+/// The network of one world, shared by all its nodes.
 #[derive(Clone)]
 pub struct Net(Arc<Mutex<NetState>>);
 
 struct NetState {
+    /// Where delivery tasks run: a node no fault touches.
+    carrier: Option<NodeHandle>,
+    /// The live endpoint of each node (replaced on restart, removed on crash).
+    inboxes: BTreeMap<NodeIx, Inbox>,
+    /// Directed links that are cut, with how many faults cut them.
+    cuts: BTreeMap<(NodeIx, NodeIx), u32>,
     delay: BTreeMap<NodeIx, Duration>,
     loss: BTreeMap<NodeIx, f64>,
     drop_reply: BTreeMap<NodeIx, f64>,
+    /// When the last message on each link arrives: later ones never overtake it.
+    link_clear_ns: BTreeMap<(NodeIx, NodeIx), u64>,
     rng: ChaCha8Rng,
     messages: u64,
+}
+
+struct Inbox {
+    /// Which life of the node this inbox belongs to.
+    incarnation: u32,
+    requests: mpsc::UnboundedSender<(ReplyTo, Payload)>,
+    waiting: BTreeMap<u64, oneshot::Sender<Payload>>,
+}
+
+/// What travels: a request (answer to `reply_tag` if non-zero) or a reply to a call's tag.
+enum Message {
+    Request { reply_tag: u64, body: Payload },
+    Reply { tag: u64, body: Payload },
 }
 
 impl Net {
     pub fn new(seed: u64) -> Net {
         Net(Arc::new(Mutex::new(NetState {
+            carrier: None,
+            inboxes: BTreeMap::new(),
+            cuts: BTreeMap::new(),
             delay: BTreeMap::new(),
             loss: BTreeMap::new(),
             drop_reply: BTreeMap::new(),
+            link_clear_ns: BTreeMap::new(),
             rng: stream(seed, Stream::Network, 0),
             messages: 0,
         })))
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, NetState> {
+    fn state(&self) -> MutexGuard<'_, NetState> {
         self.0.lock().expect("net lock")
+    }
+
+    /// The node whose tasks carry messages (set once by the world).
+    pub fn set_carrier(&self, carrier: NodeHandle) {
+        self.state().carrier = Some(carrier);
+    }
+
+    /// Cut (`on`) or heal one cut of the directed link `from → to`.
+    pub fn cut(&self, from: NodeIx, to: NodeIx, on: bool) {
+        let mut s = self.state();
+        let count = s.cuts.entry((from, to)).or_default();
+        if on {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                s.cuts.remove(&(from, to));
+            }
+        }
     }
 
     /// Extra latency on every message to or from `node` (`None` clears it).
@@ -90,23 +121,68 @@ impl Net {
         set_or_clear(&mut self.state().drop_reply, node, rate);
     }
 
+    /// A crashed node's endpoint is gone: messages on their way to it are lost.
+    pub fn unbind(&self, node: NodeIx) {
+        self.state().inboxes.remove(&node);
+    }
+
     /// Messages sent so far (requests, replies and one-way messages, lost ones included).
     pub fn messages(&self) -> u64 {
         self.state().messages
     }
 
-    /// Count a message and decide its fate: `None` lost, `Some(extra)` delivered after extra latency.
-    fn route(&self, from: NodeIx, to: NodeIx, is_reply: bool) -> Option<Duration> {
+    /// Send `msg` from `from` to `to`: count it, decide its fate, and schedule its arrival.
+    fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
         let mut s = self.state();
         s.messages += 1;
-        let mut lose = [from, to].iter().filter_map(|n| s.loss.get(n).copied()).fold(0.0, f64::max);
-        if is_reply {
-            lose = lose.max(s.drop_reply.get(&from).copied().unwrap_or(0.0));
+        let Some(arrive_ns) = s.route(from, to, matches!(msg, Message::Reply { .. })) else { return };
+        let carrier = s.carrier.clone().expect("the world sets the carrier before nodes start");
+        drop(s);
+        let net = self.clone();
+        carrier.spawn(async move {
+            let now = sim_now_ns();
+            if arrive_ns > now {
+                madsim::time::sleep(Duration::from_nanos(arrive_ns - now)).await;
+            }
+            net.arrive(from, to, msg);
+        });
+    }
+
+    fn arrive(&self, from: NodeIx, to: NodeIx, msg: Message) {
+        let mut s = self.state();
+        if s.cuts.contains_key(&(from, to)) {
+            return;
         }
-        if lose > 0.0 && s.rng.gen_bool(lose.min(1.0)) {
+        let Some(inbox) = s.inboxes.get_mut(&to) else { return };
+        // A receiver that is gone (its call timed out, its node died) loses the message.
+        let _ = match msg {
+            Message::Request { reply_tag, body } => {
+                inbox.requests.send((ReplyTo { from, reply_tag }, body)).map_err(drop)
+            }
+            Message::Reply { tag, body } => inbox.waiting.remove(&tag).map_or(Ok(()), |w| w.send(body).map_err(drop)),
+        };
+    }
+}
+
+impl NetState {
+    /// When a message sent now from `from` to `to` arrives, or `None` if it is lost.
+    fn route(&mut self, from: NodeIx, to: NodeIx, is_reply: bool) -> Option<u64> {
+        if self.cuts.contains_key(&(from, to)) {
             return None;
         }
-        Some(s.delay.get(&from).copied().unwrap_or_default() + s.delay.get(&to).copied().unwrap_or_default())
+        let mut lose = [from, to].iter().filter_map(|n| self.loss.get(n).copied()).fold(0.0, f64::max);
+        if is_reply {
+            lose = lose.max(self.drop_reply.get(&from).copied().unwrap_or(0.0));
+        }
+        if lose > 0.0 && self.rng.gen_bool(lose.min(1.0)) {
+            return None;
+        }
+        let extra =
+            self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
+        let latency = self.rng.gen_range(LATENCY_NS.0..=LATENCY_NS.1) + extra.as_nanos() as u64;
+        let clear = self.link_clear_ns.entry((from, to)).or_default();
+        *clear = (sim_now_ns() + latency).max(*clear);
+        Some(*clear)
     }
 }
 
@@ -117,89 +193,80 @@ fn set_or_clear<V>(map: &mut BTreeMap<NodeIx, V>, node: NodeIx, v: Option<V>) {
     };
 }
 
-struct Envelope<M> {
-    reply_tag: u64,
-    body: M,
-}
-
 /// Where the answer to a received request goes (see [`Rpc::reply`]).
 pub struct ReplyTo {
     pub from: NodeIx,
     reply_tag: u64,
 }
 
-/// One node's endpoint: it makes calls and serves them.
+/// One node's endpoint for this life of the node: it makes calls and serves them.
 pub struct Rpc {
-    ep: Endpoint,
     me: NodeIx,
     net: Net,
     clock: Clock,
+    requests: tokio::sync::Mutex<mpsc::UnboundedReceiver<(ReplyTo, Payload)>>,
     next_tag: Cell<u64>,
 }
 
 impl Rpc {
-    /// Bind the endpoint of the node `env` describes, for this life of the node.
-    pub async fn bind(env: &NodeEnv) -> Rpc {
-        let ep = Endpoint::bind(addr_of(env.me)).await.expect("each node binds its own address once per life");
-        // Reply tags are unique across restarts: a late reply to a call of a previous life must not be
-        // taken for the answer to a call of this one.
-        let first_tag = (u64::from(env.incarnation) << 40) + 1;
-        Rpc { ep, me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Cell::new(first_tag) }
+    /// Open the endpoint of the node `env` describes, replacing the one of its previous life.
+    pub fn bind(env: &NodeEnv) -> Rpc {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inbox = Inbox { incarnation: env.incarnation, requests: tx, waiting: BTreeMap::new() };
+        let old = env.net.state().inboxes.insert(env.me, inbox);
+        assert!(old.is_none_or(|o| o.incarnation < env.incarnation), "one endpoint per node life");
+        Rpc {
+            me: env.me,
+            net: env.net.clone(),
+            clock: env.clock.clone(),
+            requests: tokio::sync::Mutex::new(rx),
+            next_tag: Cell::new(1),
+        }
     }
 
     pub fn me(&self) -> NodeIx {
         self.me
     }
 
-    async fn send<M: Any + Send + Sync>(&self, to: NodeIx, tag: u64, msg: M, is_reply: bool) {
-        let Some(extra) = self.net.route(self.me, to, is_reply) else {
-            return;
-        };
-        let payload: madsim::net::Payload = Box::new(msg);
-        if extra.is_zero() {
-            // A send to an unknown or unbound address is lost, as a datagram would be.
-            let _ = self.ep.send_to_raw(addr_of(to), tag, payload).await;
-        } else {
-            let ep = self.ep.clone();
-            madsim::task::spawn_local(async move {
-                madsim::time::sleep(extra).await;
-                let _ = ep.send_to_raw(addr_of(to), tag, payload).await;
-            });
-        }
-    }
-
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
     pub async fn call<Q, R>(&self, to: NodeIx, req: Q, timeout: Duration) -> Result<R, CallError>
     where
-        Q: Any + Send + Sync,
-        R: Any + Send + Sync,
+        Q: Any + Send,
+        R: Any + Send,
     {
         let tag = self.next_tag.get();
         self.next_tag.set(tag + 1);
-        self.send(to, REQUEST_TAG, Envelope { reply_tag: tag, body: req }, false).await;
-        let wait = madsim::time::timeout(self.clock.real_duration(timeout), self.ep.recv_from_raw(tag));
-        match wait.await {
-            Ok(Ok((payload, _))) => Ok(*payload.downcast::<R>().expect("reply type matches the request type")),
+        let (tx, rx) = oneshot::channel();
+        match self.net.state().inboxes.get_mut(&self.me) {
+            Some(inbox) => inbox.waiting.insert(tag, tx),
+            None => return Err(CallError::Timeout),
+        };
+        self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req) });
+        let reply = madsim::time::timeout(self.clock.real_duration(timeout), rx).await;
+        if let Some(inbox) = self.net.state().inboxes.get_mut(&self.me) {
+            inbox.waiting.remove(&tag);
+        }
+        match reply {
+            Ok(Ok(body)) => Ok(*body.downcast::<R>().expect("reply type matches the request type")),
             Ok(Err(_)) | Err(_) => Err(CallError::Timeout),
         }
     }
 
     /// Send `msg` to `to` without waiting for anything (replication streams).
-    pub async fn tell<Q: Any + Send + Sync>(&self, to: NodeIx, msg: Q) {
-        self.send(to, REQUEST_TAG, Envelope { reply_tag: 0, body: msg }, false).await;
+    pub fn tell<Q: Any + Send>(&self, to: NodeIx, msg: Q) {
+        self.net.send(self.me, to, Message::Request { reply_tag: 0, body: Box::new(msg) });
     }
 
     /// The next request for this node. Panics if a node receives a request type it does not serve.
-    pub async fn next_request<Q: Any + Send + Sync>(&self) -> (ReplyTo, Q) {
-        let (payload, from) = self.ep.recv_from_raw(REQUEST_TAG).await.expect("the simulated network stays up");
-        let env = payload.downcast::<Envelope<Q>>().expect("a node receives only the requests it serves");
-        (ReplyTo { from: node_of(from), reply_tag: env.reply_tag }, env.body)
+    pub async fn next_request<Q: Any + Send>(&self) -> (ReplyTo, Q) {
+        let (reply_to, body) = self.requests.lock().await.recv().await.expect("the inbox lives as long as the node");
+        (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"))
     }
 
     /// Answer a request (nothing is sent for one-way messages).
-    pub async fn reply<R: Any + Send + Sync>(&self, to: &ReplyTo, reply: R) {
+    pub fn reply<R: Any + Send>(&self, to: &ReplyTo, reply: R) {
         if to.reply_tag != 0 {
-            self.send(to.from, to.reply_tag, reply, true).await;
+            self.net.send(self.me, to.from, Message::Reply { tag: to.reply_tag, body: Box::new(reply) });
         }
     }
 }
@@ -208,23 +275,46 @@ impl Rpc {
 mod tests {
     use super::*;
 
-    #[test]
-    fn addresses_round_trip() {
-        for n in [0, 1, 254, 255, 256, 65_534] {
-            assert_eq!(node_of(addr_of(NodeIx(n))), NodeIx(n));
-        }
+    fn in_world(f: impl FnOnce(&mut NetState)) {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let net = Net::new(1);
+            f(&mut net.state());
+        });
     }
 
     #[test]
     fn drop_reply_loses_replies_but_not_requests() {
-        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
-            let net = Net::new(1);
-            net.set_drop_reply(NodeIx(0), Some(1.0));
-            assert_eq!(net.route(NodeIx(1), NodeIx(0), false), Some(Duration::ZERO));
-            assert_eq!(net.route(NodeIx(0), NodeIx(1), true), None);
-            net.set_drop_reply(NodeIx(0), None);
-            assert_eq!(net.route(NodeIx(0), NodeIx(1), true), Some(Duration::ZERO));
-            assert_eq!(net.messages(), 3);
+        in_world(|s| {
+            s.drop_reply.insert(NodeIx(0), 1.0);
+            assert!(s.route(NodeIx(1), NodeIx(0), false).is_some());
+            assert!(s.route(NodeIx(0), NodeIx(1), true).is_none());
+        });
+    }
+
+    #[test]
+    fn a_cut_link_loses_messages_one_way_only() {
+        in_world(|s| {
+            s.cuts.insert((NodeIx(0), NodeIx(1)), 1);
+            assert!(s.route(NodeIx(0), NodeIx(1), false).is_none());
+            assert!(s.route(NodeIx(1), NodeIx(0), false).is_some());
+        });
+    }
+
+    #[test]
+    fn messages_on_one_link_never_overtake_each_other() {
+        in_world(|s| {
+            let arrivals: Vec<u64> = (0..50).map(|_| s.route(NodeIx(0), NodeIx(1), false).unwrap()).collect();
+            assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
+            assert!(arrivals[0] >= LATENCY_NS.0 && arrivals[0] <= LATENCY_NS.1);
+        });
+    }
+
+    #[test]
+    fn delay_adds_to_the_latency() {
+        in_world(|s| {
+            s.delay.insert(NodeIx(1), Duration::from_secs(1));
+            let at = s.route(NodeIx(0), NodeIx(1), false).unwrap();
+            assert!(at >= 1_000_000_000 + LATENCY_NS.0);
         });
     }
 }

@@ -8,7 +8,7 @@
 use crate::clock::Clock;
 use crate::fault::{Action, Fault, Target};
 use crate::history::{EventKind, NodeIx, Recorder};
-use crate::net::{addr_of, Net};
+use crate::net::Net;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
 use madsim::task::NodeId;
@@ -52,8 +52,6 @@ pub struct World {
     nodes: Vec<WorldNode>,
     /// Overlapping pauses of one node: it resumes when the last one ends.
     pauses: BTreeMap<NodeIx, u32>,
-    /// Overlapping cuts of one directed link: it heals when the last one ends.
-    cuts: BTreeMap<(NodeIx, NodeIx), u32>,
     failover: Option<FailoverFn>,
     /// Choices made while the run goes on (which of several holders a fault hits).
     rng: ChaCha8Rng,
@@ -68,14 +66,16 @@ enum Step {
 impl World {
     /// A world for the current madsim runtime (call inside `block_on`).
     pub fn new(seed: u64) -> World {
+        let handle = Handle::current();
+        let net = Net::new(seed);
+        net.set_carrier(handle.create_node().name("network").build());
         World {
-            handle: Handle::current(),
+            handle,
             seed,
-            net: Net::new(seed),
+            net,
             recorder: Recorder::default(),
             nodes: Vec::new(),
             pauses: BTreeMap::new(),
-            cuts: BTreeMap::new(),
             failover: None,
             rng: stream(seed, Stream::Nemesis, 2),
         }
@@ -123,7 +123,6 @@ impl World {
             .handle
             .create_node()
             .name(name)
-            .ip(addr_of(me).ip())
             .init(move || {
                 let env = NodeEnv { incarnation: starts.fetch_add(1, Ordering::Relaxed), ..env.clone() };
                 program(env)
@@ -287,36 +286,19 @@ impl World {
 
     fn crash(&mut self, node: NodeIx) {
         self.handle.kill(self.nodes[node.0 as usize].id);
+        self.net.unbind(node);
         self.pauses.remove(&node);
         self.recorder.forget(node);
     }
 
+    /// Start the node's program afresh (after killing it, if it still runs).
     fn restart(&mut self, node: NodeIx) {
-        let id = self.nodes[node.0 as usize].id;
-        // Kill first: madsim's restart alone keeps the old node's sockets bound.
-        self.handle.kill(id);
-        self.pauses.remove(&node);
-        self.recorder.forget(node);
-        self.handle.restart(id);
+        self.crash(node);
+        self.handle.restart(self.nodes[node.0 as usize].id);
     }
 
-    /// Cut (or heal one cut of) the directed link `from → to`.
     fn cut(&mut self, from: NodeIx, to: NodeIx, on: bool) {
-        let count = self.cuts.entry((from, to)).or_default();
-        let net = madsim::net::NetSim::current();
-        let (a, b) = (self.nodes[from.0 as usize].id, self.nodes[to.0 as usize].id);
-        if on {
-            *count += 1;
-            if *count == 1 {
-                net.clog_link(a, b);
-            }
-        } else {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.cuts.remove(&(from, to));
-                net.unclog_link(a, b);
-            }
-        }
+        self.net.cut(from, to, on);
     }
 }
 

@@ -90,7 +90,8 @@ pub struct RedisServers {
 }
 
 impl RedisServers {
-    fn from(servers: &Servers) -> &RedisServers {
+    /// The Redis servers among a world's servers (every recipe of this family is handed them).
+    pub fn from(servers: &Servers) -> &RedisServers {
         match servers {
             Servers::Redis(r) => r,
         }

@@ -82,6 +82,11 @@ fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
 }
 
 impl Redlock {
+    /// A majority of the masters.
+    fn quorum(&self) -> usize {
+        self.masters.len() / 2 + 1
+    }
+
     /// Compare-and-delete our value on every master; how many deleted it, and whether all timed out.
     async fn unlock_all(&self) -> (usize, bool) {
         let (mut deleted, mut answered) = (0, false);
@@ -113,7 +118,7 @@ impl Redlock {
 #[async_trait(?Send)]
 impl Lock for Redlock {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        let quorum = self.masters.len() / 2 + 1;
+        let quorum = self.quorum();
         for _ in 0..self.params.int("retry_count") {
             self.value = super::lock_value(&self.ctx);
             let (locked, validity_ms) = self.round().await;
@@ -129,7 +134,7 @@ impl Lock for Redlock {
     async fn release(&mut self) -> Outcome<()> {
         match self.unlock_all().await {
             (_, false) => Outcome::Unknown("no master answered the unlock".into()),
-            (n, true) if n >= self.masters.len() / 2 + 1 => Outcome::Ok(()),
+            (n, true) if n >= self.quorum() => Outcome::Ok(()),
             (n, true) => Outcome::Fail(format!("only {n} masters still had our key")),
         }
     }

@@ -50,6 +50,15 @@ fn load(path: &Path) -> anyhow::Result<Scenario> {
     Ok(Scenario::load(path, &Registry::builtin())?)
 }
 
+/// Write `text` to stdout; a reader that stopped reading (`| head`) is a normal end, not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// `A..B` (B exclusive) or a single seed `A`.
 fn parse_seeds(text: &str) -> Result<std::ops::Range<u64>, String> {
     let bad = || format!("expected a seed range such as 0..200 (end exclusive) or one seed, found {text:?}");

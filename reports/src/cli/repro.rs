@@ -24,30 +24,30 @@ pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
     let run = run_seed(&scenario, args.seed)?;
     let r = &run.result;
-    println!("{} ({}) seed {}: {:?}", scenario.name, scenario.recipe.id, r.seed, r.verdict);
-    println!("faults:");
+    let mut out = format!("{} ({}) seed {}: {:?}\nfaults:\n", scenario.name, scenario.recipe.id, r.seed, r.verdict);
     if r.schedule.is_empty() {
-        println!("  none");
+        out.push_str("  none\n");
     }
     for f in &r.schedule {
-        println!("  {f}");
+        out.push_str(&format!("  {f}\n"));
     }
-    println!("findings:");
+    out.push_str("findings:\n");
     if r.findings.is_empty() {
-        println!("  none");
+        out.push_str("  none\n");
     }
     for f in &r.findings {
-        println!("  {}", text::finding(f));
+        out.push_str(&format!("  {}\n", text::finding(f)));
     }
     let hidden: u64 = r.counts.values().sum::<u64>() - r.findings.len() as u64;
     if hidden > 0 {
-        println!("  (and {hidden} more of the same kinds)");
+        out.push_str(&format!("  (and {hidden} more of the same kinds)\n"));
     }
-    println!("measurements: {}", text::measurements(r));
-    println!("history: {} events, hash {}", run.history.events.len(), r.history_hash);
+    out.push_str(&format!("measurements: {}\n", text::measurements(r)));
+    out.push_str(&format!("history: {} events, hash {}\n", run.history.events.len(), r.history_hash));
     if args.trace {
-        print!("{}", text::trace(&run.history));
+        out.push_str(&text::trace(&run.history));
     }
+    super::emit(&out)?;
     if let Some(path) = &args.history {
         std::fs::write(path, run.history.to_jsonl()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }

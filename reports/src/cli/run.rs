@@ -1,7 +1,7 @@
 //! `locksim run`: many seeds of one scenario, judged against its `[expect]`.
 
 use locksim_reports::text;
-use locksim_scenarios::sweep::sweep;
+use locksim_scenarios::sweep::{sweep, ScenarioResult};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -21,6 +21,33 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+/// What `run` prints: the counts, the verdict against `[expect]`, and the repro line.
+fn summary(result: &ScenarioResult, seeds: u64) -> String {
+    let kinds = text::kinds_summary(result);
+    let mut out = format!(
+        "{} ({}): {seeds} seeds, {} unsafe{}\n",
+        result.scenario,
+        result.recipe,
+        result.unsafe_seeds,
+        if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
+    );
+    let expected: Vec<&str> = result.expect.findings.iter().map(|k| k.name()).collect();
+    let verdict = format!("{:?}", result.expect.verdict).to_lowercase();
+    let label = if expected.is_empty() { verdict } else { format!("{verdict} [{}]", expected.join(", ")) };
+    if result.as_expected {
+        out.push_str(&format!("expected {label}: as expected\n"));
+    } else {
+        out.push_str(&format!("expected {label}: NOT as expected\n"));
+        for reason in &result.reasons {
+            out.push_str(&format!("  - {reason}\n"));
+        }
+    }
+    if let Some(seed) = result.example_seed {
+        out.push_str(&format!("reproduce: {}\n", text::repro_line(&result.path, seed)));
+    }
+    out
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -36,28 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let wall = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
 
-    let kinds = text::kinds_summary(&result);
-    println!(
-        "{} ({}): {seeds} seeds, {} unsafe{}",
-        result.scenario,
-        result.recipe,
-        result.unsafe_seeds,
-        if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
-    );
-    let expected: Vec<&str> = result.expect.findings.iter().map(|k| k.name()).collect();
-    let verdict = format!("{:?}", result.expect.verdict).to_lowercase();
-    let label = if expected.is_empty() { verdict } else { format!("{verdict} [{}]", expected.join(", ")) };
-    if result.as_expected {
-        println!("expected {label}: as expected");
-    } else {
-        println!("expected {label}: NOT as expected");
-        for reason in &result.reasons {
-            println!("  - {reason}");
-        }
-    }
-    if let Some(seed) = result.example_seed {
-        println!("reproduce: {}", text::repro_line(&result.path, seed));
-    }
+    super::emit(&summary(&result, seeds))?;
     let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
     eprintln!(
         "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s",

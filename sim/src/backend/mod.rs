@@ -19,8 +19,8 @@ pub type Out = Vec<(NodeIx, EventKind)>;
 
 /// A server's state machine.
 pub trait Backend: Send + 'static {
-    type Request: Any + Send + Sync;
-    type Reply: Any + Send + Sync;
+    type Request: Any + Send;
+    type Reply: Any + Send;
 
     /// Apply one request at `now_ms` by the server's own clock.
     fn apply(&mut self, now_ms: i64, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
@@ -35,6 +35,6 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         for (node, kind) in out.drain(..) {
             recorder.record(node, kind);
         }
-        rpc.reply(&reply_to, reply).await;
+        rpc.reply(&reply_to, reply);
     }
 }

@@ -291,7 +291,7 @@ impl RedisNode {
             let fresh = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() };
             *self.state.lock().expect("redis lock") = fresh;
         }
-        let rpc = std::rc::Rc::new(Rpc::bind(&env).await);
+        let rpc = std::rc::Rc::new(Rpc::bind(&env));
         if let Some((replica, lag)) = self.replica {
             let (state, rpc) = (self.state.clone(), rpc.clone());
             madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag).await });
@@ -307,7 +307,7 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
         madsim::time::sleep(lag).await;
         let ops = std::mem::take(state.lock().expect("redis lock").backlog.get_or_insert_with(Vec::new));
         if !ops.is_empty() {
-            rpc.tell(replica, RedisRequest::Replicate(ops)).await;
+            rpc.tell(replica, RedisRequest::Replicate(ops));
         }
     }
 }

@@ -1,0 +1,167 @@
+//! The command line as users and CI scripts meet it: output, exit codes, error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn locksim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locksim")).args(args).current_dir(root()).output().expect("locksim runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A scenario file in a temporary directory.
+fn scenario_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("locksim-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const GOOD: &str = r#"name = "t"
+[recipe]
+id = "redis.set-nx-px"
+ttl = "5s"
+[workload]
+kind = "counter"
+clients = 3
+duration = "20s"
+[[faults.schedule]]
+at = "5s"
+kind = "pause"
+target = "holder"
+duration = "8s"
+[expect]
+verdict = "unsafe"
+findings = ["double-holder"]
+"#;
+
+#[test]
+fn run_exits_0_when_the_verdict_is_as_expected_and_names_a_repro() {
+    let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "0..20"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("as expected"));
+    assert!(stdout(&o).contains("reproduce: locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed "));
+}
+
+#[test]
+fn run_exits_1_when_a_verdict_differs() {
+    let flipped = scenario_file(
+        "flipped.toml",
+        &GOOD.replace("verdict = \"unsafe\"\nfindings = [\"double-holder\"]", "verdict = \"safe\""),
+    );
+    let o = locksim(&["run", flipped.to_str().unwrap(), "--seeds", "0..10"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("NOT as expected"));
+    assert!(stdout(&o).contains("expected safe, but some seeds found double-holder"));
+    assert!(stdout(&o).contains("reproduce: locksim repro"), "a failure prints the command that reproduces it");
+}
+
+/// Each bad file gets one line on stderr naming file:line:col and what was expected, and exit 2.
+#[test]
+fn bad_scenario_files_get_one_precise_line_and_exit_2() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "unknown-key.toml",
+            "ttl = \"5s\"",
+            "ttl = \"5s\"\ntll = \"1s\"",
+            ":5:1: unknown key `tll` in [recipe] of redis.set-nx-px; expected one of: id, ttl, release",
+        ),
+        (
+            "bad-duration.toml",
+            "duration = \"20s\"",
+            "duration = \"20 seconds\"",
+            ":8:12: expected a duration such as \"250ms\", \"5s\" or \"2m\", found \"20 seconds\"",
+        ),
+        (
+            "unknown-recipe.toml",
+            "id = \"redis.set-nx-px\"",
+            "id = \"redis.setnx\"",
+            ":3:6: unknown recipe id \"redis.setnx\"; expected one of: redis.set-nx, ",
+        ),
+        (
+            "unknown-fault.toml",
+            "kind = \"pause\"",
+            "kind = \"gc\"",
+            ":11:8: unknown fault kind \"gc\"; expected one of: pause, crash",
+        ),
+        ("unknown-section-key.toml", "clients = 3", "clients = 3\nclient = 4", ":8:1: unknown field `client`"),
+        (
+            "bad-target.toml",
+            "target = \"holder\"",
+            "target = \"client-9\"",
+            ":12:10: target: no node \"client-9\" in this scenario; expected one of: client-0",
+        ),
+        (
+            "bad-choice.toml",
+            "ttl = \"5s\"",
+            "ttl = \"5s\"\nrelease = \"unlink\"",
+            ":5:11: release: expected one of \"del\", \"compare-and-delete\"",
+        ),
+        ("syntax.toml", "clients = 3", "clients = = 3", ":7:11: "),
+    ];
+    for (name, from, to, expected) in cases {
+        let path = scenario_file(name, &GOOD.replacen(from, to, 1));
+        let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..2"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line, got {err:?}");
+        let wanted = format!("{}{expected}", path.display());
+        assert!(err.contains(&wanted), "{name}: expected {wanted:?} in {err:?}");
+    }
+}
+
+#[test]
+fn a_missing_file_and_bad_arguments_exit_2() {
+    assert_eq!(locksim(&["run", "no/such/file.toml"]).status.code(), Some(2));
+    let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "9..3"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("empty"));
+}
+
+#[test]
+fn repro_prints_a_byte_identical_trace_in_two_processes() {
+    let args = ["repro", "scenarios/catalog/redis-del-gc-pause.toml", "--seed", "3", "--trace"];
+    let (a, b) = (locksim(&args), locksim(&args));
+    assert_eq!(a.status.code(), Some(0));
+    assert!(stdout(&a).contains("double-holder"), "{}", stdout(&a));
+    assert!(stdout(&a).lines().count() > 500, "the trace has every event");
+    assert_eq!(a.stdout, b.stdout);
+}
+
+#[test]
+fn json_results_are_the_same_at_any_jobs() {
+    let dir = std::env::temp_dir().join(format!("locksim-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+    let base = ["run", "scenarios/catalog/redis-nemesis-del.toml", "--seeds", "0..30"];
+    let o1 = locksim(&[&base[..], &["--jobs", "1", "--json", one.to_str().unwrap()]].concat());
+    let o2 = locksim(&[&base[..], &["--jobs", "2", "--json", two.to_str().unwrap()]].concat());
+    assert_eq!((o1.status.code(), o2.status.code()), (Some(0), Some(0)));
+    let (a, b) = (std::fs::read_to_string(one).unwrap(), std::fs::read_to_string(two).unwrap());
+    assert_eq!(a, b);
+    let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+    assert_eq!(v["results"].as_array().unwrap().len(), 30);
+    assert!(v["results"][0]["history_hash"].as_str().unwrap().len() == 16);
+}
+
+#[test]
+fn list_shows_recipes_with_parameters_faults_and_scenarios() {
+    let o = locksim(&["list"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    for needle in ["redis.redlock", "check_validity", "clock-jump", "redis-del-gc-pause.toml", "replication_lag"] {
+        assert!(out.contains(needle), "list output lacks {needle}");
+    }
+    assert!(!out.contains("(invalid"), "every shipped scenario loads:\n{out}");
+}
