@@ -2,7 +2,7 @@
 
 use locksim_scenarios::checkers::{fmt_span, fmt_t, Finding};
 use locksim_scenarios::run::SeedResult;
-use locksim_scenarios::sweep::ScenarioResult;
+use locksim_scenarios::sweep::{ScenarioResult, Summary};
 use locksim_sim::history::History;
 
 /// The one command that replays a seed.
@@ -19,6 +19,24 @@ pub fn kinds_summary(result: &ScenarioResult) -> String {
         }
     }
     per_kind.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
+}
+
+/// One line of measurements over many seeds.
+pub fn summary(s: &Summary) -> String {
+    let mut line = format!(
+        "{} acquisitions per seed; latency p50 {} ms (median over seeds), p99 up to {} ms; {} messages per acquisition",
+        s.acquisitions_per_seed, s.latency_ms_p50, s.latency_ms_p99_max, s.messages_per_acquisition
+    );
+    if let Some((min, median, max)) = s.recovery_ms {
+        line.push_str(&format!(
+            "; recovery after a holder crash {min}..{max} ms (median {median} ms, {} crashes)",
+            s.recoveries
+        ));
+    }
+    if s.unrecovered > 0 {
+        line.push_str(&format!("; {} holder crashes never recovered", s.unrecovered));
+    }
+    line
 }
 
 pub fn finding(f: &Finding) -> String {

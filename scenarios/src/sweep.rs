@@ -26,7 +26,48 @@ pub struct ScenarioResult {
     /// The seed that best shows what happened: the first unexpected one, or the first unsafe one.
     pub example_seed: Option<u64>,
     pub unsafe_seeds: u64,
+    /// Measurements over all seeds.
+    pub summary: Summary,
     pub results: Vec<SeedResult>,
+}
+
+/// Measurements aggregated over the seeds of a sweep.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub acquisitions_per_seed: f64,
+    /// The median over seeds of each seed's p50, and the largest p99 of any seed (simulated ms).
+    pub latency_ms_p50: f64,
+    pub latency_ms_p99_max: f64,
+    pub messages_per_acquisition: f64,
+    /// Time from a holder's crash to the next grant, over every such crash: min, median, max (ms).
+    pub recovery_ms: Option<(f64, f64, f64)>,
+    pub recoveries: u64,
+    pub unrecovered: u64,
+}
+
+fn summarise(results: &[SeedResult]) -> Summary {
+    if results.is_empty() {
+        return Summary::default();
+    }
+    let n = results.len() as f64;
+    let m = |r: &SeedResult| r.measurements.clone();
+    let mut p50: Vec<f64> = results.iter().map(|r| m(r).latency_ms_p50).collect();
+    p50.sort_by(f64::total_cmp);
+    let mut recoveries: Vec<f64> = results.iter().flat_map(|r| m(r).recovery_ms).collect();
+    recoveries.sort_by(f64::total_cmp);
+    let acquisitions: u64 = results.iter().map(|r| r.measurements.acquisitions).sum();
+    let messages: u64 = results.iter().map(|r| r.measurements.messages).sum();
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    Summary {
+        acquisitions_per_seed: round(acquisitions as f64 / n),
+        latency_ms_p50: p50[p50.len() / 2],
+        latency_ms_p99_max: results.iter().map(|r| r.measurements.latency_ms_p99).fold(0.0, f64::max),
+        messages_per_acquisition: if acquisitions == 0 { 0.0 } else { round(messages as f64 / acquisitions as f64) },
+        recovery_ms: (!recoveries.is_empty())
+            .then(|| (recoveries[0], recoveries[recoveries.len() / 2], recoveries[recoveries.len() - 1])),
+        recoveries: recoveries.len() as u64,
+        unrecovered: results.iter().map(|r| r.measurements.unrecovered).sum(),
+    }
 }
 
 /// Run `seeds` of `scenario` on `jobs` threads; `progress` is called once per finished seed.
@@ -105,6 +146,7 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
         reasons,
         example_seed: unexpected_seed.or(first_unsafe),
         unsafe_seeds: results.iter().filter(|r| r.verdict == Verdict::Unsafe).count() as u64,
+        summary: summarise(&results),
         results,
     }
 }

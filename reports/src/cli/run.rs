@@ -42,6 +42,7 @@ fn summary(result: &ScenarioResult, seeds: u64) -> String {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
+    out.push_str(&format!("measured: {}\n", text::summary(&result.summary)));
     if let Some(seed) = result.example_seed {
         out.push_str(&format!("reproduce: {}\n", text::repro_line(&result.path, seed)));
     }
