@@ -1,12 +1,14 @@
 //! Typed request/response messages between nodes: the simulated network.
 //!
-//! Messages are values (no serialisation). Each is delivered by a small task on the world's `network`
-//! node — a madsim node that is never paused or killed — after a latency drawn from the `Network`
-//! stream (1–10 ms), in order per link as over a TCP connection. A paused receiver finds its messages
-//! waiting when it resumes; a dead one loses them. The network also applies the faults that act on
-//! messages: cut links (`partition`, `clog`, checked when a message is sent and when it arrives), extra
-//! latency (`delay`), random loss (`loss`) and lost replies of a server that did apply the request
-//! (`drop-reply`). Every decision draws from the `Network` stream, never from madsim's generator.
+//! Messages are values (no serialisation). A message goes straight into the receiver's inbox stamped
+//! with its arrival time — now plus a latency drawn from the `Network` stream (1–10 ms), never before
+//! the previous message on the same link, as over a TCP connection — and the receiver takes it when
+//! that time comes. No task runs per message: that is most of what a simulated message costs. A paused
+//! receiver finds its messages waiting when it resumes; a crashed one loses its inbox and all in it.
+//! The network also applies the faults that act on messages: cut links (`partition`, `clog`; checked
+//! when a message is sent and when the receiver takes it), extra latency (`delay`), random loss (`loss`)
+//! and lost replies of a server that did apply the request (`drop-reply`). Every decision draws from
+//! the `Network` stream, never from madsim's generator.
 //!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
@@ -15,13 +17,12 @@ use crate::clock::{sim_now_ns, Clock};
 use crate::history::NodeIx;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use crate::world::NodeEnv;
-use madsim::runtime::NodeHandle;
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{oneshot, Notify};
 
 /// Base latency of every message, drawn uniformly (madsim's default range).
 const LATENCY_NS: (u64, u64) = (1_000_000, 10_000_000);
@@ -40,8 +41,6 @@ pub enum CallError {
 pub struct Net(Arc<Mutex<NetState>>);
 
 struct NetState {
-    /// Where delivery tasks run: a node no fault touches.
-    carrier: Option<NodeHandle>,
     /// The live endpoint of each node (replaced on restart, removed on crash).
     inboxes: BTreeMap<NodeIx, Inbox>,
     /// Directed links that are cut, with how many faults cut them.
@@ -55,11 +54,21 @@ struct NetState {
     messages: u64,
 }
 
+/// A received request: who sent it, where the answer goes, the body.
+type Request = (ReplyTo, Payload);
+
+/// A reply on its way: when it arrives, from whom, the body.
+type Reply = (u64, NodeIx, Payload);
+
 struct Inbox {
     /// Which life of the node this inbox belongs to.
     incarnation: u32,
-    requests: mpsc::UnboundedSender<(ReplyTo, Payload)>,
-    waiting: BTreeMap<u64, oneshot::Sender<Payload>>,
+    /// Requests by arrival time, then by send order.
+    requests: BTreeMap<(u64, u64), Request>,
+    /// Wakes the node's server loop when a request is queued.
+    queued: Arc<Notify>,
+    /// Calls waiting for their reply, by tag.
+    waiting: BTreeMap<u64, oneshot::Sender<Reply>>,
 }
 
 /// What travels: a request (answer to `reply_tag` if non-zero) or a reply to a call's tag.
@@ -71,7 +80,6 @@ enum Message {
 impl Net {
     pub fn new(seed: u64) -> Net {
         Net(Arc::new(Mutex::new(NetState {
-            carrier: None,
             inboxes: BTreeMap::new(),
             cuts: BTreeMap::new(),
             delay: BTreeMap::new(),
@@ -85,11 +93,6 @@ impl Net {
 
     fn state(&self) -> MutexGuard<'_, NetState> {
         self.0.lock().expect("net lock")
-    }
-
-    /// The node whose tasks carry messages (set once by the world).
-    pub fn set_carrier(&self, carrier: NodeHandle) {
-        self.state().carrier = Some(carrier);
     }
 
     /// Cut (`on`) or heal one cut of the directed link `from → to`.
@@ -131,36 +134,29 @@ impl Net {
         self.state().messages
     }
 
-    /// Send `msg` from `from` to `to`: count it, decide its fate, and schedule its arrival.
+    /// Send `msg` from `from` to `to`: count it, decide its fate, and put it in the receiver's inbox.
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
         let mut s = self.state();
         s.messages += 1;
         let Some(arrive_ns) = s.route(from, to, matches!(msg, Message::Reply { .. })) else { return };
-        let carrier = s.carrier.clone().expect("the world sets the carrier before nodes start");
-        drop(s);
-        let net = self.clone();
-        carrier.spawn(async move {
-            let now = sim_now_ns();
-            if arrive_ns > now {
-                madsim::time::sleep(Duration::from_nanos(arrive_ns - now)).await;
+        let seq = s.messages;
+        // A receiver that is gone (its node died, its call timed out) loses the message.
+        let Some(inbox) = s.inboxes.get_mut(&to) else { return };
+        match msg {
+            Message::Request { reply_tag, body } => {
+                inbox.requests.insert((arrive_ns, seq), (ReplyTo { from, reply_tag }, body));
+                inbox.queued.notify_one();
             }
-            net.arrive(from, to, msg);
-        });
+            Message::Reply { tag, body } => {
+                if let Some(waiter) = inbox.waiting.remove(&tag) {
+                    let _ = waiter.send((arrive_ns, from, body));
+                }
+            }
+        }
     }
 
-    fn arrive(&self, from: NodeIx, to: NodeIx, msg: Message) {
-        let mut s = self.state();
-        if s.cuts.contains_key(&(from, to)) {
-            return;
-        }
-        let Some(inbox) = s.inboxes.get_mut(&to) else { return };
-        // A receiver that is gone (its call timed out, its node died) loses the message.
-        let _ = match msg {
-            Message::Request { reply_tag, body } => {
-                inbox.requests.send((ReplyTo { from, reply_tag }, body)).map_err(drop)
-            }
-            Message::Reply { tag, body } => inbox.waiting.remove(&tag).map_or(Ok(()), |w| w.send(body).map_err(drop)),
-        };
+    fn is_cut(&self, from: NodeIx, to: NodeIx) -> bool {
+        self.state().cuts.contains_key(&(from, to))
     }
 }
 
@@ -204,24 +200,24 @@ pub struct Rpc {
     me: NodeIx,
     net: Net,
     clock: Clock,
-    requests: tokio::sync::Mutex<mpsc::UnboundedReceiver<(ReplyTo, Payload)>>,
     next_tag: Cell<u64>,
 }
 
 impl Rpc {
     /// Open the endpoint of the node `env` describes, replacing the one of its previous life.
     pub fn bind(env: &NodeEnv) -> Rpc {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let inbox = Inbox { incarnation: env.incarnation, requests: tx, waiting: BTreeMap::new() };
+        let inbox = Inbox {
+            incarnation: env.incarnation,
+            requests: BTreeMap::new(),
+            queued: Arc::new(Notify::new()),
+            waiting: BTreeMap::new(),
+        };
         let old = env.net.state().inboxes.insert(env.me, inbox);
         assert!(old.is_none_or(|o| o.incarnation < env.incarnation), "one endpoint per node life");
-        Rpc {
-            me: env.me,
-            net: env.net.clone(),
-            clock: env.clock.clone(),
-            requests: tokio::sync::Mutex::new(rx),
-            next_tag: Cell::new(1),
-        }
+        // Reply tags are unique across lives: a late reply to a call of a previous life must not be
+        // taken for the answer to a call of this one.
+        let first_tag = (u64::from(env.incarnation) << 40) + 1;
+        Rpc { me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Cell::new(first_tag) }
     }
 
     pub fn me(&self) -> NodeIx {
@@ -242,13 +238,21 @@ impl Rpc {
             None => return Err(CallError::Timeout),
         };
         self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req) });
-        let reply = madsim::time::timeout(self.clock.real_duration(timeout), rx).await;
+        let reply = async {
+            let Ok((arrive_ns, from, body)) = rx.await else { return std::future::pending().await };
+            sleep_until(arrive_ns).await;
+            if self.net.is_cut(from, self.me) {
+                return std::future::pending().await;
+            }
+            body
+        };
+        let reply = madsim::time::timeout(self.clock.real_duration(timeout), reply).await;
         if let Some(inbox) = self.net.state().inboxes.get_mut(&self.me) {
             inbox.waiting.remove(&tag);
         }
         match reply {
-            Ok(Ok(body)) => Ok(*body.downcast::<R>().expect("reply type matches the request type")),
-            Ok(Err(_)) | Err(_) => Err(CallError::Timeout),
+            Ok(body) => Ok(*body.downcast::<R>().expect("reply type matches the request type")),
+            Err(_) => Err(CallError::Timeout),
         }
     }
 
@@ -257,10 +261,33 @@ impl Rpc {
         self.net.send(self.me, to, Message::Request { reply_tag: 0, body: Box::new(msg) });
     }
 
-    /// The next request for this node. Panics if a node receives a request type it does not serve.
+    /// The next request for this node, once it has arrived. Panics if a node receives a request type it
+    /// does not serve.
     pub async fn next_request<Q: Any + Send>(&self) -> (ReplyTo, Q) {
-        let (reply_to, body) = self.requests.lock().await.recv().await.expect("the inbox lives as long as the node");
-        (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"))
+        loop {
+            let (next, queued) = {
+                let mut s = self.net.state();
+                let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
+                match inbox.requests.first_key_value() {
+                    Some(((at, _), _)) if *at <= sim_now_ns() => {
+                        let (_, (reply_to, body)) = inbox.requests.pop_first().expect("just seen");
+                        if s.cuts.contains_key(&(reply_to.from, self.me)) {
+                            continue;
+                        }
+                        return (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"));
+                    }
+                    head => (head.map(|((at, _), _)| *at), inbox.queued.clone()),
+                }
+            };
+            match next {
+                Some(at) => tokio::select! {
+                    biased;
+                    _ = queued.notified() => {}
+                    _ = sleep_until(at) => {}
+                },
+                None => queued.notified().await,
+            }
+        }
     }
 
     /// Answer a request (nothing is sent for one-way messages).
@@ -268,6 +295,13 @@ impl Rpc {
         if to.reply_tag != 0 {
             self.net.send(self.me, to.from, Message::Reply { tag: to.reply_tag, body: Box::new(reply) });
         }
+    }
+}
+
+async fn sleep_until(at_ns: u64) {
+    let now = sim_now_ns();
+    if at_ns > now {
+        madsim::time::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 

@@ -66,13 +66,10 @@ enum Step {
 impl World {
     /// A world for the current madsim runtime (call inside `block_on`).
     pub fn new(seed: u64) -> World {
-        let handle = Handle::current();
-        let net = Net::new(seed);
-        net.set_carrier(handle.create_node().name("network").build());
         World {
-            handle,
+            handle: Handle::current(),
             seed,
-            net,
+            net: Net::new(seed),
             recorder: Recorder::default(),
             nodes: Vec::new(),
             pauses: BTreeMap::new(),
