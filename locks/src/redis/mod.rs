@@ -237,6 +237,15 @@ where
     }
 }
 
+/// One `SET lock <value> NX [PX ttl]`: taken, busy, or unknown when it timed out (it may have run).
+async fn try_set_nx(redis: &impl RedisApi, value: &str, px_ms: Option<i64>) -> Attempt {
+    match redis.set(LOCK_KEY, value, SetCondition::Nx, px_ms).await {
+        Ok(RedisReply::Ok) => Attempt::Taken,
+        Ok(_) => Attempt::Busy,
+        Err(_) => Attempt::Unknown("SET NX timed out".into()),
+    }
+}
+
 /// `INCR lock:fence` after taking the lock: a token larger than every earlier holder's, as long as the
 /// counter itself survives. A lost reply leaves the holder without a token.
 async fn fencing_token(redis: &impl RedisApi) -> Grant {

@@ -8,10 +8,9 @@
 //! Expected failures (catalog): a holder that crashes never releases, and nothing else ever will —
 //! `deadlock`. A `SET` whose reply is lost leaves a lock its owner does not know it has — `deadlock` too.
 
-use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
+use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisReply, SetCondition};
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -41,14 +40,7 @@ impl Lock for SetNx {
     async fn acquire(&mut self) -> Outcome<Grant> {
         let value = super::lock_value(&self.ctx);
         let redis = &self.redis;
-        spin(&self.ctx, &self.params, redis, || async {
-            match redis.set(LOCK_KEY, &value, SetCondition::Nx, None).await {
-                Ok(RedisReply::Ok) => Attempt::Taken,
-                Ok(_) => Attempt::Busy,
-                Err(_) => Attempt::Unknown("SET NX timed out".into()),
-            }
-        })
-        .await
+        spin(&self.ctx, &self.params, redis, || try_set_nx(redis, &value, None)).await
     }
 
     async fn release(&mut self) -> Outcome<()> {

@@ -11,10 +11,10 @@
 //! release then deletes the *next* holder's key, letting a third client in. Compare-and-delete fixes the
 //! release but not the pause; fencing (`fencing = true`) stops the stale write at the resource.
 
-use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
+use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
+use locksim_sim::backend::redis::Script;
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -57,14 +57,7 @@ impl Lock for SetNxPx {
         self.value = super::lock_value(&self.ctx);
         let ttl_ms = self.params.duration("ttl").as_millis() as i64;
         let (redis, value) = (&self.redis, &self.value);
-        spin(&self.ctx, &self.params, redis, || async move {
-            match redis.set(LOCK_KEY, value, SetCondition::Nx, Some(ttl_ms)).await {
-                Ok(RedisReply::Ok) => Attempt::Taken,
-                Ok(_) => Attempt::Busy,
-                Err(_) => Attempt::Unknown("SET NX PX timed out".into()),
-            }
-        })
-        .await
+        spin(&self.ctx, &self.params, redis, || try_set_nx(redis, value, Some(ttl_ms))).await
     }
 
     async fn release(&mut self) -> Outcome<()> {

@@ -14,10 +14,10 @@
 //! than `watchdog_timeout` stops the renewals too; the key expires under a holder that still believes it
 //! holds the lock — `double-holder`. Shorter pauses are absorbed by the renewals.
 
-use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
+use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
 use crate::params::{ms, ParamKind, ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
+use locksim_sim::backend::redis::{RedisReply, Script};
 use locksim_sim::ctx::{Background, Ctx};
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -68,14 +68,8 @@ impl Lock for Watchdog {
         self.value = super::lock_value(&self.ctx);
         let lease = self.params.duration("watchdog_timeout");
         let (redis, value) = (&self.redis, &self.value);
-        let outcome = spin(&self.ctx, &self.params, redis, || async move {
-            match redis.set(LOCK_KEY, value, SetCondition::Nx, Some(lease.as_millis() as i64)).await {
-                Ok(RedisReply::Ok) => Attempt::Taken,
-                Ok(_) => Attempt::Busy,
-                Err(_) => Attempt::Unknown("SET NX PX timed out".into()),
-            }
-        })
-        .await;
+        let outcome =
+            spin(&self.ctx, &self.params, redis, || try_set_nx(redis, value, Some(lease.as_millis() as i64))).await;
         if let Outcome::Ok(_) = outcome {
             let redis = SimRedis::new(
                 self.ctx.clone(),

@@ -79,17 +79,12 @@ fn free_gaps(holds: &[Hold], end: u64) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::super::holds::holds;
-    use super::super::test_history::{history, ok};
+    use super::super::test_history::{crash, history, ok};
     use super::*;
-    use locksim_sim::fault::FaultKind;
     use locksim_sim::history::EventKind::*;
 
     fn run(h: &History) -> Vec<Raw> {
         check(h, &holds(h), Duration::from_secs(30))
-    }
-
-    fn crash(target: &str) -> EventKind {
-        FaultStart { id: 0, fault: FaultKind::Crash, target: target.into(), detail: String::new() }
     }
 
     #[test]

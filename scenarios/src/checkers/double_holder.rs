@@ -27,9 +27,8 @@ pub(super) fn check(holds: &[Hold]) -> Vec<Raw> {
 #[cfg(test)]
 mod tests {
     use super::super::holds::holds;
-    use super::super::test_history::{history, ok};
+    use super::super::test_history::{crash, history, ok};
     use super::*;
-    use locksim_sim::fault::FaultKind;
     use locksim_sim::history::EventKind::*;
 
     #[test]
@@ -48,7 +47,7 @@ mod tests {
 
     #[test]
     fn an_unknown_acquire_is_not_a_belief_and_a_crash_ends_one() {
-        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-0".into(), detail: String::new() };
+        let crash = crash("client-0");
         let h = history(
             10.0,
             vec![

@@ -79,14 +79,13 @@ fn round3(x: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_history::{history, ok};
+    use super::super::test_history::{crash, history, ok};
     use super::*;
-    use locksim_sim::fault::FaultKind;
     use locksim_sim::history::EventKind::*;
 
     #[test]
     fn latency_messages_and_recovery_after_a_holder_crash() {
-        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-0".into(), detail: String::new() };
+        let crash = crash("client-0");
         let h = history(
             60.0,
             vec![
@@ -108,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_crash_of_a_client_that_did_not_hold_is_not_a_recovery() {
-        let crash = FaultStart { id: 0, fault: FaultKind::Crash, target: "client-1".into(), detail: String::new() };
+        let crash = crash("client-1");
         let h = history(60.0, vec![(1.0, 0, ok(1)), (2.0, 1, crash), (3.0, 0, ReleaseInvoke), (4.0, 2, ok(2))]);
         assert!(measure(&h, 0).recovery_ms.is_empty());
     }

@@ -154,4 +154,9 @@ pub(crate) mod test_history {
     pub fn ok(token: u64) -> EventKind {
         EventKind::AcquireOk { token: Some(token) }
     }
+
+    pub fn crash(target: &str) -> EventKind {
+        let fault = locksim_sim::fault::FaultKind::Crash;
+        EventKind::FaultStart { id: 0, fault, target: target.into(), detail: String::new() }
+    }
 }

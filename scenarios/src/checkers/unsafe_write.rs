@@ -1,7 +1,7 @@
 //! `unsafe-write` (the damage) and `stale-write-rejected` (the defence), from the resource's events.
 //!
 //! A write by client A is unsafe when the resource accepted it after another client B, whose hold began
-//! after A's hold began, had already entered the resource: A is acting on a lock that has passed on, and
+//! after A's hold began, had already been admitted to the resource (its read accepted): A is acting on a lock that has passed on, and
 //! B has already read state A is about to overwrite. It is also unsafe when its token is lower than one
 //! the resource already accepted. A refused access (`accepted = false`) is `stale-write-rejected`.
 
@@ -26,7 +26,7 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
             k if super::holds::kills(k) => {
                 hold_start.remove(&e.node);
             }
-            EventKind::Enter { .. } => {
+            EventKind::Read { accepted: true, .. } => {
                 if let Some(start) = hold_start.get(&e.node) {
                     entered.insert(e.node, (*start, e.t));
                 }
@@ -81,7 +81,7 @@ mod tests {
     use locksim_sim::history::EventKind::*;
 
     fn enter(t: u64) -> EventKind {
-        Enter { token: Some(t) }
+        Read { value: 0, token: Some(t), accepted: true }
     }
     fn write(token: u64, accepted: bool) -> EventKind {
         Write { value: 1, token: Some(token), accepted }
@@ -104,6 +104,24 @@ mod tests {
         let h = history(
             10.0,
             vec![(1.0, 0, ok(1)), (1.1, 0, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2)), (9.0, 0, write(1, false))],
+        );
+        let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
+    }
+
+    #[test]
+    fn a_later_holder_whose_read_was_refused_has_not_entered() {
+        // B's grant is recorded after A's, but B's token is lower (its INCR ran first, its reply came
+        // late): the resource refuses B's read, so A's write is not stale.
+        let h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(6)),
+                (1.1, 0, enter(6)),
+                (1.2, 1, ok(5)),
+                (1.3, 1, Read { value: 0, token: Some(5), accepted: false }),
+                (1.5, 0, write(6, true)),
+            ],
         );
         let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
