@@ -58,6 +58,18 @@ pub enum EventKind {
     },
     /// The resource saw a client end its critical section.
     Exit,
+    /// The client lost its lock by its own account (its session or lease is gone) and stops acting on it.
+    LockLost {
+        reason: String,
+    },
+    /// A server notified a client of a watched change (the herd count).
+    Notify {
+        cause: String,
+    },
+    /// A client's session changed state (connected, disconnected, expired), or the server expired it.
+    Session {
+        state: String,
+    },
     /// A fault began. `target` is the node it was aimed at; `detail` says the rest in words.
     FaultStart {
         id: u32,
@@ -157,7 +169,7 @@ impl Recorder {
             EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
                 s.waiters.remove(&node);
             }
-            EventKind::ReleaseInvoke => {
+            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 s.holders.remove(&node);
             }
             _ => {}

@@ -20,6 +20,7 @@ use crate::world::NodeEnv;
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -195,12 +196,13 @@ pub struct ReplyTo {
     reply_tag: u64,
 }
 
-/// One node's endpoint for this life of the node: it makes calls and serves them.
+/// One node's endpoint for this life of the node: it makes calls and serves them. Clones share it.
+#[derive(Clone)]
 pub struct Rpc {
     me: NodeIx,
     net: Net,
     clock: Clock,
-    next_tag: Cell<u64>,
+    next_tag: Rc<Cell<u64>>,
 }
 
 impl Rpc {
@@ -217,7 +219,7 @@ impl Rpc {
         // Reply tags are unique across lives: a late reply to a call of a previous life must not be
         // taken for the answer to a call of this one.
         let first_tag = (u64::from(env.incarnation) << 40) + 1;
-        Rpc { me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Cell::new(first_tag) }
+        Rpc { me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Rc::new(Cell::new(first_tag)) }
     }
 
     pub fn me(&self) -> NodeIx {
@@ -258,7 +260,12 @@ impl Rpc {
 
     /// Send `msg` to `to` without waiting for anything (replication streams).
     pub fn tell<Q: Any + Send>(&self, to: NodeIx, msg: Q) {
-        self.net.send(self.me, to, Message::Request { reply_tag: 0, body: Box::new(msg) });
+        self.tell_boxed(to, Box::new(msg));
+    }
+
+    /// [`Rpc::tell`] for a message already boxed.
+    pub fn tell_boxed(&self, to: NodeIx, msg: Payload) {
+        self.net.send(self.me, to, Message::Request { reply_tag: 0, body: msg });
     }
 
     /// The next request for this node, once it has arrived. Panics if a node receives a request type it

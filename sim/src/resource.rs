@@ -61,12 +61,12 @@ impl Backend for ResourceState {
             ResourceRequest::Read { token } => {
                 let admitted = self.admit(token);
                 let accepted = admitted.is_ok();
-                out.push((from, EventKind::Enter { token }));
-                out.push((from, EventKind::Read { value: self.value, token, accepted }));
+                out.record(from, EventKind::Enter { token });
+                out.record(from, EventKind::Read { value: self.value, token, accepted });
                 match admitted {
                     Ok(()) => ResourceReply::Value(self.value),
                     Err(highest) => {
-                        out.push((from, EventKind::Exit));
+                        out.record(from, EventKind::Exit);
                         ResourceReply::StaleToken { highest }
                     }
                 }
@@ -77,8 +77,8 @@ impl Backend for ResourceState {
                 if accepted {
                     self.value = value;
                 }
-                out.push((from, EventKind::Write { value, token, accepted }));
-                out.push((from, EventKind::Exit));
+                out.record(from, EventKind::Write { value, token, accepted });
+                out.record(from, EventKind::Exit);
                 match admitted {
                     Ok(()) => ResourceReply::Written,
                     Err(highest) => ResourceReply::StaleToken { highest },
@@ -93,7 +93,7 @@ mod tests {
     use super::*;
 
     fn apply(r: &mut ResourceState, req: ResourceRequest) -> ResourceReply {
-        r.apply(0, NodeIx(1), req, &mut Out::new())
+        r.apply(0, NodeIx(1), req, &mut Out::default())
     }
 
     #[test]
@@ -120,10 +120,10 @@ mod tests {
     #[test]
     fn accesses_are_recorded_for_the_caller() {
         let mut r = ResourceState::new(true);
-        let mut out = Out::new();
+        let mut out = Out::default();
         r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1) }, &mut out);
         r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1 }, &mut out);
-        let kinds: Vec<_> = out.into_iter().map(|(n, k)| (n.0, k)).collect();
+        let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(
             kinds,
             vec![

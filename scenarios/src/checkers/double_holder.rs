@@ -61,6 +61,13 @@ mod tests {
     }
 
     #[test]
+    fn a_client_told_its_lock_is_lost_stops_believing() {
+        let lost = LockLost { reason: "session suspended".into() };
+        let h = history(10.0, vec![(1.0, 0, ok(1)), (2.0, 0, lost), (3.0, 1, ok(2))]);
+        assert!(check(&holds(&h)).is_empty());
+    }
+
+    #[test]
     fn a_hold_still_open_at_the_end_counts() {
         let h = history(10.0, vec![(1.0, 0, ok(1)), (9.0, 1, ok(2))]);
         assert_eq!(check(&holds(&h)).len(), 1);

@@ -1,7 +1,8 @@
 //! Hold intervals: when each client believed it held the lock, derived from its own events.
 //!
 //! A hold starts at `AcquireOk` and ends at the client's `ReleaseInvoke` (from then on it no longer acts
-//! as holder), at its crash (a dead process believes nothing), or at the end of the run.
+//! as holder), at `LockLost` (the recipe told it the lock is gone), at its crash (a dead process believes
+//! nothing), or at the end of the run.
 
 use locksim_sim::fault::FaultKind;
 use locksim_sim::history::{EventKind, History, NodeIx};
@@ -34,7 +35,7 @@ pub fn holds(h: &History) -> Vec<Hold> {
             EventKind::AcquireOk { token } => {
                 open.insert(e.node, (e.t, *token));
             }
-            EventKind::ReleaseInvoke => close(&mut open, e.node, e.t),
+            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => close(&mut open, e.node, e.t),
             k if kills(k) => close(&mut open, e.node, e.t),
             _ => {}
         }

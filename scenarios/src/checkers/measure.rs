@@ -39,7 +39,7 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
                 recovery_ms.extend(recovered.iter().map(|(_, t)| ms(e.t - t)));
                 crashed_holders = waiting;
             }
-            EventKind::ReleaseInvoke => {
+            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 holding.remove(&e.node);
             }
             k if kills(k) && holding.remove(&e.node) => crashed_holders.push((e.node, e.t)),

@@ -20,7 +20,7 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
             EventKind::AcquireOk { .. } => {
                 hold_start.insert(e.node, e.t);
             }
-            EventKind::ReleaseInvoke => {
+            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 hold_start.remove(&e.node);
             }
             k if super::holds::kills(k) => {

@@ -1,21 +1,49 @@
 //! Simulated servers: sans-IO state machines behind one thin node shell.
 //!
 //! A backend is a synchronous state machine: [`Backend::apply`] takes the server's wall-clock time, the
-//! caller and a request, and returns the reply. It does no I/O, never sleeps and draws no randomness, so
-//! it is unit-tested with plain tables of requests and replies. [`serve`] is the shell every backend
-//! shares: receive, apply, record, reply. Faults act on the shell's node (pause, crash, lost replies),
-//! never inside the state machine.
+//! caller and a request, and returns the reply; [`Backend::tick`] lets time pass (session and lease
+//! expiry). It does no I/O, never sleeps and draws no randomness, so it is unit-tested with plain tables
+//! of requests and replies. What it wants said to the world goes into an [`Out`]: history events and
+//! pushes to clients (watch notifications). [`serve`] is the shell every backend shares: receive, apply,
+//! record, push, reply — and tick. Faults act on the shell's node, never inside the state machine.
 
 pub mod redis;
+pub mod zk;
 
 use crate::clock::Clock;
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::Rpc;
 use std::any::Any;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// Events a state machine asks the shell to record, each about a node (usually the caller).
-pub type Out = Vec<(NodeIx, EventKind)>;
+/// What a state machine asks the shell to do besides replying.
+#[derive(Default)]
+pub struct Out {
+    /// History events, each about a node (usually the caller).
+    pub events: Vec<(NodeIx, EventKind)>,
+    /// One-way messages to clients, such as watch notifications.
+    pub pushes: Vec<(NodeIx, Box<dyn Any + Send>)>,
+}
+
+impl Out {
+    pub fn record(&mut self, node: NodeIx, kind: EventKind) {
+        self.events.push((node, kind));
+    }
+
+    pub fn push<M: Any + Send>(&mut self, to: NodeIx, msg: M) {
+        self.pushes.push((to, Box::new(msg)));
+    }
+
+    fn flush(&mut self, rpc: &Rpc, recorder: &Recorder) {
+        for (node, kind) in self.events.drain(..) {
+            recorder.record(node, kind);
+        }
+        for (to, msg) in self.pushes.drain(..) {
+            rpc.tell_boxed(to, msg);
+        }
+    }
+}
 
 /// A server's state machine.
 pub trait Backend: Send + 'static {
@@ -24,17 +52,35 @@ pub trait Backend: Send + 'static {
 
     /// Apply one request at `now_ms` by the server's own clock.
     fn apply(&mut self, now_ms: i64, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
+
+    /// How often the server's clock ticks (`None`: this backend has no timers).
+    fn tick_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Let time pass to `now_ms`: expire what has expired.
+    fn tick(&mut self, _now_ms: i64, _out: &mut Out) {}
 }
 
 /// Serve `state` on this node until the node dies.
 pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, recorder: &Recorder) {
-    let mut out = Out::new();
+    if let Some(every) = state.lock().expect("backend lock").tick_interval() {
+        // The ticker lives on the server's node: it stops with it, and runs late when it is paused.
+        let (state, clock, recorder, rpc) = (state.clone(), clock.clone(), recorder.clone(), rpc.clone());
+        madsim::task::spawn_local(async move {
+            let mut out = Out::default();
+            loop {
+                clock.sleep(every).await;
+                state.lock().expect("backend lock").tick(clock.now_ms(), &mut out);
+                out.flush(&rpc, &recorder);
+            }
+        });
+    }
+    let mut out = Out::default();
     loop {
         let (reply_to, request) = rpc.next_request::<B::Request>().await;
         let reply = state.lock().expect("backend lock").apply(clock.now_ms(), reply_to.from, request, &mut out);
-        for (node, kind) in out.drain(..) {
-            recorder.record(node, kind);
-        }
+        out.flush(rpc, recorder);
         rpc.reply(&reply_to, reply);
     }
 }

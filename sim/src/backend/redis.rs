@@ -328,7 +328,7 @@ mod tests {
     /// Apply `(now_ms, request, expected reply)` rows in order to one server.
     fn table(state: &mut RedisState, rows: Vec<(i64, RedisRequest, RedisReply)>) {
         for (i, (now, req, want)) in rows.into_iter().enumerate() {
-            let got = state.apply(now, NodeIx(0), req.clone(), &mut Out::new());
+            let got = state.apply(now, NodeIx(0), req.clone(), &mut Out::default());
             assert_eq!(got, want, "row {i}: {req:?} at {now} ms");
         }
     }

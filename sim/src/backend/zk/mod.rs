@@ -1,0 +1,252 @@
+//! A simulated ZooKeeper 3.8 server: znodes, sessions, ephemerals, sequential nodes and one-shot watches.
+//!
+//! Modelled behaviour, from the ZooKeeper 3.8 programmer's guide and server code:
+//! - Every successful write is a transaction with the next zxid; a node's stat keeps czxid (its
+//!   creation), mzxid, pzxid, version, cversion (changes to its children) and its ephemeral owner.
+//! - `create` fails with NoNode without a parent, NodeExists if taken, NoChildrenForEphemerals under an
+//!   ephemeral. Sequential modes append the parent's cversion as 10 zero-padded digits (`lock-0000000007`),
+//!   so the suffix keeps counting across deletes and restarts from 0 if the parent is recreated.
+//! - `delete` takes a version (-1: any) and fails with BadVersion or NotEmpty.
+//! - `exists` and `getData` leave a data watch, `getChildren` a child watch; a watch fires once. A watch
+//!   on a deleted node's predecessor or a lock node is how recipes wait; each notification sent is
+//!   recorded in the history as `Notify` (the herd count).
+//! - Sessions: timeouts negotiated into [2, 20] × tickTime; each request or ping renews one; the server
+//!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches.
+//!   A request on an expired session fails with SessionExpired — which is how a client learns of it.
+
+mod session;
+mod tree;
+mod watch;
+
+use super::{Backend, Out};
+use crate::history::{EventKind, NodeIx};
+use std::time::Duration;
+
+pub use tree::parent;
+
+pub type SessionId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateMode {
+    Persistent,
+    Ephemeral,
+    PersistentSequential,
+    EphemeralSequential,
+}
+
+/// A znode's stat (the fields recipes use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stat {
+    pub czxid: u64,
+    pub mzxid: u64,
+    pub pzxid: u64,
+    pub version: i32,
+    pub cversion: i32,
+    /// The owning session of an ephemeral node; 0 for persistent nodes.
+    pub ephemeral_owner: SessionId,
+    pub num_children: i32,
+}
+
+/// KeeperException codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZkError {
+    NoNode,
+    NodeExists,
+    BadVersion,
+    NotEmpty,
+    NoChildrenForEphemerals,
+    SessionExpired,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    NodeCreated,
+    NodeDeleted,
+    NodeDataChanged,
+    NodeChildrenChanged,
+}
+
+/// A watch notification, pushed to the client that owns the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub session: SessionId,
+    pub path: String,
+    pub event: EventType,
+}
+
+/// An operation within a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZkOp {
+    Ping,
+    Create { path: String, data: String, mode: CreateMode },
+    Delete { path: String, version: i32 },
+    Exists { path: String, watch: bool },
+    GetData { path: String, watch: bool },
+    GetChildren { path: String, watch: bool },
+    Close,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZkRequest {
+    /// Open a session, or re-attach to `session` after a disconnection.
+    Connect {
+        requested_ms: i64,
+        session: Option<SessionId>,
+    },
+    Op {
+        session: SessionId,
+        op: ZkOp,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZkReply {
+    Connected { session: SessionId, timeout_ms: i64 },
+    Pong,
+    Created { path: String, stat: Stat },
+    Deleted,
+    Exists(Option<Stat>),
+    Data { data: String, stat: Stat },
+    Children { children: Vec<String>, stat: Stat },
+    Closed,
+    Error(ZkError),
+}
+
+/// One ZooKeeper server's state (a single-server ensemble).
+#[derive(Debug)]
+pub struct ZkState {
+    tree: tree::Tree,
+    sessions: session::Sessions,
+    watches: watch::Watches,
+    zxid: u64,
+    tick_ms: i64,
+}
+
+impl ZkState {
+    pub fn new(tick: Duration) -> ZkState {
+        let tick_ms = tick.as_millis() as i64;
+        ZkState {
+            tree: tree::Tree::default(),
+            sessions: session::Sessions::new(tick_ms),
+            watches: Default::default(),
+            zxid: 0,
+            tick_ms,
+        }
+    }
+
+    /// Notify every session watching `path` for `event`.
+    fn fire(&mut self, path: &str, event: EventType, out: &mut Out) {
+        for session in self.watches.fire(path, event) {
+            if let Some(owner) = self.sessions.owner(session) {
+                out.record(owner, EventKind::Notify { cause: format!("{event:?} {path}") });
+                out.push(owner, WatchEvent { session, path: path.to_string(), event });
+            }
+        }
+    }
+
+    fn delete(&mut self, path: &str, version: i32, out: &mut Out) -> Result<(), ZkError> {
+        let owner = self.tree.stat(path).map(|s| s.ephemeral_owner);
+        self.tree.delete(path, version, self.zxid + 1)?;
+        self.zxid += 1;
+        if let Some(session) = owner.and_then(|o| self.sessions.get_mut(o)) {
+            session.ephemerals.remove(path);
+        }
+        self.fire(path, EventType::NodeDeleted, out);
+        self.fire(parent(path), EventType::NodeChildrenChanged, out);
+        Ok(())
+    }
+
+    /// End a session: its ephemerals are deleted (firing their watches) and its watches forgotten.
+    fn end_session(&mut self, ephemerals: impl IntoIterator<Item = String>, id: SessionId, out: &mut Out) {
+        self.watches.forget(id);
+        for path in ephemerals {
+            let _ = self.delete(&path, -1, out);
+        }
+    }
+
+    fn op(&mut self, session: SessionId, op: ZkOp, out: &mut Out) -> Result<ZkReply, ZkError> {
+        Ok(match op {
+            ZkOp::Ping => ZkReply::Pong,
+            ZkOp::Create { path, data, mode } => {
+                let path = self.tree.create(&path, &data, mode, session, self.zxid + 1)?;
+                self.zxid += 1;
+                if matches!(mode, CreateMode::Ephemeral | CreateMode::EphemeralSequential) {
+                    self.sessions.get_mut(session).expect("touched").ephemerals.insert(path.clone());
+                }
+                self.fire(&path, EventType::NodeCreated, out);
+                self.fire(parent(&path), EventType::NodeChildrenChanged, out);
+                let stat = *self.tree.stat(&path).expect("just created");
+                ZkReply::Created { path, stat }
+            }
+            ZkOp::Delete { path, version } => {
+                self.delete(&path, version, out)?;
+                ZkReply::Deleted
+            }
+            ZkOp::Exists { path, watch } => {
+                if watch {
+                    self.watches.watch_data(&path, session);
+                }
+                ZkReply::Exists(self.tree.stat(&path).copied())
+            }
+            ZkOp::GetData { path, watch } => {
+                let (data, stat) = self.tree.data(&path).ok_or(ZkError::NoNode)?;
+                let reply = ZkReply::Data { data: data.to_string(), stat: *stat };
+                if watch {
+                    self.watches.watch_data(&path, session);
+                }
+                reply
+            }
+            ZkOp::GetChildren { path, watch } => {
+                let (children, stat) = self.tree.children(&path).ok_or(ZkError::NoNode)?;
+                let reply = ZkReply::Children { children, stat: *stat };
+                if watch {
+                    self.watches.watch_children(&path, session);
+                }
+                reply
+            }
+            ZkOp::Close => {
+                let closed = self.sessions.close(session).expect("touched");
+                self.end_session(closed.ephemerals, session, out);
+                ZkReply::Closed
+            }
+        })
+    }
+}
+
+impl Backend for ZkState {
+    type Request = ZkRequest;
+    type Reply = ZkReply;
+
+    fn apply(&mut self, now_ms: i64, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
+        match request {
+            ZkRequest::Connect { requested_ms, session: None } => {
+                let (session, timeout_ms) = self.sessions.open(from, requested_ms, now_ms);
+                ZkReply::Connected { session, timeout_ms }
+            }
+            ZkRequest::Connect { session: Some(id), .. } => match self.sessions.touch(id, now_ms) {
+                Some(s) => ZkReply::Connected { session: id, timeout_ms: s.timeout_ms },
+                None => ZkReply::Error(ZkError::SessionExpired),
+            },
+            ZkRequest::Op { session, op } => {
+                if self.sessions.touch(session, now_ms).is_none() {
+                    return ZkReply::Error(ZkError::SessionExpired);
+                }
+                self.op(session, op, out).unwrap_or_else(ZkReply::Error)
+            }
+        }
+    }
+
+    fn tick_interval(&self) -> Option<Duration> {
+        Some(Duration::from_millis(self.tick_ms as u64))
+    }
+
+    fn tick(&mut self, now_ms: i64, out: &mut Out) {
+        for (id, session) in self.sessions.expire(now_ms) {
+            out.record(session.owner, EventKind::Session { state: "expired by the server".into() });
+            self.end_session(session.ephemerals, id, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,98 @@
+//! Sessions (ZooKeeper 3.8 SessionTrackerImpl): negotiated timeouts and expiry in tickTime buckets.
+//!
+//! The server negotiates a client's requested timeout into [2, 20] × tickTime. Every request or ping
+//! renews the session: it now expires at `now + timeout`, rounded up to the next multiple of tickTime
+//! (ZooKeeper's ExpiryQueue), and the tick at that time expires it.
+
+use super::SessionId;
+use crate::history::NodeIx;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug)]
+pub struct Session {
+    /// The client node that owns the session, where its watch events go.
+    pub owner: NodeIx,
+    pub timeout_ms: i64,
+    expires_at_ms: i64,
+    pub ephemerals: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+pub struct Sessions {
+    tick_ms: i64,
+    next_id: SessionId,
+    live: BTreeMap<SessionId, Session>,
+}
+
+impl Sessions {
+    pub fn new(tick_ms: i64) -> Sessions {
+        Sessions { tick_ms, next_id: 1, live: BTreeMap::new() }
+    }
+
+    fn expiry(&self, now_ms: i64, timeout_ms: i64) -> i64 {
+        (now_ms + timeout_ms).div_euclid(self.tick_ms) * self.tick_ms + self.tick_ms
+    }
+
+    /// Open a session for `owner`; returns its id and negotiated timeout.
+    pub fn open(&mut self, owner: NodeIx, requested_ms: i64, now_ms: i64) -> (SessionId, i64) {
+        let timeout_ms = requested_ms.clamp(2 * self.tick_ms, 20 * self.tick_ms);
+        let id = self.next_id;
+        self.next_id += 1;
+        let expires_at_ms = self.expiry(now_ms, timeout_ms);
+        self.live.insert(id, Session { owner, timeout_ms, expires_at_ms, ephemerals: BTreeSet::new() });
+        (id, timeout_ms)
+    }
+
+    /// Renew a live session (any request or ping); `None` if it has expired or never existed.
+    pub fn touch(&mut self, id: SessionId, now_ms: i64) -> Option<&mut Session> {
+        let expires_at_ms = self.expiry(now_ms, self.live.get(&id)?.timeout_ms);
+        let session = self.live.get_mut(&id)?;
+        session.expires_at_ms = expires_at_ms;
+        Some(session)
+    }
+
+    pub fn get_mut(&mut self, id: SessionId) -> Option<&mut Session> {
+        self.live.get_mut(&id)
+    }
+
+    pub fn owner(&self, id: SessionId) -> Option<NodeIx> {
+        self.live.get(&id).map(|s| s.owner)
+    }
+
+    pub fn close(&mut self, id: SessionId) -> Option<Session> {
+        self.live.remove(&id)
+    }
+
+    /// Remove and return every session whose expiry time has come, in id order.
+    pub fn expire(&mut self, now_ms: i64) -> Vec<(SessionId, Session)> {
+        let due: Vec<SessionId> =
+            self.live.iter().filter(|(_, s)| s.expires_at_ms <= now_ms).map(|(id, _)| *id).collect();
+        due.into_iter().map(|id| (id, self.live.remove(&id).expect("just listed"))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_negotiated_into_two_to_twenty_ticks() {
+        let mut s = Sessions::new(2000);
+        assert_eq!(s.open(NodeIx(0), 1000, 0).1, 4000);
+        assert_eq!(s.open(NodeIx(0), 10_000, 0).1, 10_000);
+        assert_eq!(s.open(NodeIx(0), 100_000, 0).1, 40_000);
+    }
+
+    #[test]
+    fn a_session_expires_at_the_tick_after_its_timeout_unless_renewed() {
+        let mut s = Sessions::new(2000);
+        let (id, _) = s.open(NodeIx(0), 5000, 100);
+        // 100 + 5000 = 5100, rounded up to the next tick: 6000.
+        assert!(s.expire(5999).is_empty());
+        assert!(s.touch(id, 3000).is_some());
+        // Renewed at 3000: 8000 rounds up to the next tick, 10000 (ZooKeeper's roundToNextInterval).
+        assert!(s.expire(9999).is_empty());
+        assert_eq!(s.expire(10_000).len(), 1);
+        assert!(s.touch(id, 10_001).is_none());
+    }
+}

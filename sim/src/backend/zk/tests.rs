@@ -1,0 +1,124 @@
+//! Request/reply tables against ZooKeeper's documented behaviour.
+
+use super::*;
+
+const C1: NodeIx = NodeIx(1);
+const C2: NodeIx = NodeIx(2);
+
+fn zk() -> ZkState {
+    ZkState::new(Duration::from_millis(2000))
+}
+
+fn connect(zk: &mut ZkState, client: NodeIx, now: i64) -> SessionId {
+    match zk.apply(now, client, ZkRequest::Connect { requested_ms: 6000, session: None }, &mut Out::default()) {
+        ZkReply::Connected { session, timeout_ms } => {
+            assert_eq!(timeout_ms, 6000);
+            session
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn op(zk: &mut ZkState, client: NodeIx, session: SessionId, now: i64, op: ZkOp, out: &mut Out) -> ZkReply {
+    zk.apply(now, client, ZkRequest::Op { session, op }, out)
+}
+
+fn create(path: &str, mode: CreateMode) -> ZkOp {
+    ZkOp::Create { path: path.into(), data: String::new(), mode }
+}
+
+#[test]
+fn sequential_children_get_increasing_suffixes_and_czxids() {
+    let mut z = zk();
+    let s = connect(&mut z, C1, 0);
+    let mut out = Out::default();
+    assert!(matches!(
+        op(&mut z, C1, s, 0, create("/locks", CreateMode::Persistent), &mut out),
+        ZkReply::Created { .. }
+    ));
+    let a = op(&mut z, C1, s, 0, create("/locks/lock-", CreateMode::EphemeralSequential), &mut out);
+    let b = op(&mut z, C1, s, 0, create("/locks/lock-", CreateMode::EphemeralSequential), &mut out);
+    match (a, b) {
+        (ZkReply::Created { path: pa, stat: sa }, ZkReply::Created { path: pb, stat: sb }) => {
+            assert_eq!((pa.as_str(), pb.as_str()), ("/locks/lock-0000000000", "/locks/lock-0000000001"));
+            assert!(sb.czxid > sa.czxid);
+            assert_eq!(sa.ephemeral_owner, s);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_delete_notifies_each_watcher_once() {
+    let mut z = zk();
+    let (s1, s2) = (connect(&mut z, C1, 0), connect(&mut z, C2, 0));
+    let mut out = Out::default();
+    op(&mut z, C1, s1, 0, create("/lock", CreateMode::Ephemeral), &mut out);
+    assert_eq!(
+        op(&mut z, C2, s2, 0, create("/lock", CreateMode::Ephemeral), &mut out),
+        ZkReply::Error(ZkError::NodeExists)
+    );
+    assert!(matches!(
+        op(&mut z, C2, s2, 0, ZkOp::Exists { path: "/lock".into(), watch: true }, &mut out),
+        ZkReply::Exists(Some(_))
+    ));
+    op(&mut z, C2, s2, 0, ZkOp::Exists { path: "/lock".into(), watch: true }, &mut out);
+    assert_eq!(op(&mut z, C1, s1, 1, ZkOp::Delete { path: "/lock".into(), version: -1 }, &mut out), ZkReply::Deleted);
+    assert_eq!(out.pushes.len(), 1, "a session's watch on a path fires once, however often it was set");
+    assert_eq!(out.events, vec![(C2, EventKind::Notify { cause: "NodeDeleted /lock".into() })]);
+    // Used up: a second change notifies nobody.
+    op(&mut z, C1, s1, 2, create("/lock", CreateMode::Ephemeral), &mut out);
+    assert_eq!(out.pushes.len(), 1);
+}
+
+#[test]
+fn get_data_on_a_missing_node_fails_and_leaves_no_watch_but_exists_does() {
+    let mut z = zk();
+    let s = connect(&mut z, C1, 0);
+    let mut out = Out::default();
+    assert_eq!(
+        op(&mut z, C1, s, 0, ZkOp::GetData { path: "/x".into(), watch: true }, &mut out),
+        ZkReply::Error(ZkError::NoNode)
+    );
+    assert_eq!(op(&mut z, C1, s, 0, ZkOp::Exists { path: "/y".into(), watch: true }, &mut out), ZkReply::Exists(None));
+    op(&mut z, C1, s, 0, create("/x", CreateMode::Persistent), &mut out);
+    op(&mut z, C1, s, 0, create("/y", CreateMode::Persistent), &mut out);
+    let causes: Vec<_> = out.events.iter().map(|(_, k)| k.clone()).collect();
+    assert_eq!(causes, vec![EventKind::Notify { cause: "NodeCreated /y".into() }]);
+}
+
+#[test]
+fn an_expired_session_loses_its_ephemerals_and_fires_their_watches() {
+    let mut z = zk();
+    let (s1, s2) = (connect(&mut z, C1, 0), connect(&mut z, C2, 0));
+    let mut out = Out::default();
+    op(&mut z, C1, s1, 0, create("/lock", CreateMode::Ephemeral), &mut out);
+    op(&mut z, C2, s2, 0, ZkOp::GetData { path: "/lock".into(), watch: true }, &mut out);
+    // s2 keeps pinging; s1 goes silent. 6 s timeout from 0 rounds up to the 8 s tick.
+    op(&mut z, C2, s2, 4000, ZkOp::Ping, &mut out);
+    z.tick(6000, &mut out);
+    assert!(out.pushes.is_empty());
+    z.tick(8000, &mut out);
+    assert_eq!(out.pushes.len(), 1);
+    assert_eq!(
+        op(&mut z, C2, s2, 8000, ZkOp::Exists { path: "/lock".into(), watch: false }, &mut out),
+        ZkReply::Exists(None)
+    );
+    assert_eq!(op(&mut z, C1, s1, 8000, ZkOp::Ping, &mut out), ZkReply::Error(ZkError::SessionExpired));
+    let reconnect = ZkRequest::Connect { requested_ms: 6000, session: Some(s1) };
+    assert_eq!(z.apply(8000, C1, reconnect, &mut out), ZkReply::Error(ZkError::SessionExpired));
+}
+
+#[test]
+fn closing_a_session_deletes_its_ephemerals_at_once() {
+    let mut z = zk();
+    let s = connect(&mut z, C1, 0);
+    let mut out = Out::default();
+    op(&mut z, C1, s, 0, create("/lock", CreateMode::Ephemeral), &mut out);
+    assert_eq!(op(&mut z, C1, s, 1, ZkOp::Close, &mut out), ZkReply::Closed);
+    let s2 = connect(&mut z, C2, 1);
+    assert_eq!(
+        op(&mut z, C2, s2, 1, ZkOp::Exists { path: "/lock".into(), watch: false }, &mut out),
+        ZkReply::Exists(None)
+    );
+}
