@@ -6,6 +6,8 @@
 //! - [`params`]: typed recipe and backend parameters, declared once.
 //! - [`redis`]: the Redis family — the `RedisApi` client trait, the simulated servers, and the recipes
 //!   `redis.set-nx`, `redis.set-nx-px`, `redis.getset-expiry`, `redis.watchdog`, `redis.redlock`.
+//! - [`zk`]: the ZooKeeper family — the `ZkApi` client trait, sessions, and `zk.ephemeral`,
+//!   `zk.sequential`, `zk.sequential-unprotected`.
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
@@ -13,6 +15,7 @@
 
 pub mod params;
 pub mod redis;
+pub mod zk;
 
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
@@ -45,12 +48,19 @@ pub trait Lock {
     async fn acquire(&mut self) -> Outcome<Grant>;
     /// Give the lock up.
     async fn release(&mut self) -> Outcome<()>;
+
+    /// Resolves, with the reason, when the recipe learns that the lock it holds is gone (its session or
+    /// lease ended). Recipes that cannot tell never resolve: their holders find out from the damage.
+    async fn lost(&self) -> String {
+        std::future::pending().await
+    }
 }
 
 /// The servers of one backend family in one world, as recipes reach them.
 #[derive(Clone, Debug)]
 pub enum Servers {
     Redis(redis::RedisServers),
+    Zk(zk::ZkServers),
 }
 
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.
@@ -97,7 +107,7 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        Registry { recipes: redis::RECIPES.to_vec() }
+        Registry { recipes: redis::RECIPES.iter().chain(zk::RECIPES).copied().collect() }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).

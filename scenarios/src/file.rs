@@ -74,6 +74,7 @@ pub struct RandomFile {
 #[serde(deny_unknown_fields)]
 pub struct CheckFile {
     pub liveness: Option<Spanned<Dur>>,
+    pub herd_max: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -56,20 +56,35 @@ pub struct HarnessError {
 pub fn resolve_schedule(scenario: &Scenario, seed: u64) -> Vec<Fault> {
     let topo = scenario.topology();
     let mut faults = scenario.schedule.clone();
-    resolve_random_clients(&mut faults, &mut stream(seed, Stream::Nemesis, 1), &topo.clients);
     if let Some(nemesis) = &scenario.random {
         faults.extend(nemesis.draw(&mut stream(seed, Stream::Nemesis, 0), scenario.workload.duration, &topo));
     }
     faults.sort_by_key(|f| f.at);
+    resolve_random_clients(&mut faults, &mut stream(seed, Stream::Nemesis, 1), &topo.clients);
     faults
 }
+
+/// Wall-clock time one seed may take before the runner gives up on it. A seed normally takes
+/// milliseconds; one that takes this long is stuck (a bug in the simulation, not a finding), and a CI
+/// run must end with an error rather than hang.
+const SEED_WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Run one seed on a fresh thread.
 pub fn run_seed(scenario: &Scenario, seed: u64) -> Result<SeedRun, HarnessError> {
     let scenario = scenario.clone();
-    let thread = std::thread::Builder::new().name(format!("seed-{seed}")).spawn(move || simulate(&scenario, seed));
-    let joined = thread.expect("the OS can start a thread").join();
-    joined.map_err(|panic| HarnessError { seed, message: panic_text(&panic) })
+    let (done, result) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new().name(format!("seed-{seed}")).spawn(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| simulate(&scenario, seed)));
+        let _ = done.send(outcome.map_err(|panic| panic_text(&panic)));
+    });
+    thread.expect("the OS can start a thread");
+    match result.recv_timeout(SEED_WALL_LIMIT) {
+        Ok(outcome) => outcome.map_err(|message| HarnessError { seed, message }),
+        Err(_) => Err(HarnessError {
+            seed,
+            message: format!("no result after {SEED_WALL_LIMIT:?} of wall time: the simulation is stuck"),
+        }),
+    }
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {

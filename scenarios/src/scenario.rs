@@ -104,6 +104,11 @@ impl Scenario {
                 Ok(d)
             }
         })?;
+        let herd_max = file.check.herd_max.as_ref().map(|h| {
+            u32::try_from(*h.get_ref())
+                .map_err(|_| src.error(h.span(), "herd_max: expected a whole number of clients, 0 or more"))
+        });
+        let herd_max = herd_max.transpose()?;
         let expect = file
             .expect
             .as_ref()
@@ -118,7 +123,7 @@ impl Scenario {
             workload,
             schedule,
             random,
-            check: CheckConfig { liveness },
+            check: CheckConfig { liveness, herd_max },
             expect,
         })
     }

@@ -57,7 +57,13 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
         match lock.acquire().await {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token });
-                critical_section(&rpc, plan.resource, grant.token, &ctx, draw(plan.workload.hold)).await;
+                let work = critical_section(&rpc, plan.resource, grant.token, &ctx, draw(plan.workload.hold));
+                // A recipe that learns its lock is gone stops its holder before the write.
+                tokio::select! {
+                    biased;
+                    reason = lock.lost() => record(EventKind::LockLost { reason }),
+                    () = work => {}
+                }
                 record(EventKind::ReleaseInvoke);
                 record(match lock.release().await {
                     Outcome::Ok(()) => EventKind::ReleaseOk,

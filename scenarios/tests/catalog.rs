@@ -26,6 +26,18 @@ const PINNED: &[(&str, u64)] = &[
     ("redis-redlock-restart-persist", 100),
     ("redis-redlock-unchecked-pause", 200),
     ("redis-redlock-checked-pause", 200),
+    ("zk-ephemeral-herd", 20),
+    ("zk-sequential-herd", 50),
+    ("zk-ephemeral-gc-pause", 50),
+    ("zk-sequential-gc-pause", 50),
+    ("zk-sequential-gc-pause-fencing", 50),
+    ("zk-sequential-crash-waiter", 100),
+    ("zk-sequential-unprotected-drop-reply", 200),
+    ("zk-sequential-drop-reply", 200),
+    ("zk-sequential-partition-lost-on-lost", 100),
+    ("zk-sequential-partition-lost-on-suspended", 100),
+    ("zk-sequential-server-restart", 100),
+    ("zk-sequential-nemesis", 200),
 ];
 
 #[test]

@@ -52,7 +52,12 @@ impl Ctx {
 
     /// Run `task` in the background on this node; it stops when the returned handle is dropped.
     pub fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
-        Background(madsim::task::spawn_local(task))
+        Background::spawn(task)
+    }
+
+    /// This node's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     pub fn random_u64(&self) -> u64 {
@@ -68,8 +73,20 @@ impl Ctx {
     }
 }
 
-/// A background task of a recipe (a keep-alive, a renewal watchdog); aborted when dropped.
+/// A background task (a keep-alive, a renewal watchdog, a client's pinger); aborted when dropped.
 pub struct Background(madsim::task::JoinHandle<()>);
+
+impl Background {
+    /// Run `task` on the current node.
+    pub fn spawn(task: impl Future<Output = ()> + 'static) -> Background {
+        Background(madsim::task::spawn_local(task))
+    }
+
+    /// Whether the task has run to its end.
+    pub fn finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
 
 impl Drop for Background {
     fn drop(&mut self) {

@@ -145,6 +145,12 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 #[derive(Clone, Default)]
 pub struct Recorder(Arc<Mutex<RecorderState>>);
 
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Recorder")
+    }
+}
+
 #[derive(Default)]
 struct RecorderState {
     events: Vec<Event>,

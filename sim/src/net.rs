@@ -10,6 +10,11 @@
 //! and lost replies of a server that did apply the request (`drop-reply`). Every decision draws from
 //! the `Network` stream, never from madsim's generator.
 //!
+//! Two kinds of traffic: a call (request and reply) is lost on a cut link, and its caller times out —
+//! what a client sees of a connection that stops answering. A one-way stream message ([`Rpc::tell`]:
+//! watch notifications, replication) rides a TCP connection that outlives a short cut: it waits for
+//! the link to heal and is lost only if its receiver dies.
+//!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
 
@@ -51,11 +56,13 @@ struct NetState {
     drop_reply: BTreeMap<NodeIx, f64>,
     /// When the last message on each link arrives: later ones never overtake it.
     link_clear_ns: BTreeMap<(NodeIx, NodeIx), u64>,
+    /// Stream messages waiting for their cut link to heal.
+    held: BTreeMap<(NodeIx, NodeIx), Vec<Message>>,
     rng: ChaCha8Rng,
     messages: u64,
 }
 
-/// A received request: who sent it, where the answer goes, the body.
+/// A received request: who sent it, where the answer goes (nowhere for a stream message), the body.
 type Request = (ReplyTo, Payload);
 
 /// A reply on its way: when it arrives, from whom, the body.
@@ -72,10 +79,17 @@ struct Inbox {
     waiting: BTreeMap<u64, oneshot::Sender<Reply>>,
 }
 
-/// What travels: a request (answer to `reply_tag` if non-zero) or a reply to a call's tag.
+/// What travels: a request (answer to `reply_tag`; 0 for a stream message) or a reply to a call's tag.
 enum Message {
     Request { reply_tag: u64, body: Payload },
     Reply { tag: u64, body: Payload },
+}
+
+impl Message {
+    /// A one-way message on a connection that survives short cuts.
+    fn is_stream(&self) -> bool {
+        matches!(self, Message::Request { reply_tag: 0, .. })
+    }
 }
 
 impl Net {
@@ -87,6 +101,7 @@ impl Net {
             loss: BTreeMap::new(),
             drop_reply: BTreeMap::new(),
             link_clear_ns: BTreeMap::new(),
+            held: BTreeMap::new(),
             rng: stream(seed, Stream::Network, 0),
             messages: 0,
         })))
@@ -96,17 +111,24 @@ impl Net {
         self.0.lock().expect("net lock")
     }
 
-    /// Cut (`on`) or heal one cut of the directed link `from → to`.
+    /// Cut (`on`) or heal one cut of the directed link `from → to`. A healed link delivers the stream
+    /// messages held for it, in order.
     pub fn cut(&self, from: NodeIx, to: NodeIx, on: bool) {
         let mut s = self.state();
         let count = s.cuts.entry((from, to)).or_default();
         if on {
             *count += 1;
-        } else {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                s.cuts.remove(&(from, to));
-            }
+            return;
+        }
+        *count = count.saturating_sub(1);
+        if *count > 0 {
+            return;
+        }
+        s.cuts.remove(&(from, to));
+        let held = s.held.remove(&(from, to)).unwrap_or_default();
+        drop(s);
+        for msg in held {
+            self.send(from, to, msg);
         }
     }
 
@@ -139,6 +161,10 @@ impl Net {
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
         let mut s = self.state();
         s.messages += 1;
+        if msg.is_stream() && s.cuts.contains_key(&(from, to)) {
+            s.held.entry((from, to)).or_default().push(msg);
+            return;
+        }
         let Some(arrive_ns) = s.route(from, to, matches!(msg, Message::Reply { .. })) else { return };
         let seq = s.messages;
         // A receiver that is gone (its node died, its call timed out) loses the message.
@@ -279,6 +305,10 @@ impl Rpc {
                     Some(((at, _), _)) if *at <= sim_now_ns() => {
                         let (_, (reply_to, body)) = inbox.requests.pop_first().expect("just seen");
                         if s.cuts.contains_key(&(reply_to.from, self.me)) {
+                            let msg = Message::Request { reply_tag: reply_to.reply_tag, body };
+                            if msg.is_stream() {
+                                s.held.entry((reply_to.from, self.me)).or_default().push(msg);
+                            }
                             continue;
                         }
                         return (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"));
@@ -347,6 +377,28 @@ mod tests {
             let arrivals: Vec<u64> = (0..50).map(|_| s.route(NodeIx(0), NodeIx(1), false).unwrap()).collect();
             assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
             assert!(arrivals[0] >= LATENCY_NS.0 && arrivals[0] <= LATENCY_NS.1);
+        });
+    }
+
+    #[test]
+    fn a_stream_message_waits_for_a_cut_link_to_heal_and_a_call_does_not() {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
+            let net = Net::new(1);
+            let inbox = || Inbox {
+                incarnation: 0,
+                requests: BTreeMap::new(),
+                queued: Arc::new(Notify::new()),
+                waiting: BTreeMap::new(),
+            };
+            net.state().inboxes.insert(NodeIx(1), inbox());
+            net.cut(NodeIx(0), NodeIx(1), true);
+            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 0, body: Box::new(1u8) });
+            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 7, body: Box::new(2u8) });
+            assert!(net.state().inboxes[&NodeIx(1)].requests.is_empty());
+            net.cut(NodeIx(0), NodeIx(1), false);
+            let s = net.state();
+            let queued: Vec<u64> = s.inboxes[&NodeIx(1)].requests.values().map(|(r, _)| r.reply_tag).collect();
+            assert_eq!(queued, vec![0], "the stream message arrives after the heal; the call's request is gone");
         });
     }
 

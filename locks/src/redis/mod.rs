@@ -94,6 +94,7 @@ impl RedisServers {
     pub fn from(servers: &Servers) -> &RedisServers {
         match servers {
             Servers::Redis(r) => r,
+            _ => unreachable!("a Redis recipe is deployed with Redis servers"),
         }
     }
 }

@@ -19,6 +19,9 @@ pub struct Measurements {
     pub recovery_ms: Vec<f64>,
     /// Crashes of a holder after which nobody got the lock before the run ended.
     pub unrecovered: u64,
+    /// Clients woken per change that woke anyone (a release, an expiry): the herd curve's points.
+    pub notifications_per_release_max: u64,
+    pub notifications_per_release_mean: f64,
 }
 
 pub fn measure(h: &History, messages: u64) -> Measurements {
@@ -48,6 +51,7 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
     }
     latencies.sort_unstable();
     let acquisitions = latencies.len() as u64;
+    let woken: Vec<u64> = super::herd::wakeups(h).values().map(|w| w.len() as u64).collect();
     Measurements {
         acquisitions,
         latency_ms_p50: percentile(&latencies, 50),
@@ -57,6 +61,12 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
         messages_per_acquisition: if acquisitions == 0 { 0.0 } else { round3(messages as f64 / acquisitions as f64) },
         recovery_ms,
         unrecovered: crashed_holders.len() as u64,
+        notifications_per_release_max: woken.iter().copied().max().unwrap_or(0),
+        notifications_per_release_mean: if woken.is_empty() {
+            0.0
+        } else {
+            round3(woken.iter().sum::<u64>() as f64 / woken.len() as f64)
+        },
     }
 }
 

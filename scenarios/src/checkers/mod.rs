@@ -5,6 +5,7 @@
 
 mod deadlock;
 mod double_holder;
+pub mod herd;
 pub mod holds;
 mod measure;
 mod unsafe_write;
@@ -25,11 +26,17 @@ pub enum FindingKind {
     UnsafeWrite,
     StaleWriteRejected,
     Deadlock,
+    Herd,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 4] =
-        [FindingKind::DoubleHolder, FindingKind::UnsafeWrite, FindingKind::StaleWriteRejected, FindingKind::Deadlock];
+    pub const ALL: [FindingKind; 5] = [
+        FindingKind::DoubleHolder,
+        FindingKind::UnsafeWrite,
+        FindingKind::StaleWriteRejected,
+        FindingKind::Deadlock,
+        FindingKind::Herd,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +44,7 @@ impl FindingKind {
             FindingKind::UnsafeWrite => "unsafe-write",
             FindingKind::StaleWriteRejected => "stale-write-rejected",
             FindingKind::Deadlock => "deadlock",
+            FindingKind::Herd => "herd",
         }
     }
 
@@ -69,6 +77,8 @@ pub struct Finding {
 pub struct CheckConfig {
     /// `deadlock` when clients wait this long while nobody holds the lock.
     pub liveness: Duration,
+    /// `herd` when one change wakes more clients than this (unchecked when `None`).
+    pub herd_max: Option<u32>,
 }
 
 /// A finding before the history's names and faults are attached.
@@ -86,6 +96,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     let mut raw = double_holder::check(&holds);
     raw.extend(unsafe_write::check(h));
     raw.extend(deadlock::check(h, &holds, config.liveness));
+    raw.extend(herd::check(h, config.herd_max));
     let faults = fault_windows(h);
     raw.into_iter()
         .map(|r| Finding {

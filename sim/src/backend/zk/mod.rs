@@ -13,7 +13,12 @@
 //! - Sessions: timeouts negotiated into [2, 20] × tickTime; each request or ping renews one; the server
 //!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches.
 //!   A request on an expired session fails with SessionExpired — which is how a client learns of it.
+//! - Durability: every transaction is logged to disk before it is acknowledged, so a restarted server
+//!   recovers its tree and its sessions, and gives each session a fresh timeout to reconnect in
+//!   (SessionTrackerImpl on load). Watches are kept: a real client sets its watches again when it
+//!   reconnects (SetWatches), and the server fires any whose change it missed.
 
+pub mod client;
 mod session;
 mod tree;
 mod watch;
@@ -132,6 +137,12 @@ impl ZkState {
             zxid: 0,
             tick_ms,
         }
+    }
+
+    /// After a restart: the tree and sessions are recovered from the log, and every session gets a full
+    /// timeout from now to reconnect. Watches stand for the ones clients set again on reconnecting.
+    pub fn recover(&mut self, now_ms: i64) {
+        self.sessions.renew_all(now_ms);
     }
 
     /// Notify every session watching `path` for `event`.

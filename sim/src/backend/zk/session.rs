@@ -51,6 +51,14 @@ impl Sessions {
         Some(session)
     }
 
+    /// Give every session a full timeout from `now_ms` (a server recovering from its log).
+    pub fn renew_all(&mut self, now_ms: i64) {
+        let ids: Vec<SessionId> = self.live.keys().copied().collect();
+        for id in ids {
+            self.touch(id, now_ms);
+        }
+    }
+
     pub fn get_mut(&mut self, id: SessionId) -> Option<&mut Session> {
         self.live.get_mut(&id)
     }

@@ -1,0 +1,223 @@
+//! The ZooKeeper family: the client trait recipes speak, sessions, the deployment, and the recipes.
+//!
+//! Recipes talk to ZooKeeper through [`ZkApi`], whose methods mirror the ZooKeeper client's calls
+//! (create, delete, exists, getData, getChildren, with watches). The simulated client library
+//! (`locksim_sim::backend::zk::client`) keeps the session alive, and a recipe opens a new session when
+//! its old one has expired, as Curator does.
+//!
+//! When is a held lock lost? `lost_on` chooses what the holder's application listens for:
+//! - `"never"`: nothing (InterProcessMutex used without a ConnectionStateListener);
+//! - `"suspended"`: the first disconnection (Curator's documented advice: SUSPENDED means the lock may be
+//!   gone), 2/3·T after the last word from the server — before the server can expire the session;
+//! - `"lost"`: only LOST — expiry learned on reconnect, or Curator 3's simulated expiry T after
+//!   SUSPENDED — which leaves a window of about 2/3·T in which another client may hold the lock.
+
+mod ephemeral;
+mod sequential;
+
+use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
+use crate::{async_trait, Family, Servers};
+use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Watch, ZkClient};
+use locksim_sim::backend::zk::{CreateMode, Stat, ZkOp, ZkReply, ZkState};
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
+use locksim_sim::history::{NodeIx, Recorder};
+use locksim_sim::net::Rpc;
+use locksim_sim::world::{Program, World};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const RECIPES: &[crate::RecipeSpec] = &[ephemeral::RECIPE, sequential::PROTECTED, sequential::UNPROTECTED];
+
+/// The ZooKeeper server of one world, and where its clients record their session changes.
+#[derive(Clone, Debug)]
+pub struct ZkServers {
+    pub server: NodeIx,
+    recorder: Recorder,
+}
+
+impl ZkServers {
+    fn from(servers: &Servers) -> &ZkServers {
+        match servers {
+            Servers::Zk(z) => z,
+            _ => unreachable!("a ZooKeeper recipe is deployed with ZooKeeper servers"),
+        }
+    }
+}
+
+/// `[backend]` keys of the ZooKeeper family.
+pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec {
+    name: "tick_time",
+    kind: ParamKind::Duration,
+    default: ms(2_000),
+    doc: "the server's tickTime: sessions expire on its ticks, timeouts are negotiated into 2..20 ticks",
+}];
+
+pub static FAMILY: Family = Family {
+    name: "zk",
+    summary: "ZooKeeper 3.8: znodes, ephemeral and sequential nodes, one-shot watches, sessions expiring on ticks",
+    params: BACKEND_PARAMS,
+    topology,
+    deploy,
+};
+
+fn topology(_: &Params) -> Topology {
+    Topology { servers: vec!["zk-0".into()], ..Topology::default() }
+}
+
+fn deploy(world: &mut World, params: &Params) -> Servers {
+    let tick = params.duration("tick_time");
+    // A single-server ensemble. Its state outlives a crash: ZooKeeper logs each transaction to disk
+    // before acknowledging it, and a restarted server recovers tree and sessions from the log.
+    let state = Arc::new(Mutex::new(ZkState::new(tick)));
+    let program: Program = Arc::new(move |env| {
+        let state = state.clone();
+        if env.incarnation > 0 {
+            state.lock().expect("zk lock").recover(env.clock.now_ms());
+        }
+        Box::pin(async move {
+            let rpc = Rpc::bind(&env);
+            locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
+        })
+    });
+    let server = world.add_node("zk-0", program);
+    Servers::Zk(ZkServers { server, recorder: world.recorder().clone() })
+}
+
+/// A ZooKeeper client's calls.
+#[async_trait(?Send)]
+pub trait ZkApi {
+    /// Run one operation; watches come back with the reply that set them.
+    async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError>;
+
+    async fn create(&self, path: &str, mode: CreateMode) -> Result<(String, Stat), ClientError> {
+        match self.call(ZkOp::Create { path: path.into(), data: String::new(), mode }).await? {
+            (ZkReply::Created { path, stat }, _) => Ok((path, stat)),
+            other => unreachable!("create answered with {other:?}"),
+        }
+    }
+
+    async fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.call(ZkOp::Delete { path: path.into(), version: -1 }).await.map(drop)
+    }
+
+    /// `exists` with a watch: the node's stat (if any) and the watch.
+    async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch), ClientError> {
+        match self.call(ZkOp::Exists { path: path.into(), watch: true }).await? {
+            (ZkReply::Exists(stat), Some(watch)) => Ok((stat, watch)),
+            other => unreachable!("exists answered with {other:?}"),
+        }
+    }
+
+    /// `getData` with a watch (NoNode if it is gone).
+    async fn get_data_watch(&self, path: &str) -> Result<Watch, ClientError> {
+        match self.call(ZkOp::GetData { path: path.into(), watch: true }).await? {
+            (ZkReply::Data { .. }, Some(watch)) => Ok(watch),
+            other => unreachable!("getData answered with {other:?}"),
+        }
+    }
+
+    async fn get_children(&self, path: &str) -> Result<Vec<String>, ClientError> {
+        match self.call(ZkOp::GetChildren { path: path.into(), watch: false }).await? {
+            (ZkReply::Children { children, .. }, _) => Ok(children),
+            other => unreachable!("getChildren answered with {other:?}"),
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl ZkApi for ZkClient {
+    async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
+        ZkClient::call(self, op).await
+    }
+}
+
+/// Parameters every ZooKeeper recipe shares.
+const SESSION_TIMEOUT: ParamSpec = ParamSpec {
+    name: "session_timeout",
+    kind: ParamKind::Duration,
+    default: ms(6_000),
+    doc: "requested session timeout T (Curator's default is 60s); the server negotiates it into 2..20 ticks",
+};
+const ACQUIRE_TIMEOUT: ParamSpec = ParamSpec {
+    name: "acquire_timeout",
+    kind: ParamKind::Duration,
+    default: ms(30_000),
+    doc: "give up waiting after this long, deleting our node",
+};
+const LOST_ON: ParamSpec = ParamSpec {
+    name: "lost_on",
+    kind: ParamKind::Choice(&["suspended", "lost", "never"]),
+    default: ParamValue::Choice("suspended"),
+    doc: "when the holder treats the lock as lost: first disconnection, session loss, or never",
+};
+
+/// A session timeout of zero cannot keep a session.
+fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
+    match recipe.duration("session_timeout") {
+        d if d.is_zero() => Err("session_timeout must be above zero".into()),
+        _ => Ok(()),
+    }
+}
+
+/// The client's live session, replaced by a new one after it expires.
+struct Session {
+    env: ClientEnv,
+    requested: Duration,
+    client: Option<ZkClient>,
+}
+
+impl Session {
+    fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Session {
+        let zk = ZkServers::from(servers);
+        let env = ClientEnv {
+            rpc: ctx.rpc().clone(),
+            clock: ctx.clock().clone(),
+            recorder: zk.recorder.clone(),
+            server: zk.server,
+        };
+        Session { env, requested: params.duration("session_timeout"), client: None }
+    }
+
+    /// A live session: the current one, or a new one if it has expired (`None`: the server is unreachable).
+    async fn live(&mut self) -> Option<ZkClient> {
+        if self.client.as_ref().is_none_or(ZkClient::expired) {
+            self.client = ZkClient::connect(self.env.clone(), self.requested).await;
+        }
+        self.client.clone()
+    }
+}
+
+/// Resolves when the holder, by `policy`, must treat its lock as lost.
+async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
+    let mut state = client.state();
+    loop {
+        let now = *state.borrow_and_update();
+        match (policy, now) {
+            ("never", _) => return std::future::pending().await,
+            (_, ConnState::Expired) => return "session expired".into(),
+            ("suspended", ConnState::Disconnected) => return "connection suspended".into(),
+            ("lost", ConnState::Disconnected) => {
+                // Curator 3: LOST when SUSPENDED lasts the session timeout.
+                let timeout = client.timeout();
+                tokio::select! {
+                    biased;
+                    _ = state.changed() => continue,
+                    _ = ctx.sleep(timeout) => return "suspended for the session timeout".into(),
+                }
+            }
+            _ => {}
+        }
+        if state.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// A call's failure as a lock outcome's words.
+fn words(e: ClientError) -> String {
+    match e {
+        ClientError::ConnectionLoss => "connection loss".into(),
+        ClientError::Zk(e) => format!("{e:?}"),
+    }
+}
