@@ -55,3 +55,64 @@ fn bad_zookeeper_parameters_are_errors_with_their_line() {
     let err = parse("lost_on = \"sometimes\"").err().unwrap().to_string();
     assert!(err.starts_with("z.toml:4:11: lost_on: expected one of \"suspended\", \"lost\", \"never\""), "{err}");
 }
+
+/// Drive two `zk.sequential` locks (two sessions) on one node in a hand-built world; returns the log.
+fn reentrancy_log() -> Vec<String> {
+    use locksim_locks::params::Params;
+    use locksim_locks::Registry;
+    use locksim_sim::ctx::Ctx;
+    use locksim_sim::net::Rpc;
+    use locksim_sim::world::{Program, World};
+    use std::rc::Rc;
+    use std::sync::{Arc, Mutex};
+
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let spec = *Registry::builtin().get("zk.sequential").unwrap();
+    let shared = log.clone();
+    madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(1);
+        let servers = (spec.family.deploy)(&mut world, &Params::resolve(spec.family.params, []));
+        let params = Params::resolve(spec.params, []);
+        let program: Program = Arc::new(move |env| {
+            let (servers, params, log) = (servers.clone(), params.clone(), shared.clone());
+            Box::pin(async move {
+                let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                let say = |what: String| log.lock().unwrap().push(what);
+                let mut a = (spec.build)(&params, ctx.clone(), &servers);
+                let mut b = (spec.build)(&params, ctx.clone(), &servers);
+                say(format!("a acquire: {:?}", a.acquire().await));
+                say(format!("a acquire again: {:?}", a.acquire().await));
+                say(format!("b release: {:?}", b.release().await));
+                say(format!("a release: {:?}", a.release().await));
+                let waiter = async {
+                    let got = b.acquire().await;
+                    say(format!("b acquire: {got:?}"));
+                };
+                let holder = async {
+                    ctx.sleep(Duration::from_secs(2)).await;
+                    say("a releases the second time".into());
+                    say(format!("a release: {:?}", a.release().await));
+                };
+                tokio::join!(waiter, holder);
+            })
+        });
+        world.add_node("client-0", program);
+        world.run(&[], Duration::from_secs(20)).await;
+    });
+    let log = log.lock().unwrap().clone();
+    log
+}
+
+#[test]
+fn curators_mutex_is_reentrant_and_refuses_a_release_by_a_non_holder() {
+    let log = reentrancy_log();
+    let token = log[0].trim_start_matches("a acquire: ").to_string();
+    assert!(token.starts_with("Ok(Grant { token: Some("), "{log:?}");
+    assert_eq!(log[1], format!("a acquire again: {token}"), "reentrant: the same grant");
+    assert_eq!(log[2], "b release: Fail(\"not held by this client\")");
+    assert_eq!(log[3], "a release: Ok(())");
+    // One release of two: a still holds, so b waits until the second.
+    assert_eq!(log[4], "a releases the second time");
+    assert_eq!(log[5], "a release: Ok(())");
+    assert!(log[6].starts_with("b acquire: Ok(Grant"), "{log:?}");
+}

@@ -9,7 +9,9 @@ use crate::history::NodeIx;
 use crate::net::Rpc;
 use crate::rng::{stream, ChaCha8Rng, Rng, RngCore, Stream};
 use crate::world::NodeEnv;
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
@@ -21,6 +23,9 @@ pub struct Ctx {
     clock: Clock,
     rpc: Rc<Rpc>,
     rng: Rc<RefCell<ChaCha8Rng>>,
+    /// One value per type for the whole node, e.g. the router that hands each of the node's ZooKeeper
+    /// sessions its own notifications.
+    node_wide: Rc<RefCell<BTreeMap<TypeId, Rc<dyn Any>>>>,
 }
 
 impl Ctx {
@@ -28,7 +33,14 @@ impl Ctx {
     pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
-        Ctx { me: env.me, clock: env.clock.clone(), rpc, rng }
+        Ctx { me: env.me, clock: env.clock.clone(), rpc, rng, node_wide: Rc::default() }
+    }
+
+    /// The node's one value of type `T`, made with `make` on first use.
+    pub fn node_wide<T: 'static>(&self, make: impl FnOnce() -> T) -> Rc<T> {
+        let mut map = self.node_wide.borrow_mut();
+        let value = map.entry(TypeId::of::<T>()).or_insert_with(|| Rc::new(make()) as Rc<dyn Any>).clone();
+        value.downcast::<T>().expect("keyed by its type")
     }
 
     pub fn me(&self) -> NodeIx {

@@ -17,7 +17,7 @@ mod sequential;
 
 use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
-use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Watch, ZkClient};
+use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Router, Watch, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, Stat, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
@@ -175,6 +175,7 @@ impl Session {
             clock: ctx.clock().clone(),
             recorder: zk.recorder.clone(),
             server: zk.server,
+            router: ctx.node_wide(Router::default),
         };
         Session { env, requested: params.duration("session_timeout"), client: None }
     }

@@ -61,6 +61,43 @@ pub struct ClientEnv {
     pub clock: Clock,
     pub recorder: Recorder,
     pub server: NodeIx,
+    /// The node's one event router (`Ctx::node_wide`), shared by every session on the node.
+    pub router: Rc<Router>,
+}
+
+type Watchers = BTreeMap<(SessionId, String), Vec<oneshot::Sender<WatchEvent>>>;
+
+/// Hands each notification that reaches a node to the watchers of its session — like the real client's
+/// event thread, one per node, however many sessions the node has.
+#[derive(Default)]
+pub struct Router {
+    watchers: RefCell<Watchers>,
+    thread: RefCell<Option<Background>>,
+}
+
+impl Router {
+    fn start(self: &Rc<Self>, rpc: &Rpc) {
+        if self.thread.borrow().is_some() {
+            return;
+        }
+        let (router, rpc) = (Rc::downgrade(self), rpc.clone());
+        *self.thread.borrow_mut() = Some(Background::spawn(async move {
+            loop {
+                let (_, event) = rpc.next_request::<WatchEvent>().await;
+                let Some(router) = router.upgrade() else { return };
+                let key = (event.session, event.path.clone());
+                let fired = router.watchers.borrow_mut().remove(&key).unwrap_or_default();
+                for watcher in fired {
+                    let _ = watcher.send(event.clone());
+                }
+            }
+        }));
+    }
+
+    /// End every watch of `session` (the real client tells watchers of a state change).
+    fn end_watches(&self, session: SessionId) {
+        self.watchers.borrow_mut().retain(|(s, _), _| *s != session);
+    }
 }
 
 struct Shared {
@@ -69,15 +106,14 @@ struct Shared {
     timeout: Duration,
     last_heard_ns: Cell<u64>,
     state: watch::Sender<ConnState>,
-    watchers: RefCell<BTreeMap<String, Vec<oneshot::Sender<WatchEvent>>>>,
 }
 
-/// A session with the ZooKeeper server. Clones share it; its pinger and event thread stop when the
-/// last clone is dropped.
+/// A session with the ZooKeeper server. Clones share it; its pinger stops when the last clone is
+/// dropped.
 #[derive(Clone)]
 pub struct ZkClient {
     shared: Rc<Shared>,
-    _tasks: Rc<[Background; 2]>,
+    _pinger: Rc<Background>,
 }
 
 impl ZkClient {
@@ -94,12 +130,11 @@ impl ZkClient {
             timeout: Duration::from_millis(timeout_ms as u64),
             last_heard_ns: Cell::new(sim_now_ns()),
             state: watch::channel(ConnState::Connected).0,
-            watchers: RefCell::new(BTreeMap::new()),
         });
         shared.record("connected");
+        shared.env.router.start(&shared.env.rpc);
         let pinger = Background::spawn(pinger(shared.clone()));
-        let events = Background::spawn(event_thread(shared.clone()));
-        Some(ZkClient { shared, _tasks: Rc::new([pinger, events]) })
+        Some(ZkClient { shared, _pinger: Rc::new(pinger) })
     }
 
     pub fn session(&self) -> SessionId {
@@ -163,13 +198,13 @@ impl Shared {
         });
         if state != ConnState::Connected {
             // Every watcher hears of the state change: its watch ends.
-            self.watchers.borrow_mut().clear();
+            self.env.router.end_watches(self.session);
         }
     }
 
     fn register(&self, path: &str) -> Watch {
         let (tx, rx) = oneshot::channel();
-        self.watchers.borrow_mut().entry(path.to_string()).or_default().push(tx);
+        self.env.router.watchers.borrow_mut().entry((self.session, path.to_string())).or_default().push(tx);
         Watch(rx)
     }
 
@@ -213,19 +248,5 @@ async fn pinger(shared: Rc<Shared>) {
             };
             let _ = shared2.request(request).await;
         });
-    }
-}
-
-/// Hand each watch notification of this session to its watchers.
-async fn event_thread(shared: Rc<Shared>) {
-    loop {
-        let (_, event) = shared.env.rpc.next_request::<WatchEvent>().await;
-        if event.session != shared.session {
-            continue;
-        }
-        let fired = shared.watchers.borrow_mut().remove(&event.path).unwrap_or_default();
-        for watcher in fired {
-            let _ = watcher.send(event.clone());
-        }
     }
 }
