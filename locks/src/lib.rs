@@ -87,6 +87,8 @@ pub struct RecipeSpec {
     pub params: &'static [ParamSpec],
     /// Whether `acquire` returns a fencing token (needed for `fencing = true`).
     pub offers_token: bool,
+    /// Whether the recipe grants in request order (checked as `unfair` unless `[check] fifo = false`).
+    pub promises_fifo: bool,
     /// Checks that need both parameter sets, e.g. Redlock's number of masters.
     pub validate: fn(recipe: &Params, backend: &Params) -> Result<(), String>,
     /// Build one client's lock on its node.

@@ -20,6 +20,7 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
     source: "a hand-rolled lock",
     params: &[ParamSpec { name: "ttl", kind: ParamKind::Duration, default: ms(5_000), doc: "lock key expiry" }],
     offers_token: true,
+    promises_fifo: false,
     validate: no_constraints,
     build,
 };

@@ -75,6 +75,7 @@ pub struct RandomFile {
 pub struct CheckFile {
     pub liveness: Option<Spanned<Dur>>,
     pub herd_max: Option<Spanned<i64>>,
+    pub fifo: Option<bool>,
 }
 
 #[derive(Deserialize)]

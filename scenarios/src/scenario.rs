@@ -123,7 +123,7 @@ impl Scenario {
             workload,
             schedule,
             random,
-            check: CheckConfig { liveness, herd_max },
+            check: CheckConfig { liveness, herd_max, fifo: file.check.fifo.unwrap_or(recipe.promises_fifo) },
             expect,
         })
     }

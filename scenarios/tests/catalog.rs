@@ -27,6 +27,7 @@ const PINNED: &[(&str, u64)] = &[
     ("redis-redlock-unchecked-pause", 200),
     ("redis-redlock-checked-pause", 200),
     ("zk-ephemeral-herd", 20),
+    ("zk-ephemeral-unfair", 20),
     ("zk-sequential-herd", 50),
     ("zk-ephemeral-gc-pause", 50),
     ("zk-sequential-gc-pause", 50),

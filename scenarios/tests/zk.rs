@@ -37,7 +37,9 @@ fn a_pause_past_the_session_timeout_gives_two_holders_for_every_zk_recipe() {
 }
 
 #[test]
-fn curators_mutex_is_safe_over_1000_seeds_of_client_partitions_and_crashes() {
+fn curators_mutex_is_safe_and_fifo_fair_over_1000_seeds_of_client_partitions_and_crashes() {
+    let scenario = catalog("zk-sequential-nemesis");
+    assert!(scenario.check.fifo, "zk.sequential promises FIFO, so `unfair` is checked");
     assert_as_expected("zk-sequential-nemesis", 0..1000);
 }
 

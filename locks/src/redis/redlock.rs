@@ -56,6 +56,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
         },
     ],
     offers_token: false,
+    promises_fifo: false,
     validate: at_least_three_masters,
     build,
 };

@@ -36,6 +36,7 @@ pub const PROTECTED: RecipeSpec = RecipeSpec {
     source: "Apache Curator LockInternals / InterProcessMutex",
     params: PARAMS,
     offers_token: true,
+    promises_fifo: true,
     validate: super::positive_session,
     build: build_protected,
 };

@@ -8,6 +8,7 @@ mod double_holder;
 pub mod herd;
 pub mod holds;
 mod measure;
+mod unfair;
 mod unsafe_write;
 
 pub use measure::{measure, Measurements};
@@ -27,15 +28,17 @@ pub enum FindingKind {
     StaleWriteRejected,
     Deadlock,
     Herd,
+    Unfair,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 5] = [
+    pub const ALL: [FindingKind; 6] = [
         FindingKind::DoubleHolder,
         FindingKind::UnsafeWrite,
         FindingKind::StaleWriteRejected,
         FindingKind::Deadlock,
         FindingKind::Herd,
+        FindingKind::Unfair,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl FindingKind {
             FindingKind::StaleWriteRejected => "stale-write-rejected",
             FindingKind::Deadlock => "deadlock",
             FindingKind::Herd => "herd",
+            FindingKind::Unfair => "unfair",
         }
     }
 
@@ -79,6 +83,8 @@ pub struct CheckConfig {
     pub liveness: Duration,
     /// `herd` when one change wakes more clients than this (unchecked when `None`).
     pub herd_max: Option<u32>,
+    /// Hold grants to request order (`unfair`): by default, whether the recipe promises FIFO.
+    pub fifo: bool,
 }
 
 /// A finding before the history's names and faults are attached.
@@ -97,6 +103,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     raw.extend(unsafe_write::check(h));
     raw.extend(deadlock::check(h, &holds, config.liveness));
     raw.extend(herd::check(h, config.herd_max));
+    raw.extend(unfair::check(h, config.fifo));
     let faults = fault_windows(h);
     raw.into_iter()
         .map(|r| Finding {

@@ -1,0 +1,126 @@
+//! `unfair`: a recipe that promises first-come-first-served granted the lock out of request order.
+//!
+//! The history shows when a client asked (`AcquireInvoke`) and was granted (`AcquireOk`), not when it
+//! joined the recipe's queue, which comes a few round trips later. So a grant is unfair only when a
+//! client that asked more than `FIFO_MARGIN` later was granted first, and the overtaken client's wait
+//! was undisturbed: one continuous `acquire` with no fault aimed at its node and no change of its session
+//! (a crash, a partition or an expiry may rightly send it to the back of the queue).
+
+use super::{fmt_span, FindingKind, Raw};
+use locksim_sim::history::{EventKind, History, NodeIx};
+use std::collections::BTreeMap;
+
+/// Longer than the round trips between asking and joining a queue (session, parents, create).
+pub const FIFO_MARGIN_NS: u64 = 100_000_000;
+
+/// One granted request: who, when asked, when granted, and whether anything disturbed the wait.
+struct Wait {
+    client: NodeIx,
+    asked: u64,
+    granted: u64,
+    disturbed: bool,
+}
+
+fn waits(h: &History) -> Vec<Wait> {
+    let mut open: BTreeMap<NodeIx, (u64, bool)> = BTreeMap::new();
+    let mut done = Vec::new();
+    for e in &h.events {
+        match &e.kind {
+            EventKind::AcquireInvoke => {
+                open.insert(e.node, (e.t, false));
+            }
+            EventKind::AcquireOk { .. } => {
+                if let Some((asked, disturbed)) = open.remove(&e.node) {
+                    done.push(Wait { client: e.node, asked, granted: e.t, disturbed });
+                }
+            }
+            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
+                open.remove(&e.node);
+            }
+            EventKind::FaultStart { .. } | EventKind::Session { .. } => {
+                if let Some((_, disturbed)) = open.get_mut(&e.node) {
+                    *disturbed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    done
+}
+
+pub(super) fn check(h: &History, fifo: bool) -> Vec<Raw> {
+    if !fifo {
+        return vec![];
+    }
+    let waits = waits(h);
+    let mut found = Vec::new();
+    for early in waits.iter().filter(|w| !w.disturbed) {
+        let overtaker = waits.iter().find(|late| {
+            late.client != early.client && late.asked > early.asked + FIFO_MARGIN_NS && late.granted < early.granted
+        });
+        if let Some(late) = overtaker {
+            found.push(Raw {
+                kind: FindingKind::Unfair,
+                clients: vec![early.client, late.client],
+                from: early.asked,
+                to: early.granted,
+                detail: format!("asked {} after, granted first", fmt_span(late.asked - early.asked)),
+            });
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_history::{crash, history, ok};
+    use super::*;
+    use locksim_sim::history::EventKind::*;
+
+    #[test]
+    fn a_later_request_granted_first_is_unfair() {
+        let h = history(10.0, vec![(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
+        let found = check(&h, true);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(1)]);
+        assert!(check(&h, false).is_empty(), "only recipes that promise FIFO are held to it");
+    }
+
+    #[test]
+    fn grants_in_request_order_and_near_ties_are_fair() {
+        let in_order =
+            history(10.0, vec![(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 0, ok(2)), (4.0, 1, ok(3))]);
+        assert!(check(&in_order, true).is_empty());
+        // Asked 50 ms apart: either may have joined the queue first.
+        let tie =
+            history(10.0, vec![(1.0, 0, AcquireInvoke), (1.05, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
+        assert!(check(&tie, true).is_empty());
+    }
+
+    #[test]
+    fn a_disturbed_or_interrupted_wait_may_be_overtaken() {
+        let crashed = history(
+            10.0,
+            vec![
+                (1.0, 0, AcquireInvoke),
+                (1.5, 0, crash("client-0")),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 1, ok(2)),
+                (4.0, 0, ok(3)),
+            ],
+        );
+        assert!(check(&crashed, true).is_empty());
+        let failed = history(
+            10.0,
+            vec![
+                (1.0, 0, AcquireInvoke),
+                (1.5, 0, AcquireUnknown { reason: "connection loss".into() }),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 1, ok(2)),
+                (3.5, 0, AcquireInvoke),
+                (4.0, 0, ok(3)),
+            ],
+        );
+        assert!(check(&failed, true).is_empty(), "the second request came after the overtaker's");
+    }
+}
