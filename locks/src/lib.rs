@@ -7,7 +7,7 @@
 //! - [`redis`]: the Redis family — the `RedisApi` client trait, the simulated servers, and the recipes
 //!   `redis.set-nx`, `redis.set-nx-px`, `redis.getset-expiry`, `redis.watchdog`, `redis.redlock`.
 //! - [`zk`]: the ZooKeeper family — the `ZkApi` client trait, sessions, and `zk.ephemeral`,
-//!   `zk.sequential`, `zk.sequential-unprotected`.
+//!   `zk.sequential`, `zk.sequential-unprotected`, `zk.semaphore-mutex`.
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the

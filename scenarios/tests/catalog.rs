@@ -39,6 +39,9 @@ const PINNED: &[(&str, u64)] = &[
     ("zk-sequential-partition-lost-on-suspended", 100),
     ("zk-sequential-server-restart", 100),
     ("zk-sequential-nemesis", 200),
+    ("zk-semaphore-mutex-gc-pause", 50),
+    ("zk-semaphore-mutex-herd", 50),
+    ("zk-semaphore-mutex-nemesis", 200),
 ];
 
 #[test]

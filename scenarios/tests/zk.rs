@@ -28,7 +28,7 @@ fn one_release_wakes_every_waiter_of_the_ephemeral_lock_and_one_of_the_queue() {
 
 #[test]
 fn a_pause_past_the_session_timeout_gives_two_holders_for_every_zk_recipe() {
-    for stem in ["zk-sequential-gc-pause", "zk-ephemeral-gc-pause"] {
+    for stem in ["zk-sequential-gc-pause", "zk-ephemeral-gc-pause", "zk-semaphore-mutex-gc-pause"] {
         let r = assert_as_expected(stem, 0..30);
         assert!(r.results.iter().any(|s| s.counts.contains_key(&FindingKind::DoubleHolder)), "{stem}");
     }

@@ -13,12 +13,13 @@
 //!   SUSPENDED — which leaves a window of about 2/3·T in which another client may hold the lock.
 
 mod ephemeral;
+mod semaphore;
 mod sequential;
 
 use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Router, Watch, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, Stat, ZkOp, ZkReply, ZkState};
+use locksim_sim::backend::zk::{CreateMode, Stat, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
@@ -27,7 +28,8 @@ use locksim_sim::world::{Program, World};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub const RECIPES: &[crate::RecipeSpec] = &[ephemeral::RECIPE, sequential::PROTECTED, sequential::UNPROTECTED];
+pub const RECIPES: &[crate::RecipeSpec] =
+    &[ephemeral::RECIPE, sequential::PROTECTED, sequential::UNPROTECTED, semaphore::RECIPE];
 
 /// The ZooKeeper server of one world, and where its clients record their session changes.
 #[derive(Clone, Debug)]
@@ -114,6 +116,14 @@ pub trait ZkApi {
         match self.call(ZkOp::GetData { path: path.into(), watch: true }).await? {
             (ZkReply::Data { .. }, Some(watch)) => Ok(watch),
             other => unreachable!("getData answered with {other:?}"),
+        }
+    }
+
+    /// `getChildren` with a watch on the list.
+    async fn get_children_watch(&self, path: &str) -> Result<(Vec<String>, Watch), ClientError> {
+        match self.call(ZkOp::GetChildren { path: path.into(), watch: true }).await? {
+            (ZkReply::Children { children, .. }, Some(watch)) => Ok((children, watch)),
+            other => unreachable!("getChildren answered with {other:?}"),
         }
     }
 
@@ -213,6 +223,19 @@ async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
             return std::future::pending().await;
         }
     }
+}
+
+/// Create `path` and its parents as persistent nodes if missing (Curator's creatingParentsIfNeeded).
+async fn ensure_path(zk: &ZkClient, path: &str) -> Result<(), ClientError> {
+    let mut at = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        at = format!("{at}/{part}");
+        match zk.create(&at, CreateMode::Persistent).await {
+            Ok(_) | Err(ClientError::Zk(ZkError::NodeExists)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// A call's failure as a lock outcome's words.

@@ -48,6 +48,7 @@ pub const UNPROTECTED: RecipeSpec = RecipeSpec {
     ..PROTECTED
 };
 
+/// Where Curator's mutex keeps its queue in these scenarios.
 const BASE: &str = "/locks/mutex";
 const LOCK_NAME: &str = "lock-";
 /// How often a create whose reply was lost is tried again.
@@ -55,11 +56,13 @@ const CREATE_TRIES: usize = 3;
 /// Pause between background retries of a guaranteed delete.
 const RETRY_DELETE: Duration = Duration::from_secs(1);
 
-struct Sequential {
-    ctx: Ctx,
-    params: Params,
-    session: Session,
+pub(super) struct Sequential {
+    pub(super) ctx: Ctx,
+    pub(super) params: Params,
+    pub(super) session: Session,
     protected: bool,
+    /// The queue's parent node.
+    base: &'static str,
     /// Our node, its czxid, the session holding it, and the reentrancy count.
     held: Option<(String, u64, ZkClient, u32)>,
     /// Guaranteed deletes still being retried.
@@ -75,8 +78,7 @@ fn build_unprotected(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lo
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Box<dyn Lock> {
-    let session = Session::new(&ctx, servers, params);
-    Box::new(Sequential { ctx, params: params.clone(), session, protected, held: None, cleanup: Vec::new() })
+    Box::new(Sequential::new(params, ctx, servers, protected, BASE))
 }
 
 /// The sequence suffix a child sorts by (Curator's `fixForSorting`).
@@ -85,47 +87,66 @@ fn sequence(child: &str) -> &str {
 }
 
 impl Sequential {
+    pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool, base: &'static str) -> Sequential {
+        let session = Session::new(&ctx, servers, params);
+        Sequential { ctx, params: params.clone(), session, protected, base, held: None, cleanup: Vec::new() }
+    }
+
     /// Step 1: our node's name and czxid.
     async fn create(&self, zk: &ZkClient) -> Result<(String, u64), Outcome<Grant>> {
-        for parent in ["/locks", BASE] {
-            match zk.create(parent, CreateMode::Persistent).await {
-                Ok(_) | Err(ClientError::Zk(ZkError::NodeExists)) => {}
-                Err(e) => return Err(Outcome::Fail(words(e))),
-            }
-        }
+        self.create_in(zk, self.base, LOCK_NAME).await
+    }
+
+    /// Create `<dir>/<name>` EPHEMERAL_SEQUENTIAL (creating `dir` if needed); protected, adopt our node
+    /// by its GUID if the reply was lost. Returns its path and czxid.
+    pub(super) async fn create_in(
+        &self,
+        zk: &ZkClient,
+        dir: &str,
+        name: &str,
+    ) -> Result<(String, u64), Outcome<Grant>> {
+        super::ensure_path(zk, dir).await.map_err(|e| Outcome::Fail(words(e)))?;
         let guid = format!("_c_{:016x}-", self.ctx.random_u64());
-        let path = if self.protected { format!("{BASE}/{guid}{LOCK_NAME}") } else { format!("{BASE}/{LOCK_NAME}") };
+        let path = if self.protected { format!("{dir}/{guid}{name}") } else { format!("{dir}/{name}") };
+        // After a lost reply the node may exist: protected, look for our GUID before creating again
+        // (Curator's findProtectedNodeInForeground), and never create again before we could look.
+        let mut may_exist = false;
         for _ in 0..CREATE_TRIES {
+            if may_exist && self.protected {
+                match Self::find_ours(zk, dir, &guid).await {
+                    Ok(Some(found)) => return Ok(found),
+                    Ok(None) => {}
+                    Err(_) => continue,
+                }
+            }
             match zk.create(&path, CreateMode::EphemeralSequential).await {
                 Ok((path, stat)) => return Ok((path, stat.czxid)),
-                Err(ClientError::ConnectionLoss) if self.protected => {
-                    let Ok(children) = zk.get_children(BASE).await else { continue };
-                    if let Some(ours) = children.iter().find(|c| c.starts_with(&guid)) {
-                        let ours = format!("{BASE}/{ours}");
-                        if let Ok((Some(stat), _)) = zk.exists_watch(&ours).await {
-                            return Ok((ours, stat.czxid));
-                        }
-                    }
-                }
-                Err(ClientError::ConnectionLoss) => {}
+                Err(ClientError::ConnectionLoss) => may_exist = true,
                 Err(e) => return Err(Outcome::Fail(words(e))),
             }
         }
         Err(Outcome::Unknown("create: connection loss".into()))
     }
 
+    /// Our node in `dir` by its GUID prefix, with its czxid, if it exists.
+    async fn find_ours(zk: &ZkClient, dir: &str, guid: &str) -> Result<Option<(String, u64)>, ClientError> {
+        let Some(ours) = zk.get_children(dir).await?.into_iter().find(|c| c.starts_with(guid)) else { return Ok(None) };
+        let path = format!("{dir}/{ours}");
+        Ok(zk.exists_watch(&path).await?.0.map(|stat| (path, stat.czxid)))
+    }
+
     /// Steps 2–3: wait until our node is first. `Err` carries the outcome of giving up.
     async fn wait_for_turn(&self, zk: &ZkClient, ours: &str) -> Result<(), Outcome<Grant>> {
-        let name = &ours[BASE.len() + 1..];
+        let name = &ours[self.base.len() + 1..];
         let deadline = self.ctx.now_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
         loop {
-            let mut children = zk.get_children(BASE).await.map_err(|e| Outcome::Fail(words(e)))?;
+            let mut children = zk.get_children(self.base).await.map_err(|e| Outcome::Fail(words(e)))?;
             children.sort_by(|a, b| sequence(a).cmp(sequence(b)));
             let index = children.iter().position(|c| c == name).ok_or(Outcome::Fail("our node is gone".into()))?;
             if index == 0 {
                 return Ok(());
             }
-            let watch = match zk.get_data_watch(&format!("{BASE}/{}", children[index - 1])).await {
+            let watch = match zk.get_data_watch(&format!("{}/{}", self.base, children[index - 1])).await {
                 Err(ClientError::Zk(ZkError::NoNode)) => continue,
                 Err(e) => return Err(Outcome::Fail(words(e))),
                 Ok(watch) => watch,
@@ -141,7 +162,7 @@ impl Sequential {
 
     /// Curator's guaranteed delete: one try now; if its reply is lost, keep trying in the background
     /// (Curator's GuaranteedDeleteBackgroundOperation) until it succeeds or the session is gone.
-    async fn delete(&mut self, zk: &ZkClient, path: &str) -> Outcome<()> {
+    pub(super) async fn delete(&mut self, zk: &ZkClient, path: &str) -> Outcome<()> {
         match zk.delete(path).await {
             Ok(()) | Err(ClientError::Zk(ZkError::NoNode)) => Outcome::Ok(()),
             Err(ClientError::ConnectionLoss) => {
