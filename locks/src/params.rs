@@ -42,6 +42,11 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// A duration parameter with its default in milliseconds.
+    pub const fn duration(name: &'static str, default_ms: u64, doc: &'static str) -> ParamSpec {
+        ParamSpec { name, kind: ParamKind::Duration, default: ms(default_ms), doc }
+    }
+
     /// The value spelled as in a scenario file.
     pub fn show(value: &ParamValue) -> String {
         match value {

@@ -4,7 +4,7 @@
 //! GET, and DEL it only if the value is still ours. It is two commands, so it is not atomic, and the key
 //! can change hands between them. Run it with `cargo run --release --example custom_lock`.
 
-use locksim_locks::params::{ms, ParamKind, ParamSpec, Params};
+use locksim_locks::params::{ParamSpec, Params};
 use locksim_locks::redis::{RedisApi, RedisServers, SimRedis, FAMILY};
 use locksim_locks::{async_trait, no_constraints, Grant, Lock, Outcome, RecipeSpec, Registry, Servers};
 use locksim_scenarios::sweep::sweep;
@@ -18,7 +18,7 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
     family: &FAMILY,
     summary: "SET NX PX; release by GET, compare, then DEL (two commands)",
     source: "a hand-rolled lock",
-    params: &[ParamSpec { name: "ttl", kind: ParamKind::Duration, default: ms(5_000), doc: "lock key expiry" }],
+    params: &[ParamSpec::duration("ttl", 5_000, "lock key expiry")],
     offers_token: true,
     promises_fifo: false,
     validate: no_constraints,

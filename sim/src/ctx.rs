@@ -5,7 +5,6 @@
 //! where the same recipe could later run on a real tokio runtime against real servers.
 
 use crate::clock::Clock;
-use crate::history::NodeIx;
 use crate::net::Rpc;
 use crate::rng::{stream, ChaCha8Rng, Rng, RngCore, Stream};
 use crate::world::NodeEnv;
@@ -19,7 +18,6 @@ use std::time::Duration;
 /// A recipe's view of its node. Cheap to clone; clones share the node's endpoint and random stream.
 #[derive(Clone)]
 pub struct Ctx {
-    me: NodeIx,
     clock: Clock,
     rpc: Rc<Rpc>,
     rng: Rc<RefCell<ChaCha8Rng>>,
@@ -33,7 +31,7 @@ impl Ctx {
     pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
-        Ctx { me: env.me, clock: env.clock.clone(), rpc, rng, node_wide: Rc::default() }
+        Ctx { clock: env.clock.clone(), rpc, rng, node_wide: Rc::default() }
     }
 
     /// The node's one value of type `T`, made with `make` on first use.
@@ -41,10 +39,6 @@ impl Ctx {
         let mut map = self.node_wide.borrow_mut();
         let value = map.entry(TypeId::of::<T>()).or_insert_with(|| Rc::new(make()) as Rc<dyn Any>).clone();
         value.downcast::<T>().expect("keyed by its type")
-    }
-
-    pub fn me(&self) -> NodeIx {
-        self.me
     }
 
     /// This node's wall clock, in Unix-style milliseconds (jumps move it; it may go backwards).

@@ -3,7 +3,7 @@
 //! Module map:
 //! - [`world`]: nodes and their programs, the fault schedule applied to them.
 //! - [`clock`]: per-node clocks (offset and drift over madsim's simulated time).
-//! - [`net`]: typed request/response messages over madsim's network, plus delay, loss and lost replies.
+//! - [`net`]: typed messages between nodes: seeded latency, per-link order, cuts, delay, loss, lost replies.
 //! - [`fault`]: the fault vocabulary, written-out schedules and the random nemesis.
 //! - [`history`]: the event log of a run and its determinism fingerprint.
 //! - [`resource`]: the thing a lock protects, with or without fencing.

@@ -3,7 +3,7 @@
 //! Every random choice locksim makes itself comes from a ChaCha8 generator keyed by the run's seed and
 //! a [`Stream`]. Streams are independent: drawing more or fewer values from one (say, a nemesis that
 //! draws a schedule, replaced by the same schedule written out) leaves every other stream unchanged.
-//! madsim's own generator (task order, message latency) is seeded from the same seed by the runtime.
+//! madsim's own generator (the order of ready tasks) is seeded from the same seed by the runtime.
 
 use rand::SeedableRng;
 pub use rand::{Rng, RngCore};

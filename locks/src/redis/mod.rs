@@ -10,7 +10,7 @@ mod set_nx;
 mod set_nx_px;
 mod watchdog;
 
-use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
@@ -113,12 +113,7 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         default: ParamValue::Int(0),
         doc: "replicas per master, fed by asynchronous replication; `failover` promotes one",
     },
-    ParamSpec {
-        name: "replication_lag",
-        kind: ParamKind::Duration,
-        default: ms(100),
-        doc: "how long a write waits before the master ships it to its replica",
-    },
+    ParamSpec::duration("replication_lag", 100, "how long a write waits before the master ships it to its replica"),
     ParamSpec {
         name: "persist",
         kind: ParamKind::Bool,
@@ -191,26 +186,16 @@ fn redis_program(node: RedisNode) -> Program {
 }
 
 /// Parameters the single-instance Redis recipes share.
-const RETRY: ParamSpec = ParamSpec {
-    name: "retry",
-    kind: ParamKind::Duration,
-    default: ms(100),
-    doc: "sleep between attempts while the lock is taken (redis-py's `sleep`)",
-};
-const ACQUIRE_TIMEOUT: ParamSpec = ParamSpec {
-    name: "acquire_timeout",
-    kind: ParamKind::Duration,
-    default: ms(10_000),
-    doc: "give up waiting after this long (redis-py's `blocking_timeout`)",
-};
-const CALL_TIMEOUT: ParamSpec = ParamSpec {
-    name: "call_timeout",
-    kind: ParamKind::Duration,
-    default: ms(1_000),
-    doc: "socket timeout of each Redis command; a timed-out command may still have run",
-};
-const TTL: ParamSpec =
-    ParamSpec { name: "ttl", kind: ParamKind::Duration, default: ms(10_000), doc: "expiry of the lock key (PX)" };
+const RETRY: ParamSpec =
+    ParamSpec::duration("retry", 100, "sleep between attempts while the lock is taken (redis-py's `sleep`)");
+const ACQUIRE_TIMEOUT: ParamSpec =
+    ParamSpec::duration("acquire_timeout", 10_000, "give up waiting after this long (redis-py's `blocking_timeout`)");
+const CALL_TIMEOUT: ParamSpec = ParamSpec::duration(
+    "call_timeout",
+    1_000,
+    "socket timeout of each Redis command; a timed-out command may still have run",
+);
+const TTL: ParamSpec = ParamSpec::duration("ttl", 10_000, "expiry of the lock key (PX)");
 
 /// What one attempt to take a Redis lock found.
 enum Attempt {

@@ -17,7 +17,7 @@
 //! their replies for longer than the TTL.
 
 use super::{RedisApi, RedisServers, SimRedis, LOCK_KEY, TTL};
-use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
 use locksim_sim::ctx::Ctx;
@@ -36,18 +36,12 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
             default: ParamValue::Int(3),
             doc: "rounds of trying every master before giving up",
         },
-        ParamSpec {
-            name: "retry_delay",
-            kind: ParamKind::Duration,
-            default: ms(200),
-            doc: "upper bound of the random sleep between rounds",
-        },
-        ParamSpec {
-            name: "instance_timeout",
-            kind: ParamKind::Duration,
-            default: ms(50),
-            doc: "timeout of each command to one master (much smaller than the TTL)",
-        },
+        ParamSpec::duration("retry_delay", 200, "upper bound of the random sleep between rounds"),
+        ParamSpec::duration(
+            "instance_timeout",
+            50,
+            "timeout of each command to one master (much smaller than the TTL)",
+        ),
         ParamSpec {
             name: "check_validity",
             kind: ParamKind::Bool,

@@ -15,7 +15,7 @@
 //! holds the lock — `double-holder`. Shorter pauses are absorbed by the renewals.
 
 use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
-use crate::params::{ms, ParamKind, ParamSpec, Params};
+use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script};
 use locksim_sim::ctx::{Background, Ctx};
@@ -26,12 +26,11 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     summary: "Redisson-style: TTL renewed by a background watchdog every timeout/3 while held",
     source: "Redisson RedissonLock, lockWatchdogTimeout",
     params: &[
-        ParamSpec {
-            name: "watchdog_timeout",
-            kind: ParamKind::Duration,
-            default: ms(30_000),
-            doc: "the key's TTL, renewed every third of it (Redisson lockWatchdogTimeout)",
-        },
+        ParamSpec::duration(
+            "watchdog_timeout",
+            30_000,
+            "the key's TTL, renewed every third of it (Redisson lockWatchdogTimeout)",
+        ),
         RETRY,
         ACQUIRE_TIMEOUT,
         CALL_TIMEOUT,

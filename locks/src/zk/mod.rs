@@ -16,7 +16,7 @@ mod ephemeral;
 mod semaphore;
 mod sequential;
 
-use crate::params::{ms, ParamKind, ParamSpec, ParamValue, Params};
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Router, Watch, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, Stat, ZkError, ZkOp, ZkReply, ZkState};
@@ -48,12 +48,11 @@ impl ZkServers {
 }
 
 /// `[backend]` keys of the ZooKeeper family.
-pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "tick_time",
-    kind: ParamKind::Duration,
-    default: ms(2_000),
-    doc: "the server's tickTime: sessions expire on its ticks, timeouts are negotiated into 2..20 ticks",
-}];
+pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec::duration(
+    "tick_time",
+    2_000,
+    "the server's tickTime: sessions expire on its ticks, timeouts are negotiated into 2..20 ticks",
+)];
 
 pub static FAMILY: Family = Family {
     name: "zk",
@@ -143,18 +142,13 @@ impl ZkApi for ZkClient {
 }
 
 /// Parameters every ZooKeeper recipe shares.
-const SESSION_TIMEOUT: ParamSpec = ParamSpec {
-    name: "session_timeout",
-    kind: ParamKind::Duration,
-    default: ms(6_000),
-    doc: "requested session timeout T (Curator's default is 60s); the server negotiates it into 2..20 ticks",
-};
-const ACQUIRE_TIMEOUT: ParamSpec = ParamSpec {
-    name: "acquire_timeout",
-    kind: ParamKind::Duration,
-    default: ms(30_000),
-    doc: "give up waiting after this long, deleting our node",
-};
+const SESSION_TIMEOUT: ParamSpec = ParamSpec::duration(
+    "session_timeout",
+    6_000,
+    "requested session timeout T (Curator's default is 60s); the server negotiates it into 2..20 ticks",
+);
+const ACQUIRE_TIMEOUT: ParamSpec =
+    ParamSpec::duration("acquire_timeout", 30_000, "give up waiting after this long, deleting our node");
 const LOST_ON: ParamSpec = ParamSpec {
     name: "lost_on",
     kind: ParamKind::Choice(&["suspended", "lost", "never"]),

@@ -137,10 +137,6 @@ impl ZkClient {
         Some(ZkClient { shared, _pinger: Rc::new(pinger) })
     }
 
-    pub fn session(&self) -> SessionId {
-        self.shared.session
-    }
-
     /// The negotiated session timeout.
     pub fn timeout(&self) -> Duration {
         self.shared.timeout
