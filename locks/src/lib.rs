@@ -7,7 +7,8 @@
 //! - [`redis`]: the Redis family — the `RedisApi` client trait, the simulated servers, and the recipes
 //!   `redis.set-nx`, `redis.set-nx-px`, `redis.getset-expiry`, `redis.watchdog`, `redis.redlock`.
 //! - [`zk`]: the ZooKeeper family — the `ZkApi` client trait, sessions, and `zk.ephemeral`,
-//!   `zk.sequential`, `zk.sequential-unprotected`, `zk.semaphore-mutex`.
+//!   `zk.sequential`, `zk.sequential-unprotected`, `zk.rwlock`, `zk.semaphore-mutex`,
+//!   `zk.leader-election`.
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
@@ -32,6 +33,12 @@ pub enum Outcome<T> {
     Unknown(String),
 }
 
+impl<T> Outcome<T> {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Outcome::Ok(_))
+    }
+}
+
 /// What a successful `acquire` hands the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grant {
@@ -46,8 +53,14 @@ pub struct Grant {
 pub trait Lock {
     /// Take the lock, waiting as the recipe waits (each recipe bounds its wait).
     async fn acquire(&mut self) -> Outcome<Grant>;
-    /// Give the lock up.
+    /// Give the lock up (the most recent acquisition, shared or not).
     async fn release(&mut self) -> Outcome<()>;
+
+    /// Take the lock shared, as a reader: readers may hold it together, never with a writer (`acquire`).
+    /// Only recipes whose spec says `offers_shared` have a shared mode.
+    async fn acquire_shared(&mut self) -> Outcome<Grant> {
+        Outcome::Fail("this recipe has no shared mode".into())
+    }
 
     /// Resolves, with the reason, when the recipe learns that the lock it holds is gone (its session or
     /// lease ended). Recipes that cannot tell never resolve: their holders find out from the damage.
@@ -87,6 +100,8 @@ pub struct RecipeSpec {
     pub params: &'static [ParamSpec],
     /// Whether `acquire` returns a fencing token (needed for `fencing = true`).
     pub offers_token: bool,
+    /// Whether `acquire_shared` takes the lock shared (a read-write lock).
+    pub offers_shared: bool,
     /// Whether the recipe grants in request order (checked as `unfair` unless `[check] fifo = false`).
     pub promises_fifo: bool,
     /// Checks that need both parameter sets, e.g. Redlock's number of masters.

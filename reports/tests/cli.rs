@@ -109,6 +109,18 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":5:11: release: expected one of \"del\", \"compare-and-delete\"",
         ),
         ("syntax.toml", "clients = 3", "clients = = 3", ":7:11: "),
+        (
+            "reads-range.toml",
+            "clients = 3",
+            "clients = 3\nreads = 1.5",
+            ":8:9: reads: expected a share from 0.0 to 1.0",
+        ),
+        (
+            "reads-exclusive.toml",
+            "clients = 3",
+            "clients = 3\nreads = 0.5",
+            ":8:9: reads > 0 needs a recipe with a shared (read) mode, and redis.set-nx-px has none",
+        ),
     ];
     for (name, from, to, expected) in cases {
         let path = scenario_file(name, &GOOD.replacen(from, to, 1));

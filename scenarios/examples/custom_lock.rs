@@ -20,6 +20,7 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
     source: "a hand-rolled lock",
     params: &[ParamSpec::duration("ttl", 5_000, "lock key expiry")],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: no_constraints,
     build,

@@ -43,6 +43,7 @@ pub struct WorkloadFile {
     #[serde(default = "default_think")]
     pub think: DurRange,
     pub fencing: Option<Spanned<bool>>,
+    pub reads: Option<Spanned<f64>>,
 }
 
 fn default_hold() -> DurRange {

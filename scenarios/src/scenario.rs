@@ -37,6 +37,8 @@ pub struct Workload {
     pub think: (Duration, Duration),
     /// The resource rejects stale fencing tokens.
     pub fencing: bool,
+    /// The share of acquisitions that take the lock shared, to read only (recipes with a shared mode).
+    pub reads: f64,
 }
 
 #[derive(Clone)]
@@ -182,7 +184,18 @@ fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Wo
         let m = format!("fencing = true needs a fencing token, and {} offers none", recipe.id);
         return Err(src.error(f.span(), m));
     }
-    Ok(Workload { clients: clients as usize, duration, hold: range(&w.hold), think: range(&w.think), fencing })
+    let reads = w.reads.as_ref().map_or(0.0, |r| *r.get_ref());
+    if let Some(r) = &w.reads {
+        if !(0.0..=1.0).contains(&reads) {
+            return Err(src.error(r.span(), format!("reads: expected a share from 0.0 to 1.0, found {reads}")));
+        }
+        if reads > 0.0 && !recipe.offers_shared {
+            let m = format!("reads > 0 needs a recipe with a shared (read) mode, and {} has none", recipe.id);
+            return Err(src.error(r.span(), m));
+        }
+    }
+    let (hold, think) = (range(&w.hold), range(&w.think));
+    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads })
 }
 
 fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, ScenarioError> {

@@ -42,6 +42,15 @@ const PINNED: &[(&str, u64)] = &[
     ("zk-semaphore-mutex-gc-pause", 50),
     ("zk-semaphore-mutex-herd", 50),
     ("zk-semaphore-mutex-nemesis", 200),
+    ("zk-rwlock-readers-share", 50),
+    ("zk-rwlock-gc-pause", 50),
+    ("zk-rwlock-gc-pause-fencing", 50),
+    ("zk-rwlock-nemesis", 200),
+    ("zk-leader-election-herd", 50),
+    ("zk-leader-election-gc-pause", 50),
+    ("zk-leader-election-gc-pause-fencing", 50),
+    ("zk-leader-election-partition-watch", 50),
+    ("zk-leader-election-nemesis", 1000),
 ];
 
 #[test]

@@ -114,6 +114,26 @@ fn a_crashed_client_restarts_and_takes_part_again() {
 }
 
 #[test]
+fn a_crash_of_a_client_already_down_is_skipped_and_does_not_restart_it_early() {
+    let crash = |at: &str, duration: &str| {
+        format!("[[faults.schedule]]\nat = \"{at}\"\nkind = \"crash\"\ntarget = \"client-1\"\nduration = \"{duration}\"\n\n")
+    };
+    let s = scenario("", &(crash("5s", "5s") + &crash("6s", "1s")));
+    let r = run(&s, 5);
+    let client1 = r.history.nodes.iter().position(|n| n == "client-1").unwrap() as u32;
+    let mine = |e: &&locksim_sim::history::Event| e.node.0 == client1;
+    let skipped = r
+        .history
+        .events
+        .iter()
+        .filter(mine)
+        .any(|e| matches!(&e.kind, EventKind::FaultSkipped { reason, .. } if reason == "client-1 is already down"));
+    assert!(skipped, "the second crash finds client-1 down");
+    let invokes = r.history.events.iter().filter(mine).filter(|e| matches!(e.kind, EventKind::AcquireInvoke));
+    assert!(invokes.map(|e| e.t as f64 / 1e9).all(|t| !(5.0..10.0).contains(&t)), "down until its own crash ends");
+}
+
+#[test]
 fn a_fault_aimed_at_the_holder_is_skipped_when_nobody_holds() {
     // Nobody can take a lock when Redis is unreachable; the pause finds no holder.
     let s = scenario(

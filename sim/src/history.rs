@@ -21,9 +21,12 @@ pub struct NodeIx(pub u32);
 pub enum EventKind {
     /// A client called `acquire`.
     AcquireInvoke,
-    /// `acquire` returned: the client now believes it holds the lock.
+    /// `acquire` returned: the client now believes it holds the lock — exclusively, or `shared` with
+    /// other readers (a read-write lock's read side; left out of the JSON when false).
     AcquireOk {
         token: Option<u64>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        shared: bool,
     },
     /// `acquire` returned a definite failure: the client does not hold the lock.
     AcquireFail {
@@ -86,6 +89,10 @@ pub enum EventKind {
         fault: FaultKind,
         reason: String,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One entry of the history.
@@ -215,7 +222,7 @@ mod tests {
     fn jsonl_spells_out_kinds_and_names() {
         let h = History {
             nodes: vec!["client-0".into()],
-            events: vec![Event { t: 5, node: NodeIx(0), kind: EventKind::AcquireOk { token: Some(3) } }],
+            events: vec![Event { t: 5, node: NodeIx(0), kind: EventKind::AcquireOk { token: Some(3), shared: false } }],
             end: 10,
         };
         assert_eq!(h.to_jsonl(), "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n");

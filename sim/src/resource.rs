@@ -1,17 +1,28 @@
 //! The resource the lock protects: a counter that records every access with the caller and its token.
 //!
 //! A client in its critical section reads the value and later writes a new one (read-modify-write). The
-//! resource records `Enter` and `Read` for the read, `Write` and `Exit` for the write. With `fencing` on it
-//! behaves like the storage in Kleppmann's fencing scheme: it remembers the highest token it has seen on
-//! any access and refuses any access with a lower one (recorded with `accepted = false`).
+//! resource records `Enter` and `Read` for the read, `Write` and `Exit` for the write. A reader under a
+//! shared lock only reads: `Enter`, `Read` and `Exit` at once.
+//!
+//! With `fencing` on it behaves like the storage in Kleppmann's fencing scheme: it remembers the highest
+//! token it has seen on any access and refuses an exclusive access (a writer's read or write) with a lower
+//! one (recorded with `accepted = false`). Readers share the lock, so their tokens arrive in any order: a
+//! shared read is refused only below the highest token of an exclusive access.
 
 use crate::backend::{Backend, Out};
 use crate::history::{EventKind, NodeIx};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResourceRequest {
-    Read { token: Option<u64> },
-    Write { token: Option<u64>, value: i64 },
+    /// `shared`: a reader under a shared lock (its whole access; no write follows).
+    Read {
+        token: Option<u64>,
+        shared: bool,
+    },
+    Write {
+        token: Option<u64>,
+        value: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,23 +40,29 @@ pub struct ResourceState {
     pub value: i64,
     pub fencing: bool,
     highest: Option<u64>,
+    highest_exclusive: Option<u64>,
 }
 
 impl ResourceState {
     pub fn new(fencing: bool) -> ResourceState {
-        ResourceState { value: 0, fencing, highest: None }
+        ResourceState { value: 0, fencing, highest: None, highest_exclusive: None }
     }
 
-    /// Check a token against the highest seen; remember it when accepted.
-    fn admit(&mut self, token: Option<u64>) -> Result<(), u64> {
+    /// Check a token against the highest seen (by an exclusive access, for a shared one); remember it
+    /// when accepted.
+    fn admit(&mut self, token: Option<u64>, shared: bool) -> Result<(), u64> {
         if !self.fencing {
             return Ok(());
         }
-        match (token, self.highest) {
+        let bar = if shared { self.highest_exclusive } else { self.highest };
+        match (token, bar) {
             (Some(t), Some(h)) if t < h => Err(h),
             (None, Some(h)) => Err(h),
-            (t, h) => {
-                self.highest = t.max(h);
+            _ => {
+                self.highest = token.max(self.highest);
+                if !shared {
+                    self.highest_exclusive = token.max(self.highest_exclusive);
+                }
                 Ok(())
             }
         }
@@ -58,21 +75,21 @@ impl Backend for ResourceState {
 
     fn apply(&mut self, _now_ms: i64, from: NodeIx, request: ResourceRequest, out: &mut Out) -> ResourceReply {
         match request {
-            ResourceRequest::Read { token } => {
-                let admitted = self.admit(token);
+            ResourceRequest::Read { token, shared } => {
+                let admitted = self.admit(token, shared);
                 let accepted = admitted.is_ok();
                 out.record(from, EventKind::Enter { token });
                 out.record(from, EventKind::Read { value: self.value, token, accepted });
+                if shared || !accepted {
+                    out.record(from, EventKind::Exit);
+                }
                 match admitted {
                     Ok(()) => ResourceReply::Value(self.value),
-                    Err(highest) => {
-                        out.record(from, EventKind::Exit);
-                        ResourceReply::StaleToken { highest }
-                    }
+                    Err(highest) => ResourceReply::StaleToken { highest },
                 }
             }
             ResourceRequest::Write { token, value } => {
-                let admitted = self.admit(token);
+                let admitted = self.admit(token, false);
                 let accepted = admitted.is_ok();
                 if accepted {
                     self.value = value;
@@ -101,13 +118,13 @@ mod tests {
         let mut r = ResourceState::new(false);
         assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1 }), ResourceReply::Written);
         assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(4), value: 2 }), ResourceReply::Written);
-        assert_eq!(apply(&mut r, ResourceRequest::Read { token: None }), ResourceReply::Value(2));
+        assert_eq!(apply(&mut r, ResourceRequest::Read { token: None, shared: false }), ResourceReply::Value(2));
     }
 
     #[test]
     fn fencing_refuses_a_token_lower_than_one_seen_on_any_access() {
         let mut r = ResourceState::new(true);
-        assert_eq!(apply(&mut r, ResourceRequest::Read { token: Some(5) }), ResourceReply::Value(0));
+        assert_eq!(apply(&mut r, ResourceRequest::Read { token: Some(5), shared: false }), ResourceReply::Value(0));
         // A paused holder with token 4 wakes up and writes after token 5 has read.
         assert_eq!(
             apply(&mut r, ResourceRequest::Write { token: Some(4), value: 1 }),
@@ -118,10 +135,23 @@ mod tests {
     }
 
     #[test]
+    fn fenced_readers_share_in_any_order_but_not_below_a_writer() {
+        let mut r = ResourceState::new(true);
+        let read = |token, shared| ResourceRequest::Read { token: Some(token), shared };
+        assert_eq!(apply(&mut r, read(12, true)), ResourceReply::Value(0));
+        assert_eq!(apply(&mut r, read(10, true)), ResourceReply::Value(0), "two readers hold the lock together");
+        // A writer paused since before both readers wakes up: refused.
+        assert_eq!(apply(&mut r, read(8, false)), ResourceReply::StaleToken { highest: 12 });
+        assert_eq!(apply(&mut r, read(15, false)), ResourceReply::Value(0));
+        // A reader paused since before that writer wakes up: refused.
+        assert_eq!(apply(&mut r, read(11, true)), ResourceReply::StaleToken { highest: 15 });
+    }
+
+    #[test]
     fn accesses_are_recorded_for_the_caller() {
         let mut r = ResourceState::new(true);
         let mut out = Out::default();
-        r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1) }, &mut out);
+        r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1), shared: false }, &mut out);
         r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1 }, &mut out);
         let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(

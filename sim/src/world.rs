@@ -12,7 +12,7 @@ use crate::net::Net;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
 use madsim::task::NodeId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -52,6 +52,8 @@ pub struct World {
     nodes: Vec<WorldNode>,
     /// Overlapping pauses of one node: it resumes when the last one ends.
     pauses: BTreeMap<NodeIx, u32>,
+    /// Nodes crashed by a fault that has not restarted them yet.
+    down: BTreeSet<NodeIx>,
     failover: Option<FailoverFn>,
     /// Choices made while the run goes on (which of several holders a fault hits).
     rng: ChaCha8Rng,
@@ -73,6 +75,7 @@ impl World {
             recorder: Recorder::default(),
             nodes: Vec::new(),
             pauses: BTreeMap::new(),
+            down: BTreeSet::new(),
             failover: None,
             rng: stream(seed, Stream::Nemesis, 2),
         }
@@ -192,11 +195,23 @@ impl World {
             }
         };
         let target = self.nodes[node.0 as usize].name.clone();
+        if matches!(fault.action, Action::Crash { .. }) && self.down.contains(&node) {
+            // Its own crash fault brings it back; a second one would restart it early.
+            let reason = format!("{target} is already down");
+            self.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
+            return None;
+        }
         let mut detail = fault.action.detail();
         match &fault.action {
             Action::Pause { .. } => self.pause(node),
-            Action::Crash { .. } => self.crash(node),
-            Action::Restart => self.restart(node),
+            Action::Crash { .. } => {
+                self.crash(node);
+                self.down.insert(node);
+            }
+            Action::Restart => {
+                self.down.remove(&node);
+                self.restart(node);
+            }
             Action::Partition { peers, .. } => {
                 for peer in self.peers(node, peers) {
                     self.cut(node, peer, true);
@@ -234,7 +249,12 @@ impl World {
     fn end(&mut self, id: u32, fault: &Fault, node: NodeIx) {
         match &fault.action {
             Action::Pause { .. } => self.resume(node),
-            Action::Crash { .. } => self.restart(node),
+            Action::Crash { .. } => {
+                // Unless a `restart` fault brought it back already.
+                if self.down.remove(&node) {
+                    self.restart(node);
+                }
+            }
             Action::Partition { peers, .. } => {
                 for peer in self.peers(node, peers) {
                     self.cut(node, peer, false);

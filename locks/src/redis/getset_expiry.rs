@@ -27,6 +27,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     source: "Redis docs, SETNX: handling deadlocks",
     params: &[TTL, RETRY, ACQUIRE_TIMEOUT, CALL_TIMEOUT],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: super::one_master,
     build,

@@ -50,6 +50,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
         },
     ],
     offers_token: false,
+    offers_shared: false,
     promises_fifo: false,
     validate: at_least_three_masters,
     build,

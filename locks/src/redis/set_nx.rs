@@ -20,6 +20,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     source: "Redis docs, SETNX locking pattern",
     params: &[RETRY, ACQUIRE_TIMEOUT, CALL_TIMEOUT],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: super::one_master,
     build,

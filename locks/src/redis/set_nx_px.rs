@@ -35,6 +35,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
         CALL_TIMEOUT,
     ],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: super::one_master,
     build,

@@ -36,6 +36,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
         CALL_TIMEOUT,
     ],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: super::one_master,
     build,

@@ -23,6 +23,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     source: "ZooKeeper recipes page (the naive lock it improves on)",
     params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: false,
     validate: super::positive_session,
     build,

@@ -13,6 +13,8 @@
 //!   SUSPENDED — which leaves a window of about 2/3·T in which another client may hold the lock.
 
 mod ephemeral;
+mod leader;
+mod rwlock;
 mod semaphore;
 mod sequential;
 
@@ -28,8 +30,14 @@ use locksim_sim::world::{Program, World};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub const RECIPES: &[crate::RecipeSpec] =
-    &[ephemeral::RECIPE, sequential::PROTECTED, sequential::UNPROTECTED, semaphore::RECIPE];
+pub const RECIPES: &[crate::RecipeSpec] = &[
+    ephemeral::RECIPE,
+    sequential::PROTECTED,
+    sequential::UNPROTECTED,
+    rwlock::RECIPE,
+    semaphore::RECIPE,
+    leader::RECIPE,
+];
 
 /// The ZooKeeper server of one world, and where its clients record their session changes.
 #[derive(Clone, Debug)]
@@ -100,6 +108,14 @@ pub trait ZkApi {
 
     async fn delete(&self, path: &str) -> Result<(), ClientError> {
         self.call(ZkOp::Delete { path: path.into(), version: -1 }).await.map(drop)
+    }
+
+    /// `setData` at any version: the node's new stat.
+    async fn set_data(&self, path: &str, data: &str) -> Result<Stat, ClientError> {
+        match self.call(ZkOp::SetData { path: path.into(), data: data.into(), version: -1 }).await? {
+            (ZkReply::DataSet(stat), _) => Ok(stat),
+            other => unreachable!("setData answered with {other:?}"),
+        }
     }
 
     /// `exists` with a watch: the node's stat (if any) and the watch.

@@ -13,7 +13,7 @@
 //! Expected (catalog): like every ZooKeeper lock, a holder paused past its session timeout loses its lease
 //! while it still believes it holds the lock.
 
-use super::sequential::Sequential;
+use super::sequential::{Driver, Held, Queue, Sequential};
 use super::{lost, words, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
@@ -28,33 +28,38 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     source: "Apache Curator InterProcessSemaphoreV2 / InterProcessSemaphoreMutex",
     params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON],
     offers_token: true,
+    offers_shared: false,
     promises_fifo: true,
     validate: super::positive_session,
     build,
 };
 
 const LEASES: &str = "/semaphore/leases";
+/// The semaphore's internal mutex.
+const LOCKS: Queue = Queue { dir: "/semaphore/locks", name: "lock-", driver: Driver::Exclusive };
 
 struct SemaphoreMutex {
-    /// The internal mutex, whose session the leases share.
-    mutex: Sequential,
+    /// The mechanism of the internal mutex, whose session the leases share.
+    core: Sequential,
+    /// The internal mutex while we hold it.
+    mutex: Option<Held>,
     /// Our lease and its session.
     held: Option<(String, ZkClient)>,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    Box::new(SemaphoreMutex { mutex: Sequential::new(params, ctx, servers, true, "/semaphore/locks"), held: None })
+    Box::new(SemaphoreMutex { core: Sequential::new(params, ctx, servers, true), mutex: None, held: None })
 }
 
 impl SemaphoreMutex {
     /// Steps 2–3, under the internal mutex: our lease's path and czxid once it is the only one. A lease
     /// that was not granted is deleted again, as Curator closes it.
     async fn take_lease(&mut self, zk: &ZkClient) -> Result<(String, u64), Outcome<Grant>> {
-        let (lease, czxid) = self.mutex.create_in(zk, LEASES, "lease-").await?;
+        let (lease, czxid) = self.core.create_in(zk, LEASES, "lease-").await?;
         match self.wait_for_lease(zk, &lease).await {
             Ok(()) => Ok((lease, czxid)),
             Err(outcome) => {
-                self.mutex.delete(zk, &lease).await;
+                self.core.delete(zk, &lease).await;
                 Err(outcome)
             }
         }
@@ -62,8 +67,8 @@ impl SemaphoreMutex {
 
     async fn wait_for_lease(&self, zk: &ZkClient, lease: &str) -> Result<(), Outcome<Grant>> {
         let name = &lease[LEASES.len() + 1..];
-        let ctx: &Ctx = &self.mutex.ctx;
-        let deadline = ctx.now_ms() + self.mutex.params.duration("acquire_timeout").as_millis() as i64;
+        let ctx: &Ctx = &self.core.ctx;
+        let deadline = ctx.now_ms() + self.core.params.duration("acquire_timeout").as_millis() as i64;
         loop {
             let (children, watch) = zk.get_children_watch(LEASES).await.map_err(|e| Outcome::Fail(words(e)))?;
             if !children.iter().any(|c| c == name) {
@@ -85,13 +90,13 @@ impl SemaphoreMutex {
 #[async_trait(?Send)]
 impl Lock for SemaphoreMutex {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        match self.mutex.acquire().await {
+        match self.core.acquire(&mut self.mutex, LOCKS).await {
             Outcome::Ok(_) => {}
             other => return other,
         }
-        let Some(zk) = self.mutex.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
+        let Some(zk) = self.core.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
         let taken = self.take_lease(&zk).await;
-        let _ = self.mutex.release().await;
+        let _ = self.core.release(&mut self.mutex).await;
         match taken {
             Ok((lease, czxid)) => {
                 self.held = Some((lease, zk));
@@ -104,13 +109,13 @@ impl Lock for SemaphoreMutex {
     async fn release(&mut self) -> Outcome<()> {
         match self.held.take() {
             None => Outcome::Fail("not held by this client".into()),
-            Some((lease, zk)) => self.mutex.delete(&zk, &lease).await,
+            Some((lease, zk)) => self.core.delete(&zk, &lease).await,
         }
     }
 
     async fn lost(&self) -> String {
         match &self.held {
-            Some((_, zk)) => lost(zk, self.mutex.params.choice("lost_on"), &self.mutex.ctx).await,
+            Some((_, zk)) => lost(zk, self.core.params.choice("lost_on"), &self.core.ctx).await,
             None => std::future::pending().await,
         }
     }

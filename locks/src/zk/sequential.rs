@@ -36,6 +36,7 @@ pub const PROTECTED: RecipeSpec = RecipeSpec {
     source: "Apache Curator LockInternals / InterProcessMutex",
     params: PARAMS,
     offers_token: true,
+    offers_shared: false,
     promises_fifo: true,
     validate: super::positive_session,
     build: build_protected,
@@ -48,53 +49,130 @@ pub const UNPROTECTED: RecipeSpec = RecipeSpec {
     ..PROTECTED
 };
 
-/// Where Curator's mutex keeps its queue in these scenarios.
-const BASE: &str = "/locks/mutex";
-const LOCK_NAME: &str = "lock-";
+/// Curator's mutex queue in these scenarios.
+const MUTEX: Queue = Queue { dir: "/locks/mutex", name: "lock-", driver: Driver::Exclusive };
 /// How often a create whose reply was lost is tried again.
 const CREATE_TRIES: usize = 3;
 /// Pause between background retries of a guaranteed delete.
 const RETRY_DELETE: Duration = Duration::from_secs(1);
 
+/// Who gets the lock, from the sorted children (Curator's `LockInternalsDriver.getsTheLock`).
+#[derive(Clone, Copy)]
+pub(super) enum Driver {
+    /// One holder: the first node holds it; a waiter watches the node just before its own
+    /// (StandardLockInternalsDriver with maxLeases = 1).
+    Exclusive,
+    /// A reader of a read-write lock: it holds the lock unless a writer's node (named `writer`) comes
+    /// before its own, and then it watches the first such writer (`readLockPredicate`).
+    Shared { writer: &'static str },
+    /// At once: the client holds the write lock, and Curator lets a writer take the read lock too.
+    Granted,
+}
+
+/// One Curator lock queue: its parent node, the name its nodes get, and who gets the lock.
+#[derive(Clone, Copy)]
+pub(super) struct Queue {
+    pub(super) dir: &'static str,
+    pub(super) name: &'static str,
+    pub(super) driver: Driver,
+}
+
+impl Queue {
+    /// The node to wait for, or `None` if the node at `index` of the sorted `children` holds the lock.
+    fn blocker<'c>(&self, children: &'c [String], index: usize) -> Option<&'c String> {
+        match self.driver {
+            Driver::Exclusive => index.checked_sub(1).map(|before| &children[before]),
+            Driver::Shared { writer } => children[..index].iter().find(|c| c.contains(writer)),
+            Driver::Granted => None,
+        }
+    }
+}
+
+/// A lock node we hold: its path, czxid, the session it lives in, and the reentrancy count.
+pub(super) struct Held {
+    path: String,
+    czxid: u64,
+    pub(super) zk: ZkClient,
+    count: u32,
+}
+
+/// The mechanism every Curator queue lock shares: one client's session, protected creates, waiting for
+/// a turn, guaranteed deletes.
 pub(super) struct Sequential {
     pub(super) ctx: Ctx,
     pub(super) params: Params,
     pub(super) session: Session,
     protected: bool,
-    /// The queue's parent node.
-    base: &'static str,
-    /// Our node, its czxid, the session holding it, and the reentrancy count.
-    held: Option<(String, u64, ZkClient, u32)>,
     /// Guaranteed deletes still being retried.
     cleanup: Vec<Background>,
 }
 
+/// `zk.sequential` and `zk.sequential-unprotected`: one exclusive queue.
+struct Mutex {
+    core: Sequential,
+    held: Option<Held>,
+}
+
 fn build_protected(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    build(params, ctx, servers, true)
+    Box::new(Mutex { core: Sequential::new(params, ctx, servers, true), held: None })
 }
 
 fn build_unprotected(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    build(params, ctx, servers, false)
+    Box::new(Mutex { core: Sequential::new(params, ctx, servers, false), held: None })
 }
 
-fn build(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Box<dyn Lock> {
-    Box::new(Sequential::new(params, ctx, servers, protected, BASE))
-}
-
-/// The sequence suffix a child sorts by (Curator's `fixForSorting`).
+/// The sequence suffix a child sorts by: ZooKeeper's ten digits, whatever the node's name before them
+/// (Curator's `fixForSorting`, which for the read-write lock strips either lock name).
 fn sequence(child: &str) -> &str {
-    child.rfind(LOCK_NAME).map_or(child, |i| &child[i + LOCK_NAME.len()..])
+    &child[child.len().saturating_sub(10)..]
 }
 
 impl Sequential {
-    pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool, base: &'static str) -> Sequential {
+    pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Sequential {
         let session = Session::new(&ctx, servers, params);
-        Sequential { ctx, params: params.clone(), session, protected, base, held: None, cleanup: Vec::new() }
+        Sequential { ctx, params: params.clone(), session, protected, cleanup: Vec::new() }
     }
 
-    /// Step 1: our node's name and czxid.
-    async fn create(&self, zk: &ZkClient) -> Result<(String, u64), Outcome<Grant>> {
-        self.create_in(zk, self.base, LOCK_NAME).await
+    /// Take the lock of `queue` into `slot`: count up if it is already ours (reentrant), else steps 1–3.
+    pub(super) async fn acquire(&mut self, slot: &mut Option<Held>, queue: Queue) -> Outcome<Grant> {
+        if let Some(held) = slot {
+            held.count += 1;
+            return Outcome::Ok(Grant { token: Some(held.czxid) });
+        }
+        let Some(zk) = self.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
+        let (path, czxid) = match self.create_in(&zk, queue.dir, queue.name).await {
+            Ok(node) => node,
+            Err(outcome) => return outcome,
+        };
+        if let Err(outcome) = self.wait_for_turn(&zk, queue, &path).await {
+            self.delete(&zk, &path).await;
+            return outcome;
+        }
+        *slot = Some(Held { path, czxid, zk, count: 1 });
+        Outcome::Ok(Grant { token: Some(czxid) })
+    }
+
+    /// Step 4: count down; at zero, delete our node. Refused if `slot` holds nothing.
+    pub(super) async fn release(&mut self, slot: &mut Option<Held>) -> Outcome<()> {
+        match slot {
+            None => Outcome::Fail("not held by this client".into()),
+            Some(held) if held.count > 1 => {
+                held.count -= 1;
+                Outcome::Ok(())
+            }
+            Some(_) => {
+                let held = slot.take().expect("matched");
+                self.delete(&held.zk, &held.path).await
+            }
+        }
+    }
+
+    /// Resolves when the holder of `slot` must, by `lost_on`, treat its lock as lost.
+    pub(super) async fn lost(&self, slot: &Option<Held>) -> String {
+        match slot {
+            Some(held) => lost(&held.zk, self.params.choice("lost_on"), &self.ctx).await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Create `<dir>/<name>` EPHEMERAL_SEQUENTIAL (creating `dir` if needed); protected, adopt our node
@@ -135,18 +213,17 @@ impl Sequential {
         Ok(zk.exists_watch(&path).await?.0.map(|stat| (path, stat.czxid)))
     }
 
-    /// Steps 2–3: wait until our node is first. `Err` carries the outcome of giving up.
-    async fn wait_for_turn(&self, zk: &ZkClient, ours: &str) -> Result<(), Outcome<Grant>> {
-        let name = &ours[self.base.len() + 1..];
+    /// Steps 2–3: wait until the queue's driver says our node holds the lock. `Err` carries the outcome
+    /// of giving up.
+    async fn wait_for_turn(&self, zk: &ZkClient, queue: Queue, ours: &str) -> Result<(), Outcome<Grant>> {
+        let name = &ours[queue.dir.len() + 1..];
         let deadline = self.ctx.now_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
         loop {
-            let mut children = zk.get_children(self.base).await.map_err(|e| Outcome::Fail(words(e)))?;
+            let mut children = zk.get_children(queue.dir).await.map_err(|e| Outcome::Fail(words(e)))?;
             children.sort_by(|a, b| sequence(a).cmp(sequence(b)));
             let index = children.iter().position(|c| c == name).ok_or(Outcome::Fail("our node is gone".into()))?;
-            if index == 0 {
-                return Ok(());
-            }
-            let watch = match zk.get_data_watch(&format!("{}/{}", self.base, children[index - 1])).await {
+            let Some(blocker) = queue.blocker(&children, index) else { return Ok(()) };
+            let watch = match zk.get_data_watch(&format!("{}/{blocker}", queue.dir)).await {
                 Err(ClientError::Zk(ZkError::NoNode)) => continue,
                 Err(e) => return Err(Outcome::Fail(words(e))),
                 Ok(watch) => watch,
@@ -181,44 +258,17 @@ impl Sequential {
 }
 
 #[async_trait(?Send)]
-impl Lock for Sequential {
+impl Lock for Mutex {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        if let Some((_, czxid, _, count)) = &mut self.held {
-            *count += 1;
-            return Outcome::Ok(Grant { token: Some(*czxid) });
-        }
-        let Some(zk) = self.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
-        let (ours, czxid) = match self.create(&zk).await {
-            Ok(node) => node,
-            Err(outcome) => return outcome,
-        };
-        if let Err(outcome) = self.wait_for_turn(&zk, &ours).await {
-            self.delete(&zk, &ours).await;
-            return outcome;
-        }
-        self.held = Some((ours, czxid, zk, 1));
-        Outcome::Ok(Grant { token: Some(czxid) })
+        self.core.acquire(&mut self.held, MUTEX).await
     }
 
     async fn release(&mut self) -> Outcome<()> {
-        match &mut self.held {
-            None => Outcome::Fail("not held by this client".into()),
-            Some((_, _, _, count)) if *count > 1 => {
-                *count -= 1;
-                Outcome::Ok(())
-            }
-            Some(_) => {
-                let (ours, _, zk, _) = self.held.take().expect("matched");
-                self.delete(&zk, &ours).await
-            }
-        }
+        self.core.release(&mut self.held).await
     }
 
     async fn lost(&self) -> String {
-        match &self.held {
-            Some((_, _, zk, _)) => lost(zk, self.params.choice("lost_on"), &self.ctx).await,
-            None => std::future::pending().await,
-        }
+        self.core.lost(&self.held).await
     }
 }
 
@@ -228,8 +278,8 @@ mod tests {
 
     #[test]
     fn children_sort_by_their_sequence_whatever_their_prefix() {
-        let mut c = vec!["_c_ff-lock-0000000003", "lock-0000000001", "_c_00-lock-0000000002"];
+        let mut c = vec!["_c_ff-__WRIT__0000000003", "lock-0000000001", "_c_00-__READ__0000000002"];
         c.sort_by(|a, b| sequence(a).cmp(sequence(b)));
-        assert_eq!(c, vec!["lock-0000000001", "_c_00-lock-0000000002", "_c_ff-lock-0000000003"]);
+        assert_eq!(c, vec!["lock-0000000001", "_c_00-__READ__0000000002", "_c_ff-__WRIT__0000000003"]);
     }
 }

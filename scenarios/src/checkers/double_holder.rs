@@ -1,4 +1,5 @@
-//! `double-holder`: two clients each believed they held the lock at the same simulated instant.
+//! `double-holder`: two clients each believed they held the lock at the same simulated instant — unless
+//! both held it shared (two readers of a read-write lock); a reader and a writer together count.
 
 use super::holds::Hold;
 use super::{fmt_span, FindingKind, Raw};
@@ -8,16 +9,20 @@ pub(super) fn check(holds: &[Hold]) -> Vec<Raw> {
     for (i, a) in holds.iter().enumerate() {
         // Holds are sorted by start: only later-starting holds that begin before `a` ends can overlap it.
         for b in holds[i + 1..].iter().take_while(|b| b.start < a.end) {
-            if b.client == a.client || b.start >= b.end.max(a.start) {
+            if b.client == a.client || b.start >= b.end.max(a.start) || (a.shared && b.shared) {
                 continue;
             }
             let (from, to) = (b.start, a.end.min(b.end));
+            let what = match (a.shared, b.shared) {
+                (false, false) => "both held the lock",
+                _ => "a reader and a writer held the lock together",
+            };
             found.push(Raw {
                 kind: FindingKind::DoubleHolder,
                 clients: vec![a.client, b.client],
                 from,
                 to,
-                detail: format!("both held the lock for {}", fmt_span(to - from)),
+                detail: format!("{what} for {}", fmt_span(to - from)),
             });
         }
     }
@@ -65,6 +70,17 @@ mod tests {
         let lost = LockLost { reason: "session suspended".into() };
         let h = history(10.0, vec![(1.0, 0, ok(1)), (2.0, 0, lost), (3.0, 1, ok(2))]);
         assert!(check(&holds(&h)).is_empty());
+    }
+
+    #[test]
+    fn readers_may_share_but_not_with_a_writer() {
+        let read = |token| AcquireOk { token: Some(token), shared: true };
+        let readers = history(10.0, vec![(1.0, 0, read(1)), (2.0, 1, read(2)), (3.0, 0, ReleaseInvoke)]);
+        assert!(check(&holds(&readers)).is_empty());
+        let mixed = history(10.0, vec![(1.0, 0, read(1)), (2.0, 1, ok(2)), (3.0, 0, ReleaseInvoke)]);
+        let found = check(&holds(&mixed));
+        assert_eq!(found.len(), 1);
+        assert!(found[0].detail.starts_with("a reader and a writer"), "{}", found[0].detail);
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub struct Hold {
     pub start: u64,
     pub end: u64,
     pub token: Option<u64>,
+    /// Held shared, as a reader of a read-write lock.
+    pub shared: bool,
 }
 
 /// Does this event end every belief the node had (a crash or restart of it)?
@@ -23,17 +25,17 @@ pub fn kills(kind: &EventKind) -> bool {
 
 /// Every hold of the run, in order of start.
 pub fn holds(h: &History) -> Vec<Hold> {
-    let mut open: BTreeMap<NodeIx, (u64, Option<u64>)> = BTreeMap::new();
+    let mut open: BTreeMap<NodeIx, (u64, Option<u64>, bool)> = BTreeMap::new();
     let mut done = Vec::new();
-    let mut close = |open: &mut BTreeMap<NodeIx, (u64, Option<u64>)>, client: NodeIx, end: u64| {
-        if let Some((start, token)) = open.remove(&client) {
-            done.push(Hold { client, start, end, token });
+    let mut close = |open: &mut BTreeMap<NodeIx, (u64, Option<u64>, bool)>, client: NodeIx, end: u64| {
+        if let Some((start, token, shared)) = open.remove(&client) {
+            done.push(Hold { client, start, end, token, shared });
         }
     };
     for e in &h.events {
         match &e.kind {
-            EventKind::AcquireOk { token } => {
-                open.insert(e.node, (e.t, *token));
+            EventKind::AcquireOk { token, shared } => {
+                open.insert(e.node, (e.t, *token, *shared));
             }
             EventKind::ReleaseInvoke | EventKind::LockLost { .. } => close(&mut open, e.node, e.t),
             k if kills(k) => close(&mut open, e.node, e.t),

@@ -170,7 +170,7 @@ pub(crate) mod test_history {
     }
 
     pub fn ok(token: u64) -> EventKind {
-        EventKind::AcquireOk { token: Some(token) }
+        EventKind::AcquireOk { token: Some(token), shared: false }
     }
 
     pub fn crash(target: &str) -> EventKind {

@@ -6,7 +6,8 @@
 //! - `create` fails with NoNode without a parent, NodeExists if taken, NoChildrenForEphemerals under an
 //!   ephemeral. Sequential modes append the parent's cversion as 10 zero-padded digits (`lock-0000000007`),
 //!   so the suffix keeps counting across deletes and restarts from 0 if the parent is recreated.
-//! - `delete` takes a version (-1: any) and fails with BadVersion or NotEmpty.
+//! - `delete` takes a version (-1: any) and fails with BadVersion or NotEmpty; `setData` takes a version
+//!   too, counts the node's version up and fires its data watches (NodeDataChanged).
 //! - `exists` and `getData` leave a data watch, `getChildren` a child watch; a watch fires once. A watch
 //!   on a deleted node's predecessor or a lock node is how recipes wait; each notification sent is
 //!   recorded in the history as `Notify` (the herd count).
@@ -85,6 +86,7 @@ pub enum ZkOp {
     Ping,
     Create { path: String, data: String, mode: CreateMode },
     Delete { path: String, version: i32 },
+    SetData { path: String, data: String, version: i32 },
     Exists { path: String, watch: bool },
     GetData { path: String, watch: bool },
     GetChildren { path: String, watch: bool },
@@ -110,6 +112,7 @@ pub enum ZkReply {
     Pong,
     Created { path: String, stat: Stat },
     Deleted,
+    DataSet(Stat),
     Exists(Option<Stat>),
     Data { data: String, stat: Stat },
     Children { children: Vec<String>, stat: Stat },
@@ -192,6 +195,12 @@ impl ZkState {
             ZkOp::Delete { path, version } => {
                 self.delete(&path, version, out)?;
                 ZkReply::Deleted
+            }
+            ZkOp::SetData { path, data, version } => {
+                let stat = self.tree.set_data(&path, &data, version, self.zxid + 1)?;
+                self.zxid += 1;
+                self.fire(&path, EventType::NodeDataChanged, out);
+                ZkReply::DataSet(stat)
             }
             ZkOp::Exists { path, watch } => {
                 if watch {

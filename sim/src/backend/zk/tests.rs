@@ -122,3 +122,28 @@ fn closing_a_session_deletes_its_ephemerals_at_once() {
         ZkReply::Exists(None)
     );
 }
+
+#[test]
+fn set_data_checks_the_version_counts_it_up_and_fires_data_watches() {
+    let mut z = zk();
+    let (s1, s2) = (connect(&mut z, C1, 0), connect(&mut z, C2, 0));
+    let mut out = Out::default();
+    op(&mut z, C1, s1, 0, create("/leader", CreateMode::Persistent), &mut out);
+    op(&mut z, C2, s2, 0, ZkOp::GetData { path: "/leader".into(), watch: true }, &mut out);
+    let set = |version| ZkOp::SetData { path: "/leader".into(), data: "client-1".into(), version };
+    assert_eq!(op(&mut z, C1, s1, 1, set(3), &mut out), ZkReply::Error(ZkError::BadVersion));
+    let ZkReply::DataSet(stat) = op(&mut z, C1, s1, 1, set(0), &mut out) else { panic!("setData failed") };
+    assert_eq!(stat.version, 1);
+    assert!(stat.mzxid > stat.czxid);
+    assert_eq!(out.events, vec![(C2, EventKind::Notify { cause: "NodeDataChanged /leader".into() })]);
+    let ZkReply::Data { data, .. } =
+        op(&mut z, C2, s2, 2, ZkOp::GetData { path: "/leader".into(), watch: false }, &mut out)
+    else {
+        panic!("getData failed")
+    };
+    assert_eq!(data, "client-1");
+    assert_eq!(
+        op(&mut z, C1, s1, 2, ZkOp::SetData { path: "/none".into(), data: String::new(), version: -1 }, &mut out),
+        ZkReply::Error(ZkError::NoNode)
+    );
+}

@@ -89,6 +89,18 @@ impl Tree {
         Ok(path)
     }
 
+    /// Replace `path`'s data if `version` is -1 or its version; its version counts up and mzxid moves.
+    pub fn set_data(&mut self, path: &str, data: &str, version: i32, zxid: u64) -> Result<Stat, ZkError> {
+        let node = self.nodes.get_mut(path).ok_or(ZkError::NoNode)?;
+        if version != -1 && version != node.stat.version {
+            return Err(ZkError::BadVersion);
+        }
+        node.data = data.to_string();
+        node.stat.version += 1;
+        node.stat.mzxid = zxid;
+        Ok(node.stat)
+    }
+
     /// Delete `path` if `version` is -1 or its version, and it has no children.
     pub fn delete(&mut self, path: &str, version: i32, zxid: u64) -> Result<(), ZkError> {
         let node = self.nodes.get(path).ok_or(ZkError::NoNode)?;
