@@ -9,11 +9,14 @@
 //! - [`zk`]: the ZooKeeper family — the `ZkApi` client trait, sessions, and `zk.ephemeral`,
 //!   `zk.sequential`, `zk.sequential-unprotected`, `zk.rwlock`, `zk.semaphore-mutex`,
 //!   `zk.leader-election`.
+//! - [`etcd`]: the etcd family — the `EtcdApi` client trait, sessions (leases kept alive), and
+//!   `etcd.txn-lease`, `etcd.txn-lease-wait`, `etcd.mutex`, `etcd.election`.
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
 //! workload records around their calls); they never see checkers.
 
+pub mod etcd;
 pub mod params;
 pub mod redis;
 pub mod zk;
@@ -74,6 +77,7 @@ pub trait Lock {
 pub enum Servers {
     Redis(redis::RedisServers),
     Zk(zk::ZkServers),
+    Etcd(etcd::EtcdServers),
 }
 
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.
@@ -124,7 +128,7 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        Registry { recipes: redis::RECIPES.iter().chain(zk::RECIPES).copied().collect() }
+        Registry { recipes: redis::RECIPES.iter().chain(zk::RECIPES).chain(etcd::RECIPES).copied().collect() }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).

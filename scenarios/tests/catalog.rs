@@ -51,6 +51,21 @@ const PINNED: &[(&str, u64)] = &[
     ("zk-leader-election-gc-pause-fencing", 50),
     ("zk-leader-election-partition-watch", 50),
     ("zk-leader-election-nemesis", 1000),
+    ("etcd-txn-lease-gc-pause", 50),
+    ("etcd-txn-lease-gc-pause-fencing", 50),
+    ("etcd-txn-lease-partition", 50),
+    ("etcd-txn-lease-partition-keepalive", 50),
+    ("etcd-txn-lease-herd", 20),
+    ("etcd-txn-lease-wait-herd", 20),
+    ("etcd-mutex-herd", 20),
+    ("etcd-mutex-nemesis", 200),
+    ("etcd-mutex-crash", 50),
+    ("etcd-mutex-gc-pause-fencing", 50),
+    ("etcd-mutex-waiter-pause-3.4.3", 20),
+    ("etcd-mutex-waiter-pause", 10),
+    ("etcd-election-gc-pause", 50),
+    ("etcd-election-waiter-pause", 20),
+    ("etcd-election-herd", 20),
 ];
 
 #[test]

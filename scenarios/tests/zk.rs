@@ -2,26 +2,16 @@
 
 mod common;
 
-use common::{assert_as_expected, catalog};
-use locksim_locks::params::{ParamValue, Params};
-use locksim_locks::{Lock, Registry};
+use common::{assert_as_expected, catalog, drive, herd, Make, Say};
+use locksim_locks::params::ParamValue;
+use locksim_locks::Servers;
 use locksim_scenarios::checkers::FindingKind;
 use locksim_scenarios::run::run_seed;
 use locksim_sim::ctx::Ctx;
 use locksim_sim::history::EventKind;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::time::Duration;
-
-/// The most clients one release woke, for `stem` with `clients` clients.
-fn herd(stem: &str, clients: usize) -> u64 {
-    let mut s = catalog(stem);
-    s.workload.clients = clients;
-    s.workload.duration = Duration::from_secs(20);
-    s.check.herd_max = None;
-    run_seed(&s, 1).unwrap().result.measurements.notifications_per_release_max
-}
 
 #[test]
 fn one_release_wakes_every_waiter_of_the_ephemeral_lock_and_one_of_the_queue() {
@@ -69,42 +59,8 @@ fn bad_zookeeper_parameters_are_errors_with_their_line() {
     assert!(err.starts_with("z.toml:4:11: lost_on: expected one of \"suspended\", \"lost\", \"never\""), "{err}");
 }
 
-type Say = Rc<dyn Fn(String)>;
-type Make = Rc<dyn Fn() -> Box<dyn Lock>>;
-/// What one client node does with the recipe: `make` builds a lock (a new session each), `say` logs.
-type Script = fn(Ctx, Make, Say) -> Pin<Box<dyn Future<Output = ()>>>;
-
-/// Run `script` on one client node of a ZooKeeper world, with `recipe` and these parameters; returns
-/// what it said.
-fn drive(recipe: &str, given: &[(&'static str, ParamValue)], script: Script) -> Vec<String> {
-    use locksim_sim::net::Rpc;
-    use locksim_sim::world::{Program, World};
-    use std::sync::{Arc, Mutex};
-
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let spec = *Registry::builtin().get(recipe).unwrap();
-    let (shared, given) = (log.clone(), given.to_vec());
-    madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
-        let mut world = World::new(1);
-        let servers = (spec.family.deploy)(&mut world, &Params::resolve(spec.family.params, []));
-        let params = Params::resolve(spec.params, given);
-        let program: Program = Arc::new(move |env| {
-            let (servers, params, log) = (servers.clone(), params.clone(), shared.clone());
-            let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
-            let make_ctx = ctx.clone();
-            let make: Make = Rc::new(move || (spec.build)(&params, make_ctx.clone(), &servers));
-            let say: Say = Rc::new(move |what| log.lock().unwrap().push(what));
-            script(ctx, make, say)
-        });
-        world.add_node("client-0", program);
-        world.run(&[], Duration::from_secs(30)).await;
-    });
-    let log = log.lock().unwrap().clone();
-    log
-}
-
 /// Two `zk.sequential` locks (two sessions) on one node: reentrancy, and a release by a non-holder.
-fn reentrancy(ctx: Ctx, make: Make, say: Say) -> Pin<Box<dyn Future<Output = ()>>> {
+fn reentrancy(ctx: Ctx, make: Make, say: Say, _: Servers) -> Pin<Box<dyn Future<Output = ()>>> {
     Box::pin(async move {
         let (mut a, mut b) = (make(), make());
         say(format!("a acquire: {:?}", a.acquire().await));
@@ -139,7 +95,7 @@ fn curators_mutex_is_reentrant_and_refuses_a_release_by_a_non_holder() {
 }
 
 /// Curator's semaphore mutex: a holder that asks again waits for its own lease until its timeout.
-fn not_reentrant(_: Ctx, make: Make, say: Say) -> Pin<Box<dyn Future<Output = ()>>> {
+fn not_reentrant(_: Ctx, make: Make, say: Say, _: Servers) -> Pin<Box<dyn Future<Output = ()>>> {
     Box::pin(async move {
         let (mut a, mut b) = (make(), make());
         say(format!("a acquire: {:?}", a.acquire().await));
@@ -163,7 +119,7 @@ fn the_semaphore_mutex_is_not_reentrant() {
 }
 
 /// Curator's read-write lock from three clients' side (three sessions on one node).
-fn read_write(ctx: Ctx, make: Make, say: Say) -> Pin<Box<dyn Future<Output = ()>>> {
+fn read_write(ctx: Ctx, make: Make, say: Say, _: Servers) -> Pin<Box<dyn Future<Output = ()>>> {
     Box::pin(async move {
         let (mut r1, mut r2, mut w) = (make(), make(), make());
         say(format!("r1 read: {:?}", r1.acquire_shared().await.is_ok()));

@@ -25,6 +25,8 @@ pub struct Clock(Arc<Mutex<ClockState>>);
 struct ClockState {
     /// Wall nanoseconds at `anchor_ns` of simulated time.
     wall_at_anchor_ns: i64,
+    /// Monotonic nanoseconds at `anchor_ns`: like wall time, but jumps do not move it.
+    mono_at_anchor_ns: i64,
     anchor_ns: u64,
     /// Wall nanoseconds per simulated nanosecond.
     rate: f64,
@@ -32,17 +34,21 @@ struct ClockState {
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock(Arc::new(Mutex::new(ClockState { wall_at_anchor_ns: 0, anchor_ns: 0, rate: 1.0 })))
+        Clock(Arc::new(Mutex::new(ClockState { wall_at_anchor_ns: 0, mono_at_anchor_ns: 0, anchor_ns: 0, rate: 1.0 })))
     }
 }
 
 impl ClockState {
+    fn elapsed_ns(&self, sim_ns: u64) -> i64 {
+        (sim_ns.saturating_sub(self.anchor_ns) as f64 * self.rate) as i64
+    }
+
     fn wall_ns(&self, sim_ns: u64) -> i64 {
-        let elapsed = sim_ns.saturating_sub(self.anchor_ns) as f64 * self.rate;
-        self.wall_at_anchor_ns + elapsed as i64
+        self.wall_at_anchor_ns + self.elapsed_ns(sim_ns)
     }
 
     fn reanchor(&mut self, sim_ns: u64) {
+        self.mono_at_anchor_ns += self.elapsed_ns(sim_ns);
         self.wall_at_anchor_ns = self.wall_ns(sim_ns);
         self.anchor_ns = sim_ns;
     }
@@ -52,6 +58,13 @@ impl Clock {
     /// Wall time in milliseconds (may go backwards after a negative jump).
     pub fn now_ms(&self) -> i64 {
         self.wall_ns_at(sim_now_ns()).div_euclid(1_000_000)
+    }
+
+    /// The monotonic clock in milliseconds (Go's monotonic reading, `Instant`): drift changes its pace,
+    /// jumps do not move it. Deadlines that must survive a clock step are measured with it.
+    pub fn monotonic_ms(&self) -> i64 {
+        let s = self.0.lock().expect("clock lock");
+        (s.mono_at_anchor_ns + s.elapsed_ns(sim_now_ns())).div_euclid(1_000_000)
     }
 
     /// Wall time in nanoseconds at a given simulated instant.
@@ -104,6 +117,7 @@ mod tests {
             assert_eq!(c.now_ms(), 6000);
             c.sleep(Duration::from_secs(1)).await;
             assert_eq!(c.now_ms(), 7000);
+            assert_eq!(c.monotonic_ms(), 2000, "the monotonic clock ignores the jump");
             assert_eq!(sim_now_ns() / 1_000_000, 2_000, "madsim adds only nanoseconds of jitter");
         });
     }

@@ -4,42 +4,52 @@
 //! joined the recipe's queue, which comes a few round trips later. So a grant is unfair only when a
 //! client that asked more than `FIFO_MARGIN` later was granted first, and the overtaken client's wait
 //! was undisturbed: one continuous `acquire` with no fault aimed at its node and no change of its session
-//! (a crash, a partition or an expiry may rightly send it to the back of the queue).
+//! (a crash, a partition or an expiry may rightly send it to the back of the queue). A client whose last
+//! acquire or release ended `Unknown` may still have its place in the queue (its node or key survived,
+//! and the recipe reuses it, as etcd's Mutex does): its next grant overtakes nobody.
 
 use super::{fmt_span, FindingKind, Raw};
 use locksim_sim::history::{EventKind, History, NodeIx};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Longer than the round trips between asking and joining a queue (session, parents, create).
 pub const FIFO_MARGIN_NS: u64 = 100_000_000;
 
-/// One granted request: who, when asked, when granted, and whether anything disturbed the wait.
+/// One granted request: who, when asked, when granted, whether anything disturbed the wait, and
+/// whether the client may have kept an older place in the queue.
 struct Wait {
     client: NodeIx,
     asked: u64,
     granted: u64,
     disturbed: bool,
+    kept_place: bool,
 }
 
 fn waits(h: &History) -> Vec<Wait> {
-    let mut open: BTreeMap<NodeIx, (u64, bool)> = BTreeMap::new();
+    let mut open: BTreeMap<NodeIx, Wait> = BTreeMap::new();
+    let mut unsure: BTreeSet<NodeIx> = BTreeSet::new();
     let mut done = Vec::new();
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
-                open.insert(e.node, (e.t, false));
+                let kept_place = unsure.remove(&e.node);
+                open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed: false, kept_place });
             }
             EventKind::AcquireOk { .. } => {
-                if let Some((asked, disturbed)) = open.remove(&e.node) {
-                    done.push(Wait { client: e.node, asked, granted: e.t, disturbed });
+                if let Some(wait) = open.remove(&e.node) {
+                    done.push(Wait { granted: e.t, ..wait });
                 }
             }
-            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
+            EventKind::AcquireFail { .. } => {
                 open.remove(&e.node);
             }
+            EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. } => {
+                open.remove(&e.node);
+                unsure.insert(e.node);
+            }
             EventKind::FaultStart { .. } | EventKind::Session { .. } => {
-                if let Some((_, disturbed)) = open.get_mut(&e.node) {
-                    *disturbed = true;
+                if let Some(wait) = open.get_mut(&e.node) {
+                    wait.disturbed = true;
                 }
             }
             _ => {}
@@ -56,7 +66,10 @@ pub(super) fn check(h: &History, fifo: bool) -> Vec<Raw> {
     let mut found = Vec::new();
     for early in waits.iter().filter(|w| !w.disturbed) {
         let overtaker = waits.iter().find(|late| {
-            late.client != early.client && late.asked > early.asked + FIFO_MARGIN_NS && late.granted < early.granted
+            late.client != early.client
+                && !late.kept_place
+                && late.asked > early.asked + FIFO_MARGIN_NS
+                && late.granted < early.granted
         });
         if let Some(late) = overtaker {
             found.push(Raw {
@@ -122,5 +135,30 @@ mod tests {
             ],
         );
         assert!(check(&failed, true).is_empty(), "the second request came after the overtaker's");
+    }
+
+    #[test]
+    fn a_client_unsure_whether_it_released_may_keep_its_place() {
+        let h = history(
+            20.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 0, ReleaseInvoke),
+                (8.0, 0, ReleaseUnknown { reason: "delete: timed out".into() }),
+                (9.0, 0, AcquireInvoke),
+                (9.1, 0, ok(1)),
+                (10.0, 0, ReleaseInvoke),
+                (10.5, 0, ReleaseOk),
+                (11.0, 1, ok(2)),
+                (12.0, 0, AcquireInvoke),
+                (12.5, 2, AcquireInvoke),
+                (13.0, 2, ok(3)),
+                (14.0, 0, ok(4)),
+            ],
+        );
+        let found = check(&h, true);
+        assert_eq!(found.len(), 1, "its key may have survived; later requests are held to the queue again");
+        assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(2)]);
     }
 }

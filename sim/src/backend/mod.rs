@@ -7,13 +7,16 @@
 //! pushes to clients (watch notifications). [`serve`] is the shell every backend shares: receive, apply,
 //! record, push, reply — and tick. Faults act on the shell's node, never inside the state machine.
 
+pub mod etcd;
 pub mod redis;
 pub mod zk;
 
 use crate::clock::Clock;
+use crate::ctx::Background;
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::Rpc;
 use std::any::Any;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,4 +86,18 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         out.flush(rpc, recorder);
         rpc.reply(&reply_to, reply);
     }
+}
+
+/// A client library's event thread: hand every pushed message of type `M` that reaches this node to
+/// `deliver` on `to`, for as long as `to` lives (the ZooKeeper and etcd clients route watch
+/// notifications with it).
+pub fn listen<M: Any + Send, T: 'static>(rpc: &Rpc, to: &Rc<T>, deliver: fn(&T, M)) -> Background {
+    let (to, rpc) = (Rc::downgrade(to), rpc.clone());
+    Background::spawn(async move {
+        loop {
+            let (_, msg) = rpc.next_request::<M>().await;
+            let Some(to) = to.upgrade() else { return };
+            deliver(&to, msg);
+        }
+    })
 }

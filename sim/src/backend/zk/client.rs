@@ -77,21 +77,16 @@ pub struct Router {
 
 impl Router {
     fn start(self: &Rc<Self>, rpc: &Rpc) {
-        if self.thread.borrow().is_some() {
-            return;
+        if self.thread.borrow().is_none() {
+            *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
         }
-        let (router, rpc) = (Rc::downgrade(self), rpc.clone());
-        *self.thread.borrow_mut() = Some(Background::spawn(async move {
-            loop {
-                let (_, event) = rpc.next_request::<WatchEvent>().await;
-                let Some(router) = router.upgrade() else { return };
-                let key = (event.session, event.path.clone());
-                let fired = router.watchers.borrow_mut().remove(&key).unwrap_or_default();
-                for watcher in fired {
-                    let _ = watcher.send(event.clone());
-                }
-            }
-        }));
+    }
+
+    fn deliver(&self, event: WatchEvent) {
+        let fired = self.watchers.borrow_mut().remove(&(event.session, event.path.clone())).unwrap_or_default();
+        for watcher in fired {
+            let _ = watcher.send(event.clone());
+        }
     }
 
     /// End every watch of `session` (the real client tells watchers of a state change).

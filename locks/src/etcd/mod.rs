@@ -1,0 +1,258 @@
+//! The etcd family: the client trait recipes speak, sessions (a lease kept alive), the deployment, and
+//! the recipes.
+//!
+//! Recipes talk to etcd through [`EtcdApi`], whose methods mirror clientv3's calls (Txn, Get, Delete,
+//! Grant, Revoke, Watch, KeepAlive). The simulated client library (`locksim_sim::backend::etcd::client`)
+//! keeps leases alive as clientv3's lessor does.
+//!
+//! When is a held lock lost? `lost_on` chooses what the holder's code listens for: `"never"` (the
+//! common case: nothing reads the keep-alive channel or `Session.Done()`), or `"keepalive"` (the holder
+//! stops when its lease's keep-alive stops — the server said the lease expired, or no answer came for a
+//! TTL).
+
+mod election;
+mod mutex;
+mod txn_lease;
+
+pub use election::observe;
+
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
+use crate::{async_trait, Family, Outcome, Servers};
+use locksim_sim::backend::etcd::client::{ClientEnv, EtcdClient, KeepAlive, Router, Watcher};
+use locksim_sim::backend::etcd::{
+    Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, EventType, KeyValue, LeaseId, Op, OpResult, Range,
+};
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
+use locksim_sim::history::{NodeIx, Recorder};
+use locksim_sim::net::{CallError, Rpc};
+use locksim_sim::world::{Program, World};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const RECIPES: &[crate::RecipeSpec] = &[txn_lease::FAIL_FAST, txn_lease::WAIT, mutex::RECIPE, election::RECIPE];
+
+/// The etcd server of one world, and where its clients record the end of their keep-alives.
+#[derive(Clone, Debug)]
+pub struct EtcdServers {
+    pub server: NodeIx,
+    recorder: Recorder,
+}
+
+impl EtcdServers {
+    fn from(servers: &Servers) -> &EtcdServers {
+        match servers {
+            Servers::Etcd(e) => e,
+            _ => unreachable!("an etcd recipe is deployed with etcd servers"),
+        }
+    }
+}
+
+pub static FAMILY: Family = Family {
+    name: "etcd",
+    summary: "etcd 3.5: MVCC revisions, transactions, leases expiring by the server clock, watches",
+    params: &[],
+    topology,
+    deploy,
+};
+
+fn topology(_: &Params) -> Topology {
+    Topology { servers: vec!["etcd-0".into()], ..Topology::default() }
+}
+
+fn deploy(world: &mut World, _: &Params) -> Servers {
+    // A single-member cluster; its store and leases outlive a crash (the WAL).
+    let state = Arc::new(Mutex::new(EtcdState::default()));
+    let program: Program = Arc::new(move |env| {
+        let state = state.clone();
+        if env.incarnation > 0 {
+            state.lock().expect("etcd lock").recover(env.clock.now_ms());
+        }
+        Box::pin(async move {
+            let rpc = Rpc::bind(&env);
+            locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
+        })
+    });
+    let server = world.add_node("etcd-0", program);
+    Servers::Etcd(EtcdServers { server, recorder: world.recorder().clone() })
+}
+
+/// Why a call did not succeed: no answer in time (it may have been applied), or an etcd error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    Timeout,
+    Etcd(EtcdError),
+}
+
+impl Failed {
+    /// As a lock outcome: a timeout leaves the call's effect unknown.
+    fn outcome<T>(self, what: &str) -> Outcome<T> {
+        match self {
+            Failed::Timeout => Outcome::Unknown(format!("{what}: timed out")),
+            Failed::Etcd(e) => Outcome::Fail(format!("{what}: {e:?}")),
+        }
+    }
+}
+
+/// What a transaction answered.
+pub struct TxnResult {
+    pub succeeded: bool,
+    /// The store's revision after it (the response header's).
+    pub revision: i64,
+    pub results: Vec<OpResult>,
+}
+
+/// An etcd client's calls.
+#[async_trait(?Send)]
+pub trait EtcdApi {
+    async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError>;
+    async fn watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<Watcher, CallError>;
+    fn keep_alive(&self, lease: LeaseId, ttl: Duration) -> KeepAlive;
+
+    async fn call(&self, request: EtcdRequest) -> Result<EtcdReply, Failed> {
+        match self.request(request).await {
+            Ok(EtcdReply::Error(e)) => Err(Failed::Etcd(e)),
+            Ok(reply) => Ok(reply),
+            Err(CallError::Timeout) => Err(Failed::Timeout),
+        }
+    }
+
+    async fn txn(&self, compare: Vec<Compare>, success: Vec<Op>, failure: Vec<Op>) -> Result<TxnResult, Failed> {
+        match self.call(EtcdRequest::Txn { compare, success, failure }).await? {
+            EtcdReply::Txn { revision, succeeded, results } => Ok(TxnResult { succeeded, revision, results }),
+            other => unreachable!("txn answered with {other:?}"),
+        }
+    }
+
+    /// `Get`: the keys and the store's revision.
+    async fn get(&self, range: Range) -> Result<(Vec<KeyValue>, i64), Failed> {
+        match self.call(EtcdRequest::Op(Op::Range(range))).await? {
+            EtcdReply::Op { revision, result: OpResult::Range { kvs, .. } } => Ok((kvs, revision)),
+            other => unreachable!("get answered with {other:?}"),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), Failed> {
+        self.call(EtcdRequest::Op(Op::Delete { key: key.into(), prefix: false })).await.map(drop)
+    }
+
+    /// `Grant`: the lease and its TTL in whole seconds.
+    async fn grant(&self, ttl: Duration) -> Result<(LeaseId, Duration), Failed> {
+        let ttl_s = ttl.as_secs().max(1) as i64;
+        match self.call(EtcdRequest::LeaseGrant { ttl_s }).await? {
+            EtcdReply::LeaseGranted { id, ttl_s } => Ok((id, Duration::from_secs(ttl_s as u64))),
+            other => unreachable!("grant answered with {other:?}"),
+        }
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), Failed> {
+        self.call(EtcdRequest::LeaseRevoke { id: lease }).await.map(drop)
+    }
+}
+
+#[async_trait(?Send)]
+impl EtcdApi for EtcdClient {
+    async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
+        EtcdClient::request(self, request).await
+    }
+
+    async fn watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<Watcher, CallError> {
+        EtcdClient::watch(self, key, prefix, start_revision).await
+    }
+
+    fn keep_alive(&self, lease: LeaseId, ttl: Duration) -> KeepAlive {
+        EtcdClient::keep_alive(self, lease, ttl)
+    }
+}
+
+/// Parameters every etcd recipe shares.
+const TTL: ParamSpec =
+    ParamSpec::duration("ttl", 5_000, "lease TTL in whole seconds (etcd grants at least 2s); kept alive every TTL/3");
+const ACQUIRE_TIMEOUT: ParamSpec =
+    ParamSpec::duration("acquire_timeout", 30_000, "give up waiting after this long (the request context)");
+const CALL_TIMEOUT: ParamSpec =
+    ParamSpec::duration("call_timeout", 5_000, "deadline of each call; a call that passes it may have been applied");
+const LOST_ON: ParamSpec = ParamSpec {
+    name: "lost_on",
+    kind: ParamKind::Choice(&["never", "keepalive"]),
+    default: ParamValue::Choice("never"),
+    doc: "when the holder treats the lock as lost: never, or when its lease's keep-alive stops",
+};
+
+/// A lease TTL must be whole seconds, as etcd grants them.
+fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
+    let ttl = recipe.duration("ttl");
+    if ttl.is_zero() || ttl.subsec_nanos() != 0 {
+        return Err(format!("ttl: etcd leases last whole seconds, at least 1s; found {}ms", ttl.as_millis()));
+    }
+    Ok(())
+}
+
+/// A client of this world's etcd from `ctx`'s node, whose calls wait up to `call_timeout`.
+pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdClient {
+    let etcd = EtcdServers::from(servers);
+    let env = ClientEnv {
+        rpc: ctx.rpc().clone(),
+        clock: ctx.clock().clone(),
+        recorder: etcd.recorder.clone(),
+        server: etcd.server,
+        router: ctx.node_wide(|| Router::new(ctx.random_u64())),
+    };
+    EtcdClient::new(env, call_timeout)
+}
+
+/// A lease kept alive: clientv3's `concurrency.Session`.
+pub struct Session {
+    pub lease: LeaseId,
+    keep_alive: KeepAlive,
+}
+
+impl Session {
+    /// `NewSession`: grant a lease of `ttl` and keep it alive.
+    async fn new(etcd: &impl EtcdApi, ttl: Duration) -> Result<Session, Failed> {
+        let (lease, ttl) = etcd.grant(ttl).await?;
+        Ok(Session { lease, keep_alive: etcd.keep_alive(lease, ttl) })
+    }
+
+    /// Whether its keep-alive has stopped (`Session.Done()` is closed).
+    fn done(&self) -> bool {
+        self.keep_alive.has_stopped()
+    }
+
+    /// Resolves, with the reason, when the holder must treat its lock as lost by `lost_on`.
+    async fn lost(&self, params: &Params) -> String {
+        match params.choice("lost_on") {
+            "keepalive" => format!("lease keep-alive stopped: {}", self.keep_alive.stopped().await),
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+/// The session a client reuses across acquisitions, replaced once its lease is gone.
+async fn live_session(slot: &mut Option<Session>, etcd: &impl EtcdApi, ttl: Duration) -> Result<(), Failed> {
+    if slot.as_ref().is_none_or(Session::done) {
+        *slot = Some(Session::new(etcd, ttl).await?);
+    }
+    Ok(())
+}
+
+/// clientv3 `concurrency.waitDeletes`: wait until no key under `prefix` created at or before
+/// `max_create` is left — each time watching the newest such key for its deletion.
+async fn wait_deletes(etcd: &impl EtcdApi, prefix: &str, max_create: i64) -> Result<(), Failed> {
+    loop {
+        let (kvs, revision) = etcd.get(Range::last_created_by(prefix, max_create)).await?;
+        let Some(last) = kvs.first() else { return Ok(()) };
+        wait_delete(etcd, &last.key, revision).await?;
+    }
+}
+
+/// clientv3 `concurrency.waitDelete`: watch `key` from `revision` until it is deleted.
+async fn wait_delete(etcd: &impl EtcdApi, key: &str, revision: i64) -> Result<(), Failed> {
+    let mut watcher = etcd.watch(key, false, revision).await.map_err(|_| Failed::Timeout)?;
+    while let Some(response) = watcher.next().await {
+        if response.events.iter().any(|e| e.kind == EventType::Delete) {
+            return Ok(());
+        }
+    }
+    Err(Failed::Timeout)
+}

@@ -1,0 +1,131 @@
+//! The etcd family's promises: herd counts, lease expiry, recovery within the TTL, the 3.4.3 bug, and
+//! safety under client faults.
+
+mod common;
+
+use common::{assert_as_expected, catalog, drive, herd, run, Make, Say};
+use locksim_locks::Servers;
+use locksim_scenarios::checkers::FindingKind;
+use locksim_sim::ctx::Ctx;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+#[test]
+fn fail_fast_wakes_nobody_watch_and_retry_wakes_everyone_and_the_mutex_one() {
+    for clients in [2, 4, 8, 16, 32, 64] {
+        assert_eq!(herd("etcd-txn-lease-herd", clients), 0, "etcd.txn-lease with {clients} clients: nobody waits");
+        assert_eq!(herd("etcd-mutex-herd", clients), 1, "etcd.mutex with {clients} clients: the next key only");
+        // Everyone but the holder watches the one key.
+        assert_eq!(herd("etcd-txn-lease-wait-herd", clients), clients as u64 - 1, "etcd.txn-lease-wait, {clients}");
+    }
+}
+
+#[test]
+fn a_lease_lost_during_a_long_critical_section_gives_two_holders_and_fencing_stops_the_write() {
+    for stem in ["etcd-txn-lease-gc-pause", "etcd-txn-lease-partition", "etcd-election-gc-pause"] {
+        let r = assert_as_expected(stem, 0..30);
+        assert!(r.results.iter().any(|s| s.counts.contains_key(&FindingKind::DoubleHolder)), "{stem}");
+    }
+    for stem in ["etcd-txn-lease-gc-pause-fencing", "etcd-mutex-gc-pause-fencing"] {
+        let r = assert_as_expected(stem, 0..30);
+        assert!(r.results.iter().all(|s| !s.counts.contains_key(&FindingKind::UnsafeWrite)), "{stem}");
+        assert!(r.results.iter().any(|s| s.counts.contains_key(&FindingKind::StaleWriteRejected)), "{stem}");
+    }
+}
+
+#[test]
+fn the_mutex_is_safe_and_fifo_fair_over_1000_seeds_of_client_crashes_and_short_partitions() {
+    assert!(catalog("etcd-mutex-nemesis").check.fifo, "etcd.mutex promises FIFO, so `unfair` is checked");
+    assert_as_expected("etcd-mutex-nemesis", 0..1000);
+}
+
+#[test]
+fn a_crashed_holder_frees_the_lock_within_the_lease_ttl_and_never_before() {
+    let scenario = catalog("etcd-mutex-crash");
+    let ttl_ms = 5_000.0;
+    let r = run(&scenario, 0..50);
+    assert!(r.as_expected, "{:?}", r.reasons);
+    let recoveries: Vec<f64> = r.results.iter().flat_map(|s| s.measurements.recovery_ms.clone()).collect();
+    assert!(recoveries.len() >= 40, "most seeds crash a holder: {}", recoveries.len());
+    for ms in recoveries {
+        // Keep-alives renew the lease every TTL/3, so it expires between 2/3·TTL and TTL after the crash;
+        // the server looks for expired leases every 500 ms, and the next waiter needs a round trip.
+        assert!(ms >= ttl_ms * 2.0 / 3.0, "granted {ms} ms after the crash: before the lease could expire");
+        assert!(ms <= ttl_ms + 600.0, "granted {ms} ms after the crash: later than the TTL");
+    }
+}
+
+#[test]
+fn the_mutex_of_etcd_3_4_3_grants_an_expired_waiter_and_the_fix_all_but_closes_it() {
+    let count = |stem: &str| {
+        let r = run(&catalog(stem), 0..100);
+        r.results.iter().filter(|s| s.counts.contains_key(&FindingKind::DoubleHolder)).count()
+    };
+    let (before, after) = (count("etcd-mutex-waiter-pause-3.4.3"), count("etcd-mutex-waiter-pause"));
+    assert!(before >= 90, "3.4.3: two holders in {before} of 100 seeds");
+    assert!(after <= 5, "with the recheck: two holders in {after} of 100 seeds");
+    // Campaign never got the recheck.
+    assert_as_expected("etcd-election-waiter-pause", 0..20);
+}
+
+#[test]
+fn bad_etcd_parameters_are_errors_with_their_line() {
+    let text = |extra: &str| {
+        format!("name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\n{extra}\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"5s\"\n")
+    };
+    let parse =
+        |extra: &str| locksim_scenarios::Scenario::parse("e.toml", &text(extra), &locksim_locks::Registry::builtin());
+    let err = parse("tll = \"5s\"").err().unwrap().to_string();
+    assert!(err.starts_with("e.toml:4:1: unknown key `tll`"), "{err}");
+    let err = parse("ttl = \"2500ms\"").err().unwrap().to_string();
+    assert!(err.contains("ttl: etcd leases last whole seconds"), "{err}");
+    let err = parse("ttl = \"0s\"").err().unwrap().to_string();
+    assert!(err.contains("ttl: etcd leases last whole seconds"), "{err}");
+    let err = parse("recheck = \"yes\"").err().unwrap().to_string();
+    assert!(err.starts_with("e.toml:4:11: recheck: expected"), "{err}");
+}
+
+/// Two candidates take turns while a follower observes the election.
+fn election(ctx: Ctx, make: Make, say: Say, servers: Servers) -> Pin<Box<dyn Future<Output = ()>>> {
+    Box::pin(async move {
+        let follower = locksim_locks::etcd::connect(&ctx, &servers, Duration::from_secs(5));
+        let observer = async {
+            let watching = say.clone();
+            locksim_locks::etcd::observe(&follower, move |kv| watching(format!("observed {}", kv.key))).await;
+        };
+        let candidates = async {
+            let (mut a, mut b) = (make(), make());
+            say(format!("a campaigns: {}", a.acquire().await.is_ok()));
+            let b_campaigns = async { say(format!("b leads: {}", b.acquire().await.is_ok())) };
+            let a_resigns = async {
+                ctx.sleep(Duration::from_secs(1)).await;
+                say(format!("a resigns: {}", a.release().await.is_ok()));
+            };
+            tokio::join!(b_campaigns, a_resigns);
+            say(format!("b resigns: {}", b.release().await.is_ok()));
+        };
+        tokio::select! {
+            () = observer => {}
+            () = candidates => {}
+        }
+        ctx.sleep(Duration::from_millis(100)).await;
+    })
+}
+
+#[test]
+fn a_follower_observes_each_leader_in_turn() {
+    let log = drive("etcd.election", &[], election);
+    // The follower sees a's key (lease 1) as soon as it is put, and b's once a resigns and b leads.
+    assert_eq!(
+        log,
+        [
+            "observed /election/1",
+            "a campaigns: true",
+            "a resigns: true",
+            "b leads: true",
+            "observed /election/2",
+            "b resigns: true"
+        ]
+    );
+}

@@ -1,0 +1,212 @@
+//! The etcd client library (clientv3, etcd 3.5), as recipes use it.
+//!
+//! - Unary calls (Range, Put, Txn, lease calls) wait for their reply until the request's deadline; one
+//!   that times out may or may not have been applied.
+//! - Watches ride the client's watch stream: their events are stream messages, which a short partition
+//!   delays rather than loses, handed to each watcher by its id.
+//! - Keep-alive (clientv3 `lessor`): every 500 ms the loop sends a keep-alive for a lease whose next
+//!   keep-alive is due — TTL/3 after the last answer, and at once until a first answer comes. An answer
+//!   with TTL 0 means the server has no such lease any more: the keep-alive stops. So does a lease that
+//!   has heard no answer for a whole TTL (`deadlineLoop`, checked every second). The holder of a lease
+//!   learns of its loss only when its keep-alive stops, and the timers run on the client's node and its
+//!   monotonic clock: a paused client notices nothing until it resumes.
+//!
+//! The client records the end of each keep-alive in the history as `Session`.
+
+use super::{EtcdReply, EtcdRequest, LeaseId, WatchId, WatchResponse};
+use crate::clock::Clock;
+use crate::ctx::Background;
+use crate::history::{EventKind, NodeIx, Recorder};
+use crate::net::{CallError, Rpc};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Where a client lives and whom it talks to.
+#[derive(Clone)]
+pub struct ClientEnv {
+    pub rpc: Rpc,
+    pub clock: Clock,
+    pub recorder: Recorder,
+    pub server: NodeIx,
+    /// The node's one watch stream (`Ctx::node_wide`), shared by every client on the node.
+    pub router: Rc<Router>,
+}
+
+/// The node's watch stream: hands each watch response to its watcher.
+pub struct Router {
+    /// This life of the node's connection (the server drops an older one's watchers).
+    connection: u64,
+    next_id: Cell<WatchId>,
+    watchers: RefCell<BTreeMap<WatchId, mpsc::UnboundedSender<WatchResponse>>>,
+    thread: RefCell<Option<Background>>,
+}
+
+impl Router {
+    /// A router for a connection named `connection` (unique per node life, e.g. drawn at random).
+    pub fn new(connection: u64) -> Router {
+        Router { connection, next_id: Cell::new(1), watchers: RefCell::default(), thread: RefCell::default() }
+    }
+
+    fn start(self: &Rc<Self>, rpc: &Rpc) {
+        if self.thread.borrow().is_none() {
+            *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
+        }
+    }
+
+    fn deliver(&self, response: WatchResponse) {
+        let watcher = self.watchers.borrow().get(&response.watch_id).cloned();
+        if let Some(watcher) = watcher {
+            let _ = watcher.send(response);
+        }
+    }
+}
+
+/// A client of the etcd server. Clones share the connection.
+#[derive(Clone)]
+pub struct EtcdClient {
+    env: ClientEnv,
+    /// The deadline of every unary call.
+    timeout: Duration,
+}
+
+impl EtcdClient {
+    pub fn new(env: ClientEnv, timeout: Duration) -> EtcdClient {
+        env.router.start(&env.rpc);
+        EtcdClient { env, timeout }
+    }
+
+    pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
+        self.env.rpc.call(self.env.server, request, self.timeout).await
+    }
+
+    /// Watch `key` (or every key under it) from `start_revision` (0: from the next change).
+    pub async fn watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<Watcher, CallError> {
+        let router = &self.env.router;
+        let id = router.next_id.get();
+        router.next_id.set(id + 1);
+        // Registered before the request leaves: a watch from the past is answered with events at once.
+        let (tx, events) = mpsc::unbounded_channel();
+        router.watchers.borrow_mut().insert(id, tx);
+        let watcher = Watcher { id, events, env: self.env.clone() };
+        let request = EtcdRequest::Watch { id, connection: router.connection, key: key.into(), prefix, start_revision };
+        self.request(request).await?;
+        Ok(watcher)
+    }
+
+    /// Keep `lease` alive in the background until the server says it is gone or answers stop for a TTL.
+    pub fn keep_alive(&self, lease: LeaseId, ttl: Duration) -> KeepAlive {
+        let (tx, done) = watch::channel(None);
+        let task = Background::spawn(keep_alive_loop(self.clone(), lease, ttl, tx));
+        KeepAlive { done, _task: task }
+    }
+}
+
+/// A watch; dropping it cancels it on the server.
+pub struct Watcher {
+    id: WatchId,
+    events: mpsc::UnboundedReceiver<WatchResponse>,
+    env: ClientEnv,
+}
+
+impl Watcher {
+    /// The next batch of events (never `None` while the watcher lives).
+    pub async fn next(&mut self) -> Option<WatchResponse> {
+        self.events.recv().await
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.env.router.watchers.borrow_mut().remove(&self.id);
+        self.env.rpc.tell(self.env.server, EtcdRequest::CancelWatch { id: self.id });
+    }
+}
+
+/// A lease kept alive in the background; dropping it stops the keep-alive (the lease then expires
+/// unless revoked).
+pub struct KeepAlive {
+    done: watch::Receiver<Option<String>>,
+    _task: Background,
+}
+
+impl KeepAlive {
+    /// Resolves, with the reason, when the keep-alive has stopped.
+    pub async fn stopped(&self) -> String {
+        let mut done = self.done.clone();
+        let reason = match done.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn has_stopped(&self) -> bool {
+        self.done.borrow().is_some()
+    }
+}
+
+/// The end of one lease's keep-alive, said once.
+struct Ending {
+    lease: LeaseId,
+    done: watch::Sender<Option<String>>,
+    env: ClientEnv,
+}
+
+impl Ending {
+    fn stop(&self, why: &str) {
+        if self.done.borrow().is_none() {
+            let state = format!("keep-alive of lease {:x} stopped: {why}", self.lease);
+            self.env.recorder.record(self.env.rpc.me(), EventKind::Session { state });
+            self.done.send_replace(Some(why.to_string()));
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.done.borrow().is_some()
+    }
+}
+
+/// clientv3's `sendKeepAliveLoop`, `recvKeepAlive` and `deadlineLoop` for one lease, on the node's
+/// monotonic clock.
+async fn keep_alive_loop(client: EtcdClient, lease: LeaseId, ttl: Duration, done: watch::Sender<Option<String>>) {
+    const SEND_EVERY: Duration = Duration::from_millis(500);
+    let clock = client.env.clock.clone();
+    // (next keep-alive due, deadline): due at once, and the first answer must come within a TTL.
+    let now = clock.monotonic_ms();
+    let timing = Rc::new(Cell::new((now, now + ttl.as_millis() as i64)));
+    let ending = Rc::new(Ending { lease, done, env: client.env.clone() });
+    let mut ticks = 0u64;
+    while !ending.stopped() {
+        clock.sleep(SEND_EVERY).await;
+        ticks += 1;
+        let now = clock.monotonic_ms();
+        let (next, deadline) = timing.get();
+        if ticks.is_multiple_of(2) && now > deadline {
+            ending.stop("no answer for the lease TTL");
+        }
+        if now < next || ending.stopped() {
+            continue;
+        }
+        // The answer is handled beside the loop, as the real client's receive loop does.
+        let (client, timing, ending) = (client.clone(), timing.clone(), ending.clone());
+        madsim::task::spawn_local(async move {
+            let answer = client.request(EtcdRequest::LeaseKeepAlive { id: lease }).await;
+            match answer {
+                Ok(EtcdReply::KeepAlive { ttl_s, .. }) if ttl_s <= 0 => {
+                    ending.stop("the server says the lease has expired")
+                }
+                Ok(EtcdReply::KeepAlive { ttl_s, .. }) => {
+                    let now = client.env.clock.monotonic_ms();
+                    timing.set((now + ttl_s * 1000 / 3, now + ttl_s * 1000));
+                }
+                _ => {}
+            }
+        });
+    }
+}
