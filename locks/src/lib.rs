@@ -9,6 +9,9 @@
 //! - [`zk`]: the ZooKeeper family — the `ZkApi` client trait, sessions, and `zk.ephemeral`,
 //!   `zk.sequential`, `zk.sequential-unprotected`, `zk.rwlock`, `zk.semaphore-mutex`,
 //!   `zk.leader-election`.
+//! - [`sql`]: the database family — the `SqlApi` connection trait, the PostgreSQL deployment, and
+//!   `sql.for-update`, `sql.unique-insert`, `sql.unique-insert-expiry`, `sql.advisory`.
+//! - [`baseline`]: the flash sale's floor and ceiling, `none` and `sql.conditional-update`.
 //! - [`etcd`]: the etcd family — the `EtcdApi` client trait, sessions (leases kept alive), and
 //!   `etcd.txn-lease`, `etcd.txn-lease-wait`, `etcd.mutex`, `etcd.election`.
 //!
@@ -16,9 +19,11 @@
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
 //! workload records around their calls); they never see checkers.
 
+pub mod baseline;
 pub mod etcd;
 pub mod params;
 pub mod redis;
+pub mod sql;
 pub mod zk;
 
 use locksim_sim::ctx::Ctx;
@@ -78,6 +83,9 @@ pub enum Servers {
     Redis(redis::RedisServers),
     Zk(zk::ZkServers),
     Etcd(etcd::EtcdServers),
+    Sql(sql::SqlServers),
+    /// The `none` baseline's: nothing.
+    None,
 }
 
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.
@@ -89,6 +97,18 @@ pub struct Family {
     pub topology: fn(&Params) -> Topology,
     /// Start the servers in a world; node names follow `topology`.
     pub deploy: fn(&mut World, &Params) -> Servers,
+}
+
+/// What keeps a recipe's clients apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// A lock: holders must not overlap (`double-holder`, `unsafe-write` are checked).
+    Lock,
+    /// Nothing at all (`none`): clients read and write as they please.
+    Nothing,
+    /// No lock: the workload changes the resource with one conditional UPDATE instead of read, hold,
+    /// write (`sql.conditional-update`) — the database's row lock keeps the update atomic.
+    ConditionalUpdate,
 }
 
 /// A recipe as scenario files name it.
@@ -106,6 +126,8 @@ pub struct RecipeSpec {
     pub offers_token: bool,
     /// Whether `acquire_shared` takes the lock shared (a read-write lock).
     pub offers_shared: bool,
+    /// What keeps clients apart: a lock, or (the flash sale's baselines) nothing.
+    pub guard: Guard,
     /// Whether the recipe grants in request order (checked as `unfair` unless `[check] fifo = false`).
     pub promises_fifo: bool,
     /// Checks that need both parameter sets, e.g. Redlock's number of masters.
@@ -128,7 +150,8 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        Registry { recipes: redis::RECIPES.iter().chain(zk::RECIPES).chain(etcd::RECIPES).copied().collect() }
+        let families = [redis::RECIPES, zk::RECIPES, etcd::RECIPES, sql::RECIPES, &[baseline::NONE]];
+        Registry { recipes: families.into_iter().flatten().copied().collect() }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).

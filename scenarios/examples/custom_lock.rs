@@ -21,6 +21,7 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
     params: &[ParamSpec::duration("ttl", 5_000, "lock key expiry")],
     offers_token: true,
     offers_shared: false,
+    guard: locksim_locks::Guard::Lock,
     promises_fifo: false,
     validate: no_constraints,
     build,

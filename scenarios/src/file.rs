@@ -44,6 +44,7 @@ pub struct WorkloadFile {
     pub think: DurRange,
     pub fencing: Option<Spanned<bool>>,
     pub reads: Option<Spanned<f64>>,
+    pub stock: Option<Spanned<i64>>,
 }
 
 fn default_hold() -> DurRange {

@@ -104,7 +104,10 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
         async move {
             let mut world = World::new(seed);
             let servers = (scenario.recipe.family.deploy)(&mut world, &scenario.backend_params);
-            let resource = world.add_node("resource", resource_program(scenario.workload.fencing));
+            let resource = world.add_node(
+                "resource",
+                resource_program(scenario.workload.fencing, scenario.workload.stock.unwrap_or(0)),
+            );
             let plan = Arc::new(ClientPlan {
                 recipe: scenario.recipe,
                 params: scenario.recipe_params.clone(),
@@ -157,9 +160,9 @@ pub fn describe(f: &Fault) -> String {
     words
 }
 
-fn resource_program(fencing: bool) -> Program {
+fn resource_program(fencing: bool, initial: i64) -> Program {
     // The resource is durable: a restart keeps its value (it is the system of record).
-    let state = Arc::new(Mutex::new(ResourceState::new(fencing)));
+    let state = Arc::new(Mutex::new(ResourceState::new(fencing, initial)));
     Arc::new(move |env| {
         let state = state.clone();
         Box::pin(async move {

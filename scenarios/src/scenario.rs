@@ -39,6 +39,8 @@ pub struct Workload {
     pub fencing: bool,
     /// The share of acquisitions that take the lock shared, to read only (recipes with a shared mode).
     pub reads: f64,
+    /// `Some(items)`: a flash sale of this stock (`kind = "flash-sale"`); `None`: the counter.
+    pub stock: Option<i64>,
 }
 
 #[derive(Clone)]
@@ -95,6 +97,7 @@ impl Scenario {
         backend.finish(&names(recipe.family.params))?;
         (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
         let workload = workload(&src, &file, &recipe)?;
+        let stock = workload.stock;
         let topo = topology(&recipe, &backend_params, workload.clients);
         let schedule = file.faults.schedule.iter().map(|t| fault(&src, t, &topo)).collect::<Result<_, _>>()?;
         let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
@@ -125,7 +128,13 @@ impl Scenario {
             workload,
             schedule,
             random,
-            check: CheckConfig { liveness, herd_max, fifo: file.check.fifo.unwrap_or(recipe.promises_fifo) },
+            check: CheckConfig {
+                liveness,
+                herd_max,
+                fifo: file.check.fifo.unwrap_or(recipe.promises_fifo),
+                stock,
+                exclusive: recipe.guard == locksim_locks::Guard::Lock,
+            },
             expect,
         })
     }
@@ -166,9 +175,25 @@ fn range(r: &DurRange) -> (Duration, Duration) {
 
 fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Workload, ScenarioError> {
     let w = &file.workload;
-    if w.kind.get_ref() != "counter" {
-        return Err(src.error(w.kind.span(), format!("kind: expected \"counter\", found \"{}\"", w.kind.get_ref())));
-    }
+    let flash_sale = match w.kind.get_ref().as_str() {
+        "counter" => false,
+        "flash-sale" => true,
+        other => {
+            let m = format!("kind: expected \"counter\" or \"flash-sale\", found \"{other}\"");
+            return Err(src.error(w.kind.span(), m));
+        }
+    };
+    let stock = match (&w.stock, flash_sale) {
+        (None, true) => return Err(src.error(w.kind.span(), "a flash sale needs `stock`, the items on sale")),
+        (Some(s), false) => {
+            return Err(src.error(s.span(), "stock: only a flash sale (kind = \"flash-sale\") has stock"))
+        }
+        (Some(s), true) if !(1..=1_000_000).contains(s.get_ref()) => {
+            let m = format!("stock: expected a whole number of items from 1 to 1000000, found {}", s.get_ref());
+            return Err(src.error(s.span(), m));
+        }
+        (s, _) => s.as_ref().map(|s| *s.get_ref()),
+    };
     let clients = *w.clients.get_ref();
     if !(1..=64).contains(&clients) {
         return Err(
@@ -194,8 +219,11 @@ fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Wo
             return Err(src.error(r.span(), m));
         }
     }
+    if let Some(r) = w.reads.as_ref().filter(|_| flash_sale && reads > 0.0) {
+        return Err(src.error(r.span(), "reads: buyers in a flash sale always write; leave reads out"));
+    }
     let (hold, think) = (range(&w.hold), range(&w.think));
-    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads })
+    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads, stock })
 }
 
 fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, ScenarioError> {

@@ -1,5 +1,12 @@
-//! The `counter` workload: each client loops acquire → read → hold → write → release → think. With
-//! `reads`, that share of acquisitions takes the lock shared and only reads: acquire → read → hold → release.
+//! The workloads.
+//! - `counter`: each client loops acquire → read → hold → write value + 1 → release → think. With `reads`,
+//!   that share of acquisitions takes the lock shared and only reads: acquire → read → hold → release.
+//! - `flash-sale`: each buyer loops acquire → read the stock → if any is left, process the order (hold)
+//!   and write stock − 1 with the order → release → think, and goes home once it has seen the stock
+//!   sold out.
+//!
+//! Under a recipe guarded by a conditional update (no lock; the database does the locking) the critical section is
+//! one conditional statement after the hold: `n = n + 1`, or `n = n − 1 WHERE n > 0` with the order.
 //!
 //! The workload is the harness around a recipe: it records every lock call and its outcome in the
 //! history (recipes never do), and it is the only code that touches the resource. Hold and think times
@@ -57,20 +64,22 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
     let draw_shared = || reads > 0.0 && rng.borrow_mut().gen_bool(reads);
     let record = |kind| env.recorder.record(env.me, kind);
     let end = plan.workload.duration.as_nanos() as u64;
-    while sim_now_ns() < end {
+    let mut sold_out = false;
+    // A buyer who has seen the stock run out goes home.
+    while sim_now_ns() < end && !sold_out {
         let shared = draw_shared();
         record(EventKind::AcquireInvoke);
         let outcome = if shared { lock.acquire_shared().await } else { lock.acquire().await };
         match outcome {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token, shared });
-                let access = Access { resource: plan.resource, token: grant.token, shared };
+                let access = Access { resource: plan.resource, token: grant.token, shared, work: plan.work() };
                 let work = critical_section(&rpc, access, &ctx, draw(plan.workload.hold));
                 // A recipe that learns its lock is gone stops its holder before the write.
                 tokio::select! {
                     biased;
                     reason = lock.lost() => record(EventKind::LockLost { reason }),
-                    () = work => {}
+                    sold = work => sold_out = sold,
                 }
                 record(EventKind::ReleaseInvoke);
                 record(match lock.release().await {
@@ -86,25 +95,62 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
     }
 }
 
-/// Where a critical section goes and what it shows there.
+impl ClientPlan {
+    fn work(&self) -> Work {
+        let atomic = self.recipe.guard == locksim_locks::Guard::ConditionalUpdate;
+        match (self.workload.stock.is_some(), atomic) {
+            (false, false) => Work::Increment,
+            (false, true) => Work::AtomicIncrement,
+            (true, false) => Work::Buy,
+            (true, true) => Work::AtomicBuy,
+        }
+    }
+}
+
+/// What a critical section does to the resource.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Read the counter, hold, write it plus one.
+    Increment,
+    /// Hold, then add one in a single statement.
+    AtomicIncrement,
+    /// Read the stock; if any is left, process the order (hold), write the stock minus one with the order.
+    Buy,
+    /// Process the order, then `UPDATE stock SET n = n - 1 WHERE n > 0` with the order.
+    AtomicBuy,
+}
+
+/// Where a critical section goes and what it does there.
 struct Access {
     resource: NodeIx,
     token: Option<u64>,
     /// A reader under a shared lock: it only reads.
     shared: bool,
+    work: Work,
 }
 
-/// Read the counter, hold the lock for `hold`, write the counter plus one (a reader only reads and holds).
-async fn critical_section(rpc: &Rpc, access: Access, ctx: &Ctx, hold: Duration) {
-    let Access { resource, token, shared } = access;
-    let read = rpc.call(resource, ResourceRequest::Read { token, shared }, RESOURCE_TIMEOUT).await;
-    let Ok(ResourceReply::Value(value)) = read else {
-        return;
-    };
-    ctx.sleep(hold).await;
-    if shared {
-        return;
+/// The critical section; true when it found the stock sold out.
+async fn critical_section(rpc: &Rpc, access: Access, ctx: &Ctx, hold: Duration) -> bool {
+    let Access { resource, token, shared, work } = access;
+    let call = |request| rpc.call::<_, ResourceReply>(resource, request, RESOURCE_TIMEOUT);
+    if let Work::AtomicIncrement | Work::AtomicBuy = work {
+        ctx.sleep(hold).await;
+        let buy = matches!(work, Work::AtomicBuy);
+        let (delta, floor) = if buy { (-1, Some(0)) } else { (1, None) };
+        let reply = call(ResourceRequest::Add { token, delta, floor, order: buy }).await;
+        return buy && matches!(reply, Ok(ResourceReply::Value(_)));
     }
-    let _: Result<ResourceReply, _> =
-        rpc.call(resource, ResourceRequest::Write { token, value: value + 1 }, RESOURCE_TIMEOUT).await;
+    let Ok(ResourceReply::Value(value)) = call(ResourceRequest::Read { token, shared }).await else {
+        return false;
+    };
+    let buy = matches!(work, Work::Buy);
+    if buy && value <= 0 {
+        return true;
+    }
+    ctx.sleep(hold).await;
+    if !shared {
+        let next = if buy { value - 1 } else { value + 1 };
+        let _ = call(ResourceRequest::Write { token, value: next, order: buy }).await;
+    }
+    false
 }

@@ -61,6 +61,8 @@ pub enum EventKind {
     },
     /// The resource saw a client end its critical section.
     Exit,
+    /// Flash sale: the resource recorded an order for this buyer with its accepted write.
+    Order,
     /// The client lost its lock by its own account (its session or lease is gone) and stops acting on it.
     LockLost {
         reason: String,

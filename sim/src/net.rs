@@ -160,6 +160,11 @@ impl Net {
     /// Send `msg` from `from` to `to`: count it, decide its fate, and put it in the receiver's inbox.
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
         let mut s = self.state();
+        // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
+        // tasks are dropped) dies with it.
+        if !s.inboxes.contains_key(&from) {
+            return;
+        }
         s.messages += 1;
         if msg.is_stream() && s.cuts.contains_key(&(from, to)) {
             s.held.entry((from, to)).or_default().push(msg);
@@ -226,6 +231,7 @@ pub struct ReplyTo {
 #[derive(Clone)]
 pub struct Rpc {
     me: NodeIx,
+    incarnation: u32,
     net: Net,
     clock: Clock,
     next_tag: Rc<Cell<u64>>,
@@ -245,11 +251,26 @@ impl Rpc {
         // Reply tags are unique across lives: a late reply to a call of a previous life must not be
         // taken for the answer to a call of this one.
         let first_tag = (u64::from(env.incarnation) << 40) + 1;
-        Rpc { me: env.me, net: env.net.clone(), clock: env.clock.clone(), next_tag: Rc::new(Cell::new(first_tag)) }
+        let (me, incarnation) = (env.me, env.incarnation);
+        Rpc { me, incarnation, net: env.net.clone(), clock: env.clock.clone(), next_tag: Rc::new(Cell::new(first_tag)) }
     }
 
     pub fn me(&self) -> NodeIx {
         self.me
+    }
+
+    /// Which life of this node the endpoint belongs to (0 until its first restart).
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
+    /// A TCP keep-alive probe of a peer's connection: answered by the peer's kernel if both directions of
+    /// the link are up and the peer still runs the life that opened the connection. A paused process's
+    /// kernel answers; a crashed host does not, and a restarted one resets the old connection.
+    pub fn probe(&self, peer: NodeIx, incarnation: u32) -> bool {
+        let s = self.net.state();
+        let up = !s.cuts.contains_key(&(self.me, peer)) && !s.cuts.contains_key(&(peer, self.me));
+        up && s.inboxes.get(&peer).is_some_and(|inbox| inbox.incarnation == incarnation)
     }
 
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
@@ -390,6 +411,7 @@ mod tests {
                 queued: Arc::new(Notify::new()),
                 waiting: BTreeMap::new(),
             };
+            net.state().inboxes.insert(NodeIx(0), inbox());
             net.state().inboxes.insert(NodeIx(1), inbox());
             net.cut(NodeIx(0), NodeIx(1), true);
             net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 0, body: Box::new(1u8) });
@@ -399,6 +421,24 @@ mod tests {
             let s = net.state();
             let queued: Vec<u64> = s.inboxes[&NodeIx(1)].requests.values().map(|(r, _)| r.reply_tag).collect();
             assert_eq!(queued, vec![0], "the stream message arrives after the heal; the call's request is gone");
+        });
+    }
+
+    #[test]
+    fn a_crashed_node_sends_nothing() {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
+            let net = Net::new(1);
+            let inbox = Inbox {
+                incarnation: 0,
+                requests: BTreeMap::new(),
+                queued: Arc::new(Notify::new()),
+                waiting: BTreeMap::new(),
+            };
+            net.state().inboxes.insert(NodeIx(1), inbox);
+            // Node 0 has no inbox: it has crashed, and its dying tasks' last words are lost.
+            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 0, body: Box::new(1u8) });
+            assert!(net.state().inboxes[&NodeIx(1)].requests.is_empty());
+            assert_eq!(net.messages(), 0);
         });
     }
 

@@ -15,14 +15,13 @@ use crate::history::{EventKind, NodeIx};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResourceRequest {
     /// `shared`: a reader under a shared lock (its whole access; no write follows).
-    Read {
-        token: Option<u64>,
-        shared: bool,
-    },
-    Write {
-        token: Option<u64>,
-        value: i64,
-    },
+    Read { token: Option<u64>, shared: bool },
+    /// Write `value`; with `order`, record a flash-sale order in the same transaction.
+    Write { token: Option<u64>, value: i64, order: bool },
+    /// One atomic conditional statement: `SET n = n + delta WHERE n + delta >= floor` (no floor:
+    /// always), recording an order with it if asked — the flash sale's `UPDATE stock SET n = n - 1
+    /// WHERE n > 0`. Answers `Written`, or `Value` with the unchanged value when the condition fails.
+    Add { token: Option<u64>, delta: i64, floor: Option<i64>, order: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +43,27 @@ pub struct ResourceState {
 }
 
 impl ResourceState {
-    pub fn new(fencing: bool) -> ResourceState {
-        ResourceState { value: 0, fencing, highest: None, highest_exclusive: None }
+    /// A resource starting at `value` (0 for the counter, the stock for a flash sale).
+    pub fn new(fencing: bool, value: i64) -> ResourceState {
+        ResourceState { value, fencing, highest: None, highest_exclusive: None }
+    }
+
+    /// Write `value` if `token` is admitted: the events of a write that ends a critical section.
+    fn write(&mut self, from: NodeIx, token: Option<u64>, value: i64, order: bool, out: &mut Out) -> ResourceReply {
+        let admitted = self.admit(token, false);
+        let accepted = admitted.is_ok();
+        if accepted {
+            self.value = value;
+        }
+        out.record(from, EventKind::Write { value, token, accepted });
+        if accepted && order {
+            out.record(from, EventKind::Order);
+        }
+        out.record(from, EventKind::Exit);
+        match admitted {
+            Ok(()) => ResourceReply::Written,
+            Err(highest) => ResourceReply::StaleToken { highest },
+        }
     }
 
     /// Check a token against the highest seen (by an exclusive access, for a shared one); remember it
@@ -88,17 +106,16 @@ impl Backend for ResourceState {
                     Err(highest) => ResourceReply::StaleToken { highest },
                 }
             }
-            ResourceRequest::Write { token, value } => {
-                let admitted = self.admit(token, false);
-                let accepted = admitted.is_ok();
-                if accepted {
-                    self.value = value;
-                }
-                out.record(from, EventKind::Write { value, token, accepted });
-                out.record(from, EventKind::Exit);
-                match admitted {
-                    Ok(()) => ResourceReply::Written,
-                    Err(highest) => ResourceReply::StaleToken { highest },
+            ResourceRequest::Write { token, value, order } => self.write(from, token, value, order, out),
+            ResourceRequest::Add { token, delta, floor, order } => {
+                let value = self.value + delta;
+                out.record(from, EventKind::Enter { token });
+                if floor.is_none_or(|f| value >= f) {
+                    self.write(from, token, value, order, out)
+                } else {
+                    out.record(from, EventKind::Read { value: self.value, token, accepted: true });
+                    out.record(from, EventKind::Exit);
+                    ResourceReply::Value(self.value)
                 }
             }
         }
@@ -115,28 +132,37 @@ mod tests {
 
     #[test]
     fn without_fencing_every_write_lands() {
-        let mut r = ResourceState::new(false);
-        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1 }), ResourceReply::Written);
-        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(4), value: 2 }), ResourceReply::Written);
+        let mut r = ResourceState::new(false, 0);
+        assert_eq!(
+            apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1, order: false }),
+            ResourceReply::Written
+        );
+        assert_eq!(
+            apply(&mut r, ResourceRequest::Write { token: Some(4), value: 2, order: false }),
+            ResourceReply::Written
+        );
         assert_eq!(apply(&mut r, ResourceRequest::Read { token: None, shared: false }), ResourceReply::Value(2));
     }
 
     #[test]
     fn fencing_refuses_a_token_lower_than_one_seen_on_any_access() {
-        let mut r = ResourceState::new(true);
+        let mut r = ResourceState::new(true, 0);
         assert_eq!(apply(&mut r, ResourceRequest::Read { token: Some(5), shared: false }), ResourceReply::Value(0));
         // A paused holder with token 4 wakes up and writes after token 5 has read.
         assert_eq!(
-            apply(&mut r, ResourceRequest::Write { token: Some(4), value: 1 }),
+            apply(&mut r, ResourceRequest::Write { token: Some(4), value: 1, order: false }),
             ResourceReply::StaleToken { highest: 5 }
         );
-        assert_eq!(apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1 }), ResourceReply::Written);
+        assert_eq!(
+            apply(&mut r, ResourceRequest::Write { token: Some(5), value: 1, order: false }),
+            ResourceReply::Written
+        );
         assert_eq!(r.value, 1);
     }
 
     #[test]
     fn fenced_readers_share_in_any_order_but_not_below_a_writer() {
-        let mut r = ResourceState::new(true);
+        let mut r = ResourceState::new(true, 0);
         let read = |token, shared| ResourceRequest::Read { token: Some(token), shared };
         assert_eq!(apply(&mut r, read(12, true)), ResourceReply::Value(0));
         assert_eq!(apply(&mut r, read(10, true)), ResourceReply::Value(0), "two readers hold the lock together");
@@ -148,11 +174,33 @@ mod tests {
     }
 
     #[test]
+    fn a_conditional_decrement_never_goes_below_its_floor_and_records_the_order() {
+        let mut r = ResourceState::new(false, 1);
+        let buy = ResourceRequest::Add { token: None, delta: -1, floor: Some(0), order: true };
+        let mut out = Out::default();
+        assert_eq!(r.apply(0, NodeIx(2), buy.clone(), &mut out), ResourceReply::Written);
+        assert_eq!(r.apply(0, NodeIx(3), buy, &mut out), ResourceReply::Value(0), "sold out");
+        let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (2, EventKind::Enter { token: None }),
+                (2, EventKind::Write { value: 0, token: None, accepted: true }),
+                (2, EventKind::Order),
+                (2, EventKind::Exit),
+                (3, EventKind::Enter { token: None }),
+                (3, EventKind::Read { value: 0, token: None, accepted: true }),
+                (3, EventKind::Exit),
+            ]
+        );
+    }
+
+    #[test]
     fn accesses_are_recorded_for_the_caller() {
-        let mut r = ResourceState::new(true);
+        let mut r = ResourceState::new(true, 0);
         let mut out = Out::default();
         r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1), shared: false }, &mut out);
-        r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1 }, &mut out);
+        r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1, order: false }, &mut out);
         let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(
             kinds,

@@ -302,8 +302,9 @@ impl World {
     }
 
     fn crash(&mut self, node: NodeIx) {
-        self.handle.kill(self.nodes[node.0 as usize].id);
+        // Unbound first: the host is gone before its tasks are dropped.
         self.net.unbind(node);
+        self.handle.kill(self.nodes[node.0 as usize].id);
         self.pauses.remove(&node);
         self.recorder.forget(node);
     }

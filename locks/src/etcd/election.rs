@@ -31,6 +31,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: true,
     validate: whole_seconds,
     build,

@@ -43,6 +43,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, RECHECK],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: true,
     validate: whole_seconds,
     build,

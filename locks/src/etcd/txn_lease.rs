@@ -30,6 +30,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
     params: &[TTL, CALL_TIMEOUT, LOST_ON],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: false,
     validate: whole_seconds,
     build: build_fail_fast,

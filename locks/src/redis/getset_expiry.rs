@@ -28,6 +28,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     params: &[TTL, RETRY, ACQUIRE_TIMEOUT, CALL_TIMEOUT],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: false,
     validate: super::one_master,
     build,

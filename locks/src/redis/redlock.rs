@@ -51,6 +51,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     ],
     offers_token: false,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: false,
     validate: at_least_three_masters,
     build,

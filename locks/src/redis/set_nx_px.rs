@@ -36,6 +36,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     ],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: false,
     validate: super::one_master,
     build,

@@ -29,6 +29,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON],
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: true,
     validate: super::positive_session,
     build,

@@ -37,6 +37,7 @@ pub const PROTECTED: RecipeSpec = RecipeSpec {
     params: PARAMS,
     offers_token: true,
     offers_shared: false,
+    guard: crate::Guard::Lock,
     promises_fifo: true,
     validate: super::positive_session,
     build: build_protected,

@@ -5,6 +5,7 @@
 
 mod deadlock;
 mod double_holder;
+mod flash_sale;
 pub mod herd;
 pub mod holds;
 mod measure;
@@ -29,16 +30,20 @@ pub enum FindingKind {
     Deadlock,
     Herd,
     Unfair,
+    Oversell,
+    LostUpdate,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 6] = [
+    pub const ALL: [FindingKind; 8] = [
         FindingKind::DoubleHolder,
         FindingKind::UnsafeWrite,
         FindingKind::StaleWriteRejected,
         FindingKind::Deadlock,
         FindingKind::Herd,
         FindingKind::Unfair,
+        FindingKind::Oversell,
+        FindingKind::LostUpdate,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +54,8 @@ impl FindingKind {
             FindingKind::Deadlock => "deadlock",
             FindingKind::Herd => "herd",
             FindingKind::Unfair => "unfair",
+            FindingKind::Oversell => "oversell",
+            FindingKind::LostUpdate => "lost-update",
         }
     }
 
@@ -85,6 +92,11 @@ pub struct CheckConfig {
     pub herd_max: Option<u32>,
     /// Hold grants to request order (`unfair`): by default, whether the recipe promises FIFO.
     pub fifo: bool,
+    /// A flash sale's initial stock: `oversell` and `lost-update` are checked only then.
+    pub stock: Option<i64>,
+    /// Whether the recipe is a lock (`double-holder` and `unsafe-write` are checked), or a baseline
+    /// that keeps nobody apart.
+    pub exclusive: bool,
 }
 
 /// A finding before the history's names and faults are attached.
@@ -99,11 +111,15 @@ struct Raw {
 /// Run every checker over `h`.
 pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     let holds = holds::holds(h);
-    let mut raw = double_holder::check(&holds);
-    raw.extend(unsafe_write::check(h));
+    let mut raw = Vec::new();
+    if config.exclusive {
+        raw.extend(double_holder::check(&holds));
+        raw.extend(unsafe_write::check(h));
+    }
     raw.extend(deadlock::check(h, &holds, config.liveness));
     raw.extend(herd::check(h, config.herd_max));
     raw.extend(unfair::check(h, config.fifo));
+    raw.extend(flash_sale::check(h, config.stock));
     let faults = fault_windows(h);
     raw.into_iter()
         .map(|r| Finding {

@@ -3,7 +3,8 @@
 //! The history shows when a client asked (`AcquireInvoke`) and was granted (`AcquireOk`), not when it
 //! joined the recipe's queue, which comes a few round trips later. So a grant is unfair only when a
 //! client that asked more than `FIFO_MARGIN` later was granted first, and the overtaken client's wait
-//! was undisturbed: one continuous `acquire` with no fault aimed at its node and no change of its session
+//! was undisturbed: one continuous `acquire` with no fault aimed at its node (begun before or during the
+//! wait) and no change of its session
 //! (a crash, a partition or an expiry may rightly send it to the back of the queue). A client whose last
 //! acquire or release ended `Unknown` may still have its place in the queue (its node or key survived,
 //! and the recipe reuses it, as etcd's Mutex does): its next grant overtakes nobody.
@@ -28,12 +29,18 @@ struct Wait {
 fn waits(h: &History) -> Vec<Wait> {
     let mut open: BTreeMap<NodeIx, Wait> = BTreeMap::new();
     let mut unsure: BTreeSet<NodeIx> = BTreeSet::new();
+    // Faults in force, by id: a wait that starts under one is disturbed from the start.
+    let mut active: BTreeMap<u32, NodeIx> = BTreeMap::new();
     let mut done = Vec::new();
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
                 let kept_place = unsure.remove(&e.node);
-                open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed: false, kept_place });
+                let disturbed = active.values().any(|n| *n == e.node);
+                open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed, kept_place });
+            }
+            EventKind::FaultEnd { id } => {
+                active.remove(id);
             }
             EventKind::AcquireOk { .. } => {
                 if let Some(wait) = open.remove(&e.node) {
@@ -48,6 +55,9 @@ fn waits(h: &History) -> Vec<Wait> {
                 unsure.insert(e.node);
             }
             EventKind::FaultStart { .. } | EventKind::Session { .. } => {
+                if let EventKind::FaultStart { id, .. } = &e.kind {
+                    active.insert(*id, e.node);
+                }
                 if let Some(wait) = open.get_mut(&e.node) {
                     wait.disturbed = true;
                 }

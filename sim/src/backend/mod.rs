@@ -9,6 +9,7 @@
 
 pub mod etcd;
 pub mod redis;
+pub mod sql;
 pub mod zk;
 
 use crate::clock::Clock;
@@ -86,6 +87,14 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         out.flush(rpc, recorder);
         rpc.reply(&reply_to, reply);
     }
+}
+
+/// Act on a served state from beside its shell (e.g. a server's keep-alive prober), then say what it
+/// asked to be said.
+pub fn act<B: Backend>(state: &Mutex<B>, rpc: &Rpc, recorder: &Recorder, f: impl FnOnce(&mut B, &mut Out)) {
+    let mut out = Out::default();
+    f(&mut state.lock().expect("backend lock"), &mut out);
+    out.flush(rpc, recorder);
 }
 
 /// A client library's event thread: hand every pushed message of type `M` that reaches this node to

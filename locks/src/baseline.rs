@@ -1,0 +1,63 @@
+//! The flash sale's floor and ceiling: `none` (no lock at all: read, then write) and
+//! `sql.conditional-update` (no lock: one `UPDATE stock SET n = n - 1 WHERE n > 0` is the whole
+//! purchase, and the database's row lock does the rest).
+
+use crate::params::Params;
+use crate::{async_trait, Family, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
+
+/// No lock: `acquire` and `release` succeed at once.
+struct NoLock;
+
+#[async_trait(?Send)]
+impl Lock for NoLock {
+    async fn acquire(&mut self) -> Outcome<Grant> {
+        Outcome::Ok(Grant::default())
+    }
+
+    async fn release(&mut self) -> Outcome<()> {
+        Outcome::Ok(())
+    }
+}
+
+fn build(_: &Params, _: Ctx, _: &Servers) -> Box<dyn Lock> {
+    Box::new(NoLock)
+}
+
+/// The family of the `none` baseline: no servers.
+pub static NO_SERVERS: Family = Family {
+    name: "none",
+    summary: "no lock service at all",
+    params: &[],
+    topology: |_| Topology::default(),
+    deploy: |_, _| Servers::None,
+};
+
+pub const NONE: RecipeSpec = RecipeSpec {
+    id: "none",
+    family: &NO_SERVERS,
+    summary: "no lock at all: every client reads, holds and writes as it pleases",
+    source: "seed 001: the baseline",
+    params: &[],
+    offers_token: false,
+    offers_shared: false,
+    guard: Guard::Nothing,
+    promises_fifo: false,
+    validate: crate::no_constraints,
+    build,
+};
+
+pub const CONDITIONAL_UPDATE: RecipeSpec = RecipeSpec {
+    id: "sql.conditional-update",
+    family: &crate::sql::FAMILY,
+    summary: "no lock: one conditional UPDATE (n = n - 1 WHERE n > 0) is the whole critical section",
+    source: "seed 001: let the database decide",
+    params: &[],
+    offers_token: false,
+    offers_shared: false,
+    guard: Guard::ConditionalUpdate,
+    promises_fifo: false,
+    validate: crate::no_constraints,
+    build,
+};

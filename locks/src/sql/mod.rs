@@ -1,0 +1,239 @@
+//! The database family: the client trait recipes speak, the simulated PostgreSQL deployment, and the
+//! recipes (and the flash sale's ceiling, `sql.conditional-update`, from [`crate::baseline`]).
+//!
+//! Recipes talk to the database through [`SqlApi`], a connection's `execute`, as JDBC or libpq do. The
+//! server's tables: `lock_rows` (one row, `lock`, for `SELECT … FOR UPDATE`), `locks` (empty; a lock
+//! is a row keyed by its name), `shedlock` (ShedLock's table) and the sequence `fence` (fencing tokens).
+
+mod advisory;
+mod for_update;
+mod shedlock;
+mod unique_insert;
+
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
+use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
+use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
+use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, Value};
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
+use locksim_sim::history::NodeIx;
+use locksim_sim::net::Rpc;
+use locksim_sim::world::{Program, World};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const RECIPES: &[RecipeSpec] = &[
+    for_update::RECIPE,
+    unique_insert::RECIPE,
+    shedlock::RECIPE,
+    advisory::RECIPE,
+    crate::baseline::CONDITIONAL_UPDATE,
+];
+
+/// The database server of one world.
+#[derive(Clone, Debug)]
+pub struct SqlServers {
+    pub server: NodeIx,
+}
+
+/// `[backend]` keys of the database family: PostgreSQL's connection settings.
+pub const BACKEND_PARAMS: &[ParamSpec] = &[
+    ParamSpec::duration(
+        "tcp_keepalives_idle",
+        7_200_000,
+        "silence before the server probes a client's connection (PostgreSQL uses the OS default, 2h)",
+    ),
+    ParamSpec::duration("tcp_keepalives_interval", 75_000, "time between unanswered keep-alive probes"),
+    ParamSpec {
+        name: "tcp_keepalives_count",
+        kind: ParamKind::Int { min: 1, max: 100 },
+        default: ParamValue::Int(9),
+        doc: "unanswered probes after which the server ends the session",
+    },
+    ParamSpec::duration(
+        "idle_in_transaction_session_timeout",
+        0,
+        "end a session idle inside a transaction this long (0: never, the default)",
+    ),
+];
+
+pub static FAMILY: Family = Family {
+    name: "sql",
+    summary: "PostgreSQL 15 semantics: row locks, unique keys, advisory locks, sessions ended by keep-alive",
+    params: BACKEND_PARAMS,
+    topology,
+    deploy,
+};
+
+fn topology(_: &Params) -> Topology {
+    Topology { servers: vec!["db-0".into()], ..Topology::default() }
+}
+
+/// How often the server's keep-alive looks for silent connections.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+fn deploy(world: &mut World, params: &Params) -> Servers {
+    let settings = Settings {
+        tcp_keepalives_idle: params.duration("tcp_keepalives_idle"),
+        tcp_keepalives_interval: params.duration("tcp_keepalives_interval"),
+        tcp_keepalives_count: params.int("tcp_keepalives_count") as u32,
+        idle_in_transaction_session_timeout: params.duration("idle_in_transaction_session_timeout"),
+    };
+    let mut db = SqlState::new(settings);
+    db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
+    db.create_table("locks", []);
+    db.create_table("shedlock", []);
+    db.create_sequence("fence");
+    // Committed rows survive a restart (the WAL); sessions do not.
+    let state = Arc::new(Mutex::new(db));
+    let program: Program = Arc::new(move |env| {
+        let state = state.clone();
+        if env.incarnation > 0 {
+            state.lock().expect("db lock").recover();
+        }
+        Box::pin(async move {
+            let rpc = Rpc::bind(&env);
+            // The kernel's keep-alive, beside the server: probe connections that have been silent.
+            let (prober_state, prober_rpc, clock, recorder) =
+                (state.clone(), rpc.clone(), env.clock.clone(), env.recorder.clone());
+            let _prober = locksim_sim::ctx::Background::spawn(async move {
+                loop {
+                    clock.sleep(PROBE_EVERY).await;
+                    let now = clock.now_ms();
+                    locksim_sim::backend::act(&prober_state, &prober_rpc, &recorder, |db, out| {
+                        for (conn, node, incarnation) in db.probes_due(now) {
+                            db.probed(conn, prober_rpc.probe(node, incarnation), now, out);
+                        }
+                    });
+                }
+            });
+            locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
+        })
+    });
+    let server = world.add_node("db-0", program);
+    Servers::Sql(SqlServers { server })
+}
+
+/// A database connection's one call.
+#[async_trait(?Send)]
+pub trait SqlApi {
+    async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError>;
+    fn is_closed(&self) -> bool;
+}
+
+#[async_trait(?Send)]
+impl SqlApi for Connection {
+    async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
+        Connection::execute(self, stmt).await
+    }
+
+    fn is_closed(&self) -> bool {
+        Connection::is_closed(self)
+    }
+}
+
+/// Parameters the database recipes share.
+const SOCKET_TIMEOUT: ParamSpec = ParamSpec::duration(
+    "socket_timeout",
+    0,
+    "client socket read timeout: give up on a statement and close the connection (0: wait for ever, JDBC's default)",
+);
+const LOCK_TIMEOUT: ParamSpec =
+    ParamSpec::duration("lock_timeout", 0, "the session's lock_timeout: a waiting statement fails after it (0: never)");
+
+/// A client's connection to the database, opened again once closed, and whether the client holds the
+/// lock through it.
+struct Db {
+    ctx: Ctx,
+    env: ClientEnv,
+    socket_timeout: Duration,
+    conn: Option<Connection>,
+    holding: bool,
+    /// How the client names itself in lock rows (ShedLock's `locked_by`: its host).
+    owner: String,
+}
+
+impl Db {
+    fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Db {
+        let Servers::Sql(sql) = servers else { unreachable!("a database recipe is deployed with a database") };
+        let env = ClientEnv {
+            rpc: ctx.rpc().clone(),
+            clock: ctx.clock().clone(),
+            server: sql.server,
+            router: ctx.node_wide(Router::default),
+        };
+        let owner = format!("node-{}", ctx.rpc().me().0);
+        let socket_timeout = params.duration("socket_timeout");
+        Db { ctx: ctx.clone(), env, socket_timeout, conn: None, holding: false, owner }
+    }
+
+    /// The outcome of taking the lock with fencing token `token`; remembers that we hold it.
+    fn granted(&mut self, taken: Result<u64, Outcome<()>>) -> Outcome<Grant> {
+        match taken {
+            Ok(token) => {
+                self.holding = true;
+                Outcome::Ok(Grant { token: Some(token) })
+            }
+            Err(outcome) => grant_outcome(outcome),
+        }
+    }
+
+    /// Start a release: refused if we do not hold the lock, and — for a lock that lives in the
+    /// session (`needs_session`) — if the connection that held it is gone.
+    fn releasing(&mut self, needs_session: bool) -> Result<(), Outcome<()>> {
+        if !std::mem::take(&mut self.holding) {
+            return Err(Outcome::Fail("not held by this client".into()));
+        }
+        if needs_session && self.conn.as_ref().is_none_or(Connection::is_closed) {
+            return Err(Outcome::Fail("the connection is gone, and the lock with its session".into()));
+        }
+        Ok(())
+    }
+
+    /// The open connection, or a new one.
+    async fn connection(&mut self) -> Result<&Connection, Outcome<()>> {
+        if self.conn.as_ref().is_none_or(Connection::is_closed) {
+            let id = self.ctx.random_u64();
+            let conn = Connection::open(self.env.clone(), id, self.socket_timeout).await;
+            self.conn = Some(conn.ok_or(Outcome::Fail("cannot reach the database".into()))?);
+        }
+        Ok(self.conn.as_ref().expect("just opened"))
+    }
+
+    /// Run `stmt` on the open connection (opening one if needed).
+    async fn run(&mut self, stmt: Stmt) -> Result<SqlResult, Outcome<()>> {
+        outcome(self.connection().await?.execute(stmt).await)
+    }
+
+    /// `nextval('fence')`: a fencing token.
+    async fn fence(&mut self) -> Result<u64, Outcome<()>> {
+        match self.run(Stmt::NextVal { sequence: "fence".into() }).await? {
+            SqlResult::Int(n) => Ok(n as u64),
+            other => Err(Outcome::Fail(format!("nextval: {other:?}"))),
+        }
+    }
+}
+
+/// A statement's result, or the outcome of its failing: a read timeout leaves the statement's effect
+/// unknown, anything else is a definite failure.
+fn outcome(result: Result<SqlResult, ClientError>) -> Result<SqlResult, Outcome<()>> {
+    match result {
+        Ok(SqlResult::Error(e)) => Err(Outcome::Fail(format!("{e:?}"))),
+        Ok(result) => Ok(result),
+        Err(ClientError::ReadTimeout) => Err(Outcome::Unknown("socket read timeout".into())),
+        Err(ClientError::Closed) => Err(Outcome::Fail("connection closed".into())),
+    }
+}
+
+/// The same outcome for `acquire`.
+fn grant_outcome(o: Outcome<()>) -> Outcome<Grant> {
+    match o {
+        Outcome::Ok(()) => Outcome::Ok(Grant::default()),
+        Outcome::Fail(why) => Outcome::Fail(why),
+        Outcome::Unknown(why) => Outcome::Unknown(why),
+    }
+}
+
+fn text(s: &str) -> locksim_sim::backend::sql::Expr {
+    locksim_sim::backend::sql::Expr::Value(Value::Text(s.into()))
+}

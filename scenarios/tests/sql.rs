@@ -1,0 +1,112 @@
+//! The database family and the flash sale: oversell without a lock, never with a conditional update,
+//! the lease-based lock under a pause, and what a dead session costs each SQL lock.
+
+mod common;
+
+use common::{assert_as_expected, run};
+use locksim_locks::Registry;
+use locksim_scenarios::checkers::FindingKind;
+use locksim_scenarios::Scenario;
+
+fn found(r: &locksim_scenarios::sweep::ScenarioResult, kind: FindingKind) -> usize {
+    r.results.iter().filter(|s| s.counts.contains_key(&kind)).count()
+}
+
+#[test]
+fn without_a_lock_the_flash_sale_oversells_within_ten_seeds() {
+    let r = assert_as_expected("flash-sale-none", 0..10);
+    assert!(found(&r, FindingKind::Oversell) > 0);
+}
+
+#[test]
+fn a_conditional_update_never_oversells_over_1000_seeds_of_every_client_fault() {
+    let r = assert_as_expected("flash-sale-sql-conditional-update-nemesis", 0..1000);
+    assert_eq!(found(&r, FindingKind::Oversell) + found(&r, FindingKind::LostUpdate), 0);
+    let faults: usize = r.results.iter().map(|s| s.schedule.len()).sum();
+    assert!(faults > 10_000, "the nemesis was busy: {faults} faults");
+}
+
+#[test]
+fn a_pause_past_the_ttl_oversells_or_loses_updates_and_fencing_stops_both() {
+    let r = assert_as_expected("flash-sale-redis-set-nx-px-gc-pause", 0..30);
+    assert!(found(&r, FindingKind::Oversell) + found(&r, FindingKind::LostUpdate) > 0);
+    let fenced = assert_as_expected("flash-sale-redis-set-nx-px-gc-pause-fencing", 0..30);
+    assert_eq!(found(&fenced, FindingKind::Oversell) + found(&fenced, FindingKind::LostUpdate), 0);
+    assert!(found(&fenced, FindingKind::StaleWriteRejected) > 0, "the stale write was refused");
+}
+
+#[test]
+fn a_lock_row_without_expiry_wedges_and_lock_until_frees_it_after_lock_at_most_for() {
+    let wedged = assert_as_expected("sql-unique-insert-crash", 0..30);
+    assert!(found(&wedged, FindingKind::Deadlock) > 0);
+    let r = assert_as_expected("sql-unique-insert-expiry-crash", 0..30);
+    let recoveries: Vec<f64> = r.results.iter().flat_map(|s| s.measurements.recovery_ms.clone()).collect();
+    assert!(!recoveries.is_empty());
+    for ms in recoveries {
+        // lock_until was set when the lock was taken, up to a hold (500 ms) before the crash.
+        assert!((9_000.0..=10_500.0).contains(&ms), "recovered {ms} ms after the crash; lockAtMostFor is 10 s");
+    }
+    assert_as_expected("sql-unique-insert-expiry-gc-pause", 0..30);
+}
+
+/// `sql-for-update-crash` with the server's keep-alive idle time set to `idle_s`.
+fn for_update_crash(idle_s: u64) -> Scenario {
+    let path = common::catalog_dir().join("sql-for-update-crash.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replace("tcp_keepalives_idle = \"10s\"", &format!("tcp_keepalives_idle = \"{idle_s}s\""));
+    Scenario::parse("sql-for-update-crash.toml", &text, &Registry::builtin()).unwrap()
+}
+
+#[test]
+fn for_update_frees_a_crashed_holders_row_only_when_keepalive_finds_the_session_dead() {
+    let mut previous = 0.0;
+    for idle_s in [5, 10, 20] {
+        let r = run(&for_update_crash(idle_s), 0..20);
+        assert!(r.as_expected, "{:?}", r.reasons);
+        let recoveries: Vec<f64> = r.results.iter().flat_map(|s| s.measurements.recovery_ms.clone()).collect();
+        assert!(!recoveries.is_empty());
+        // Idle, then three probes a second apart, each unanswered: idle + 3 s.
+        let expected = (idle_s * 1000 + 3000) as f64;
+        for ms in &recoveries {
+            assert!((expected..expected + 600.0).contains(ms), "idle {idle_s}s: recovered after {ms} ms");
+        }
+        let longest = recoveries.iter().copied().fold(0.0, f64::max);
+        assert!(longest > previous, "recovery grows with the keep-alive time");
+        previous = longest;
+    }
+    assert_as_expected("sql-for-update-crash-default-keepalive", 0..20);
+}
+
+#[test]
+fn bad_flash_sale_parameters_are_errors_with_their_line() {
+    let text = |workload: &str| {
+        format!("name = \"t\"\n[recipe]\nid = \"sql.for-update\"\n[workload]\nduration = \"5s\"\n{workload}\n")
+    };
+    let parse = |w: &str| Scenario::parse("f.toml", &text(w), &Registry::builtin()).err().map(|e| e.to_string());
+    let cases = [
+        (
+            "kind = \"flash-sale\"\nclients = 3\nstock = 0",
+            "f.toml:8:9: stock: expected a whole number of items from 1 to 1000000, found 0",
+        ),
+        (
+            "kind = \"flash-sale\"\nclients = 3\nstock = -5",
+            "f.toml:8:9: stock: expected a whole number of items from 1 to 1000000, found -5",
+        ),
+        (
+            "kind = \"flash-sale\"\nclients = -2\nstock = 5",
+            "f.toml:7:11: clients: expected a whole number from 1 to 64, found -2",
+        ),
+        ("kind = \"flash-sale\"\nclients = 3", "f.toml:6:8: a flash sale needs `stock`, the items on sale"),
+        (
+            "kind = \"counter\"\nclients = 3\nstock = 5",
+            "f.toml:8:9: stock: only a flash sale (kind = \"flash-sale\") has stock",
+        ),
+        (
+            "kind = \"auction\"\nclients = 3",
+            "f.toml:6:8: kind: expected \"counter\" or \"flash-sale\", found \"auction\"",
+        ),
+    ];
+    for (workload, expected) in cases {
+        assert_eq!(parse(workload).as_deref(), Some(expected), "{workload}");
+    }
+}

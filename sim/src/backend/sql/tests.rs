@@ -1,0 +1,183 @@
+//! Statement tables against PostgreSQL's documented behaviour.
+
+use super::*;
+
+const A: ConnId = 1;
+const B: ConnId = 2;
+const C: ConnId = 3;
+
+fn settings() -> Settings {
+    Settings {
+        tcp_keepalives_idle: Duration::from_secs(10),
+        tcp_keepalives_interval: Duration::from_secs(1),
+        tcp_keepalives_count: 3,
+        idle_in_transaction_session_timeout: Duration::ZERO,
+    }
+}
+
+fn db() -> SqlState {
+    let mut db = SqlState::new(settings());
+    let row = |n: i64| Row::from([("n".to_string(), Value::Int(n))]);
+    db.create_table("lock_rows", [("lock".to_string(), row(0))]);
+    db.create_table("locks", []);
+    db.create_sequence("fence");
+    for conn in [A, B, C] {
+        db.apply(0, NodeIx(conn as u32), SqlRequest::Connect { conn, incarnation: 0 }, &mut Out::default());
+    }
+    db
+}
+
+/// Run `stmt` on `conn` at `now`; the results pushed by this step, as (connection, result).
+fn exec(db: &mut SqlState, now: i64, conn: ConnId, stmt: Stmt) -> Vec<(ConnId, SqlResult)> {
+    let mut out = Out::default();
+    db.apply(now, NodeIx(conn as u32), SqlRequest::Execute { conn, seq: 1, stmt }, &mut out);
+    pushed(out)
+}
+
+fn pushed(out: Out) -> Vec<(ConnId, SqlResult)> {
+    out.pushes.into_iter().map(|(_, m)| m.downcast::<SqlResponse>().unwrap()).map(|r| (r.conn, r.result)).collect()
+}
+
+fn for_update() -> Stmt {
+    Stmt::Select { table: "lock_rows".into(), key: "lock".into(), for_update: true }
+}
+
+fn insert(key: &str) -> Stmt {
+    Stmt::Insert {
+        table: "locks".into(),
+        key: key.into(),
+        row: vec![("owner".into(), Expr::Value(Value::Text("a".into())))],
+    }
+}
+
+#[test]
+fn select_for_update_waits_for_the_holder_and_waiters_go_in_order() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert!(matches!(&exec(&mut db, 0, A, for_update())[..], [(A, SqlResult::Rows(rows))] if rows.len() == 1));
+    for conn in [B, C] {
+        exec(&mut db, 1, conn, Stmt::Begin);
+        assert_eq!(exec(&mut db, 1, conn, for_update()), vec![], "waits");
+    }
+    let woken = exec(&mut db, 2, A, Stmt::Commit);
+    assert_eq!(woken.len(), 2, "A's commit answers, and B (first in line) gets the row: {woken:?}");
+    assert_eq!((woken[0].0, woken[1].0), (A, B));
+    assert_eq!(exec(&mut db, 3, B, Stmt::Rollback).iter().map(|r| r.0).collect::<Vec<_>>(), vec![B, C]);
+}
+
+#[test]
+fn lock_timeout_fails_the_waiter_and_aborts_its_transaction() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    exec(&mut db, 0, B, Stmt::SetLockTimeout(Duration::from_millis(500)));
+    exec(&mut db, 0, B, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, B, for_update()), vec![]);
+    let mut out = Out::default();
+    db.tick(400, &mut out);
+    assert!(out.pushes.is_empty());
+    db.tick(500, &mut out);
+    assert_eq!(pushed(out), vec![(B, SqlResult::Error(SqlError::LockTimeout))]);
+    assert_eq!(
+        exec(&mut db, 600, B, Stmt::NextVal { sequence: "fence".into() }),
+        vec![(B, SqlResult::Error(SqlError::TransactionAborted))]
+    );
+    exec(&mut db, 700, B, Stmt::Rollback);
+    assert_eq!(exec(&mut db, 800, B, Stmt::NextVal { sequence: "fence".into() }), vec![(B, SqlResult::Int(1))]);
+}
+
+#[test]
+fn a_duplicate_insert_waits_for_the_first_and_fails_if_it_committed() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, A, insert("x")), vec![(A, SqlResult::Affected(1))]);
+    assert_eq!(exec(&mut db, 0, B, insert("x")), vec![], "waits for A's transaction");
+    let after = exec(&mut db, 1, A, Stmt::Commit);
+    assert_eq!(after[1], (B, SqlResult::Error(SqlError::UniqueViolation)));
+    // Rolled back instead, the row never existed.
+    exec(&mut db, 2, A, Stmt::Begin);
+    exec(&mut db, 2, A, insert("y"));
+    assert_eq!(exec(&mut db, 2, B, insert("y")), vec![]);
+    assert_eq!(exec(&mut db, 3, A, Stmt::Rollback)[1], (B, SqlResult::Affected(1)));
+}
+
+#[test]
+fn conditional_updates_see_the_locked_row_and_the_server_clock() {
+    let mut db = db();
+    let take = || Stmt::Update {
+        table: "lock_rows".into(),
+        key: "lock".into(),
+        set: vec![("n".into(), Expr::NowPlus(1000))],
+        cond: vec![Cond { column: "n".into(), op: Op::Le, rhs: Expr::NowPlus(0) }],
+    };
+    assert_eq!(exec(&mut db, 5, A, take()), vec![(A, SqlResult::Affected(1))], "n = 0 <= now");
+    assert_eq!(exec(&mut db, 500, B, take()), vec![(B, SqlResult::Affected(0))], "n = 1005 > now");
+    assert_eq!(exec(&mut db, 1005, B, take()), vec![(B, SqlResult::Affected(1))]);
+    let decrement = Stmt::Update {
+        table: "lock_rows".into(),
+        key: "lock".into(),
+        set: vec![("n".into(), Expr::ColumnPlus("n".into(), -1))],
+        cond: vec![Cond { column: "n".into(), op: Op::Gt, rhs: Expr::Value(Value::Int(2005)) }],
+    };
+    assert_eq!(exec(&mut db, 2000, C, decrement.clone()), vec![(C, SqlResult::Affected(0))], "2005 > 2005 is false");
+}
+
+#[test]
+fn advisory_locks_wait_count_and_go_with_the_session() {
+    let mut db = db();
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(7)), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 0, A, Stmt::TryAdvisoryLock(7)), vec![(A, SqlResult::Bool(true))], "held twice");
+    assert_eq!(exec(&mut db, 0, B, Stmt::TryAdvisoryLock(7)), vec![(B, SqlResult::Bool(false))]);
+    assert_eq!(exec(&mut db, 0, B, Stmt::AdvisoryLock(7)), vec![]);
+    assert_eq!(exec(&mut db, 0, C, Stmt::AdvisoryUnlock(7)), vec![(C, SqlResult::Bool(false))], "not C's to unlock");
+    assert_eq!(exec(&mut db, 1, A, Stmt::AdvisoryUnlock(7)), vec![(A, SqlResult::Bool(true))], "still held once");
+    let mut out = Out::default();
+    db.apply(2, NodeIx(1), SqlRequest::Close { conn: A }, &mut out);
+    assert_eq!(pushed(out), vec![(B, SqlResult::Done)], "A's session ended: B gets the lock");
+}
+
+#[test]
+fn a_waiting_statement_whose_client_left_still_runs_and_commits() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, insert("x"));
+    exec(&mut db, 0, B, insert("z")); // autocommit, committed
+    let delete_x = Stmt::Delete { table: "locks".into(), key: "x".into(), cond: vec![] };
+    assert_eq!(exec(&mut db, 0, B, delete_x), vec![], "waits for A's row");
+    db.apply(1, NodeIx(2), SqlRequest::Close { conn: B }, &mut Out::default());
+    exec(&mut db, 2, A, Stmt::Commit);
+    // B's delete ran (and committed) when A's row came free; then B's session ended.
+    assert_eq!(exec(&mut db, 3, C, insert("x")), vec![(C, SqlResult::Affected(1))]);
+    assert_eq!(exec(&mut db, 3, B, Stmt::Begin), vec![(B, SqlResult::Error(SqlError::Terminated))]);
+}
+
+#[test]
+fn keepalive_ends_a_dead_session_after_idle_time_and_unanswered_probes() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    exec(&mut db, 0, B, for_update());
+    let mut out = Out::default();
+    assert!(db.probes_due(9_999).is_empty(), "nobody has been silent for tcp_keepalives_idle yet");
+    for (i, now) in [10_000, 11_000, 12_000, 13_000].into_iter().enumerate() {
+        assert!(db.probes_due(now).iter().any(|p| p.0 == A));
+        db.probed(A, false, now, &mut out);
+        assert_eq!(db.sessions.contains_key(&A), i < 3, "ended when the third probe, too, went unanswered");
+    }
+    assert_eq!(pushed(out), vec![(B, SqlResult::Rows(vec![Row::from([("n".to_string(), Value::Int(0))])]))]);
+}
+
+#[test]
+fn idle_in_transaction_timeout_ends_the_session() {
+    let mut db = SqlState::new(Settings { idle_in_transaction_session_timeout: Duration::from_secs(5), ..settings() });
+    db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
+    db.apply(0, NodeIx(1), SqlRequest::Connect { conn: A, incarnation: 0 }, &mut Out::default());
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    let mut out = Out::default();
+    db.tick(4_900, &mut out);
+    assert!(db.sessions.contains_key(&A));
+    db.tick(5_000, &mut out);
+    assert!(!db.sessions.contains_key(&A));
+    assert!(matches!(&out.events[0].1, EventKind::Session { state } if state.contains("idle in transaction")));
+}
