@@ -1,6 +1,16 @@
-//! locksim's front end: the `locksim` command line (`src/main.rs`, `src/cli/`).
+//! locksim's front end: the `locksim` command line (`src/main.rs`, `src/cli/`), and what it writes.
 //!
-//! Comparison reports with charts (DESIGN §10) will live here too; today the crate holds the output
-//! formatting the command line shares.
+//! Module map:
+//! - [`text`]: plain-text results, shared by the commands.
+//! - [`results`]: the JSON results files `run` and `suite` write and `report` merges.
+//! - [`junit`]: JUnit XML for CI.
+//! - [`charts`]: SVG charts (plotters) of a set of results.
+//! - [`report`]: the comparison report — `index.html` and `report.md` with the charts.
+//! - [`timeline`]: one seed drawn as lanes of waiting, holding and faults.
 
+pub mod charts;
+pub mod junit;
+pub mod report;
+pub mod results;
 pub mod text;
+pub mod timeline;

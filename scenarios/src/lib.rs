@@ -7,7 +7,9 @@
 //! - [`workload`]: the client program around a recipe, and the only code touching the resource.
 //! - [`checkers`]: pure functions from a history to findings, and the run's measurements.
 //! - [`run`]: one seed: build the world, run it, check it.
-//! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation.
+//! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation; shards and merging.
+//! - [`suite`]: many scenarios over seed ranges, as CI runs them.
+//! - [`shrink`]: the smallest written-out schedule that still gives a seed's finding.
 //!
 //! Architecture invariants: checkers see only the history; the result of a seed depends on the scenario
 //! and the seed alone (fresh thread, fresh runtime, every node killed before returning).
@@ -17,6 +19,8 @@ pub mod duration;
 pub mod file;
 pub mod run;
 pub mod scenario;
+pub mod shrink;
+pub mod suite;
 pub mod sweep;
 pub mod workload;
 

@@ -14,7 +14,7 @@ use locksim_sim::net::Rpc;
 use locksim_sim::resource::ResourceState;
 use locksim_sim::rng::{stream, Stream};
 use locksim_sim::world::{Program, World};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 const FINDINGS_KEPT_PER_KIND: usize = 5;
 
 /// What one seed produced.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SeedResult {
     pub seed: u64,
     pub verdict: Verdict,

@@ -6,20 +6,20 @@ use crate::file::{ExpectFile, ScenarioError, ScenarioFile, Section, Source, Tabl
 use locksim_locks::params::Params;
 use locksim_locks::{RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 use toml::Spanned;
 
 /// What a scenario expects of every seed it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Verdict {
     Safe,
     Unsafe,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Expect {
     pub verdict: Verdict,
     /// Each must occur in some seed (for `unsafe`).
@@ -374,7 +374,7 @@ fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<
     })
 }
 
-fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {
+pub(crate) fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {
     let verdict = match e.verdict.get_ref().as_str() {
         "safe" => Verdict::Safe,
         "unsafe" => Verdict::Unsafe,

@@ -1,22 +1,31 @@
 //! Many seeds of one scenario, in parallel, and whether the results meet the scenario's expectation.
 //!
 //! Seeds are independent, so `--jobs` only changes how fast results arrive: results are kept in seed
-//! order and everything printed or saved from them is the same at any `--jobs`.
+//! order and everything printed or saved from them is the same at any `--jobs`. For the same reason a
+//! sweep splits into shards (contiguous parts of the seed range, one per CI job), and [`merge`] puts
+//! the shards' results back together into what one unsharded sweep gives.
 
 use crate::checkers::FindingKind;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The results of one scenario over a range of seeds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ScenarioResult {
     pub scenario: String,
     pub path: String,
     pub recipe: String,
+    /// The kinds of fault it injects, scheduled or drawn (empty: none), for the safety matrix.
+    pub fault_kinds: Vec<String>,
+    /// `counter` or `flash-sale`.
+    pub workload: String,
+    pub clients: usize,
+    /// Simulated seconds each seed runs.
+    pub duration_s: f64,
     pub seeds: Range<u64>,
     pub expect: Expect,
     /// Did the seeds meet the expectation?
@@ -32,7 +41,7 @@ pub struct ScenarioResult {
 }
 
 /// Measurements aggregated over the seeds of a sweep.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub acquisitions_per_seed: f64,
     /// The median over seeds of each seed's p50, and the largest p99 of any seed (simulated ms).
@@ -94,12 +103,75 @@ pub fn sweep(
     });
     let mut results = results.into_inner().expect("results lock").into_iter().collect::<Result<Vec<_>, _>>()?;
     results.sort_by_key(|r| r.seed);
-    Ok(judge(scenario, seeds, results))
+    Ok(judge(Meta::of(scenario), seeds, results))
+}
+
+/// Shard `shard` (1-based) of `shards` of a seed range: its contiguous part, possibly empty.
+pub fn shard_of(seeds: Range<u64>, shard: u64, shards: u64) -> Range<u64> {
+    let chunk = (seeds.end - seeds.start).div_ceil(shards);
+    let start = (seeds.start + (shard - 1) * chunk).min(seeds.end);
+    start..(start + chunk).min(seeds.end)
+}
+
+/// What a result says about its scenario, besides the seeds.
+pub struct Meta {
+    pub scenario: String,
+    pub path: String,
+    pub recipe: String,
+    pub fault_kinds: Vec<String>,
+    pub workload: String,
+    pub clients: usize,
+    pub duration_s: f64,
+    pub expect: Expect,
+}
+
+impl Meta {
+    pub fn of(s: &Scenario) -> Meta {
+        let mut kinds: Vec<String> = s.schedule.iter().map(|f| f.action.kind().name().to_string()).collect();
+        kinds.extend(s.random.iter().flat_map(|r| r.kinds.iter().map(|k| k.name().to_string())));
+        kinds.sort();
+        kinds.dedup();
+        Meta {
+            scenario: s.name.clone(),
+            path: s.path.clone(),
+            recipe: s.recipe.id.to_string(),
+            fault_kinds: kinds,
+            workload: if s.workload.stock.is_some() { "flash-sale" } else { "counter" }.to_string(),
+            clients: s.workload.clients,
+            duration_s: s.workload.duration.as_secs_f64(),
+            expect: s.expect.clone(),
+        }
+    }
+
+    fn of_result(r: &ScenarioResult) -> Meta {
+        Meta {
+            scenario: r.scenario.clone(),
+            path: r.path.clone(),
+            recipe: r.recipe.clone(),
+            fault_kinds: r.fault_kinds.clone(),
+            workload: r.workload.clone(),
+            clients: r.clients,
+            duration_s: r.duration_s,
+            expect: r.expect.clone(),
+        }
+    }
+}
+
+/// The shards of one scenario's sweep (same scenario, path and expectation), as one sweep: its seeds
+/// the union of theirs, judged again as a whole.
+pub fn merge(parts: Vec<ScenarioResult>) -> ScenarioResult {
+    let meta = Meta::of_result(&parts[0]);
+    let start = parts.iter().map(|p| p.seeds.start).min().expect("at least one part");
+    let end = parts.iter().map(|p| p.seeds.end).max().expect("at least one part");
+    let mut results: Vec<SeedResult> = parts.into_iter().flat_map(|p| p.results).collect();
+    results.sort_by_key(|r| r.seed);
+    results.dedup_by_key(|r| r.seed);
+    judge(meta, start..end, results)
 }
 
 /// Compare seed results with the scenario's `[expect]`.
-pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -> ScenarioResult {
-    let expect = &scenario.expect;
+pub fn judge(meta: Meta, seeds: Range<u64>, results: Vec<SeedResult>) -> ScenarioResult {
+    let expect = &meta.expect;
     let has = |r: &SeedResult, k: FindingKind| r.counts.contains_key(&k);
     let first_with = |k: FindingKind| results.iter().find(|r| has(r, k)).map(|r| r.seed);
     let first_unsafe = results.iter().find(|r| r.verdict == Verdict::Unsafe).map(|r| r.seed);
@@ -136,16 +208,22 @@ pub fn judge(scenario: &Scenario, seeds: Range<u64>, results: Vec<SeedResult>) -
         }
     }
     let as_expected = reasons.is_empty();
+    let example_seed = unexpected_seed.or(first_unsafe);
+    let unsafe_seeds = results.iter().filter(|r| r.verdict == Verdict::Unsafe).count() as u64;
     ScenarioResult {
-        scenario: scenario.name.clone(),
-        path: scenario.path.clone(),
-        recipe: scenario.recipe.id.to_string(),
+        expect: meta.expect.clone(),
+        scenario: meta.scenario,
+        path: meta.path,
+        recipe: meta.recipe,
+        fault_kinds: meta.fault_kinds,
+        workload: meta.workload,
+        clients: meta.clients,
+        duration_s: meta.duration_s,
         seeds,
-        expect: expect.clone(),
         as_expected,
         reasons,
-        example_seed: unexpected_seed.or(first_unsafe),
-        unsafe_seeds: results.iter().filter(|r| r.verdict == Verdict::Unsafe).count() as u64,
+        example_seed,
+        unsafe_seeds,
         summary: summarise(&results),
         results,
     }

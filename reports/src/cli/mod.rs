@@ -2,8 +2,11 @@
 //! 2 bad input or a harness error.
 
 mod list;
+mod report;
 mod repro;
 mod run;
+mod shrink;
+mod suite;
 
 use clap::{Parser, Subcommand};
 use locksim_locks::Registry;
@@ -15,11 +18,14 @@ use std::process::ExitCode;
 #[command(
     name = "locksim",
     version,
-    about = "Is this distributed lock safe? Run lock recipes against simulated Redis under GC pauses, \
-             partitions, crashes and clock jumps, and check for two holders at once.",
+    about = "Is this distributed lock safe? Run lock recipes against simulated Redis, ZooKeeper, etcd and \
+             PostgreSQL under GC pauses, partitions, crashes and clock jumps, and check for two holders at \
+             once, stale writes, deadlocks, herds and oversold flash sales.",
     long_about = None,
     after_help = "Start with:\n  locksim list\n  locksim run scenarios/catalog/redis-del-gc-pause.toml --seeds 0..200\n  \
                   locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed 0 --trace\n\n\
+                  In CI:\n  locksim suite scenarios/suites/smoke.toml --junit junit.xml\n  \
+                  locksim suite scenarios/suites/full.toml --json results.json && locksim report results.json --out report\n\n\
                   Exit codes: 0 as expected, 1 a verdict differed from the scenario's [expect], 2 bad input."
 )]
 pub struct Cli {
@@ -35,6 +41,12 @@ enum Command {
     Run(run::Args),
     /// Replay one seed exactly: its faults, findings, measurements and (with --trace) every event.
     Repro(repro::Args),
+    /// Turn a failing seed into the smallest written-out schedule that still fails, as a scenario file.
+    Shrink(shrink::Args),
+    /// Run a suite of scenarios over seed ranges, as CI does: a line per run, JUnit and JSON results.
+    Suite(suite::Args),
+    /// Merge results files (shards, suites) into a comparison report: index.html, report.md, SVG charts.
+    Report(report::Args),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -42,6 +54,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::List(args) => list::list(args),
         Command::Run(args) => run::run(args),
         Command::Repro(args) => repro::repro(args),
+        Command::Shrink(args) => shrink::shrink(args),
+        Command::Suite(args) => suite::suite(args),
+        Command::Report(args) => report::report(args),
     }
 }
 
@@ -61,16 +76,39 @@ fn emit(text: &str) -> anyhow::Result<()> {
 
 /// `A..B` (B exclusive) or a single seed `A`.
 fn parse_seeds(text: &str) -> Result<std::ops::Range<u64>, String> {
-    let bad = || format!("expected a seed range such as 0..200 (end exclusive) or one seed, found {text:?}");
-    let range = match text.split_once("..") {
-        Some((a, b)) => a.parse().map_err(|_| bad())?..b.parse().map_err(|_| bad())?,
-        None => {
-            let one: u64 = text.parse().map_err(|_| bad())?;
-            one..one.checked_add(1).ok_or_else(bad)?
-        }
-    };
-    if range.is_empty() {
-        return Err(format!("the seed range {text:?} is empty"));
+    locksim_scenarios::suite::parse_seeds(text)
+}
+
+/// `i/n`: part `i` (from 1) of `n`.
+fn parse_shard(text: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("expected a shard such as 2/4 (part 2 of 4), found {text:?}");
+    let (i, n) = text.split_once('/').ok_or_else(bad)?;
+    let (i, n): (u64, u64) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+    if n == 0 || i == 0 || i > n {
+        return Err(bad());
     }
-    Ok(range)
+    Ok((i, n))
+}
+
+/// The seeds of this shard (all of them without one).
+fn shard(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>) -> std::ops::Range<u64> {
+    match shard {
+        Some((i, n)) => locksim_scenarios::sweep::shard_of(seeds, i, n),
+        None => seeds,
+    }
+}
+
+/// Whether a run passes. A shard sees only some seeds, so it fails only on what no other shard can
+/// change: a violation where none was allowed. Whether an expected finding occurred is judged when
+/// `report` merges the shards.
+fn shard_ok(result: &locksim_scenarios::sweep::ScenarioResult, sharded: bool) -> bool {
+    if !sharded || result.as_expected {
+        return result.as_expected;
+    }
+    result.reasons.iter().all(|r| r.contains("but no seed found it") || r.contains("but every seed was safe"))
+}
+
+/// Seeds run at once: `--jobs`, or the number of cores.
+fn jobs(jobs: Option<usize>) -> usize {
+    jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -18,6 +18,23 @@ pub struct Args {
     /// Write the history as JSON lines to this file.
     #[arg(long)]
     history: Option<PathBuf>,
+    /// Draw the seed as an SVG timeline: a lane per client (waiting, holding, paused, cut off, down),
+    /// each grant's lease, the overlap of two holders and any stale write.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
+}
+
+/// How long a grant of this recipe stays valid without renewal, if its lock expires by itself.
+fn lease(scenario: &locksim_scenarios::Scenario) -> Option<std::time::Duration> {
+    let renewed = ["redis.watchdog"];
+    let expires = scenario.recipe.family.name == "redis" && !renewed.contains(&scenario.recipe.id);
+    scenario
+        .recipe
+        .params
+        .iter()
+        .any(|p| p.name == "ttl")
+        .then(|| scenario.recipe_params.duration("ttl"))
+        .filter(|_| expires)
 }
 
 pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
@@ -48,6 +65,11 @@ pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
         out.push_str(&text::trace(&run.history));
     }
     super::emit(&out)?;
+    if let Some(path) = &args.timeline {
+        let title = format!("{} seed {}: {:?}", scenario.name, r.seed, r.verdict);
+        let svg = locksim_reports::timeline::timeline(&title, &run.history, &r.findings, lease(&scenario));
+        std::fs::write(path, svg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
     if let Some(path) = &args.history {
         std::fs::write(path, run.history.to_jsonl()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }

@@ -1,5 +1,6 @@
 //! `locksim run`: many seeds of one scenario, judged against its `[expect]`.
 
+use locksim_reports::results::ResultsFile;
 use locksim_reports::text;
 use locksim_scenarios::sweep::{sweep, ScenarioResult};
 use std::path::PathBuf;
@@ -16,13 +17,18 @@ pub struct Args {
     /// Seeds run at once (default: the number of cores). Results do not depend on it.
     #[arg(long)]
     jobs: Option<usize>,
-    /// Write every seed's result (findings, measurements, history hash, schedule) to this JSON file.
+    /// Write every seed's result (findings, measurements, history hash, schedule) to this JSON file,
+    /// for `locksim report`.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run only part `i` of `n` of the seeds (a contiguous part), e.g. `--shard 2/4` in a CI matrix;
+    /// `locksim report` merges the parts' JSON files. A shard checks only what its seeds can show.
+    #[arg(long, value_parser = super::parse_shard)]
+    shard: Option<(u64, u64)>,
 }
 
 /// What `run` prints: the counts, the verdict against `[expect]`, and the repro line.
-fn summary(result: &ScenarioResult, seeds: u64) -> String {
+pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
     let kinds = text::kinds_summary(result);
     let mut out = format!(
         "{} ({}): {seeds} seeds, {} unsafe{}\n",
@@ -51,8 +57,9 @@ fn summary(result: &ScenarioResult, seeds: u64) -> String {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
-    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let seeds = args.seeds.end - args.seeds.start;
+    let jobs = super::jobs(args.jobs);
+    let range = super::shard(args.seeds.clone(), args.shard);
+    let seeds = range.end - range.start;
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
     bar.set_style(
@@ -60,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .expect("valid template"),
     );
     let started = Instant::now();
-    let result = sweep(&scenario, args.seeds.clone(), jobs, &|| bar.inc(1))?;
+    let result = sweep(&scenario, range, jobs, &|| bar.inc(1))?;
     let wall = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
 
@@ -71,9 +78,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         seeds as f64 / wall,
         simulated / wall
     );
+    let ok = super::shard_ok(&result, args.shard.is_some());
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&result)?;
-        std::fs::write(path, json + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        ResultsFile { name: scenario.name.clone(), runs: vec![result] }.write(path)?;
     }
-    Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

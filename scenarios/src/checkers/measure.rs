@@ -2,10 +2,10 @@
 
 use super::holds::kills;
 use locksim_sim::history::{EventKind, History, NodeIx};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measurements {
     pub acquisitions: u64,
     /// From `AcquireInvoke` to `AcquireOk`, simulated milliseconds.
@@ -21,6 +21,13 @@ pub struct Measurements {
     pub unrecovered: u64,
     /// Clients woken per change that woke anyone (a release, an expiry): the herd curve's points.
     pub notifications_per_release_max: u64,
+    /// Every notification sent in the run.
+    #[serde(default)]
+    pub notifications: u64,
+    /// Simulated milliseconds from the first request for the lock to the last release: the time the
+    /// run's acquisitions took (a flash sale stops early, once sold out).
+    #[serde(default)]
+    pub busy_ms: f64,
     pub notifications_per_release_mean: f64,
 }
 
@@ -30,11 +37,14 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
     let mut holding: BTreeSet<NodeIx> = BTreeSet::new();
     let mut crashed_holders: Vec<(NodeIx, u64)> = Vec::new();
     let mut recovery_ms = Vec::new();
+    let (mut first_ask, mut last_release) = (None, 0);
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
                 invoked.insert(e.node, e.t);
+                first_ask = first_ask.or(Some(e.t));
             }
+            EventKind::ReleaseOk => last_release = e.t,
             EventKind::AcquireOk { .. } => {
                 latencies.extend(invoked.remove(&e.node).map(|t| e.t - t));
                 holding.insert(e.node);
@@ -62,6 +72,8 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
         recovery_ms,
         unrecovered: crashed_holders.len() as u64,
         notifications_per_release_max: woken.iter().copied().max().unwrap_or(0),
+        notifications: woken.iter().sum(),
+        busy_ms: first_ask.map_or(0.0, |first| ms(last_release.saturating_sub(first))),
         notifications_per_release_mean: if woken.is_empty() {
             0.0
         } else {

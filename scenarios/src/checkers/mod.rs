@@ -16,12 +16,12 @@ pub use measure::{measure, Measurements};
 
 use locksim_sim::fault::{fmt_duration, FaultKind};
 use locksim_sim::history::{EventKind, History, NodeIx};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The finding vocabulary of scenario files, results and reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FindingKind {
     DoubleHolder,
@@ -70,7 +70,7 @@ impl FindingKind {
 }
 
 /// One thing a checker found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     pub kind: FindingKind,
     /// The clients involved, by name.

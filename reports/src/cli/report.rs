@@ -1,0 +1,36 @@
+//! `locksim report`: merge results files and write the comparison report.
+
+use locksim_reports::results::ResultsFile;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Results files from `run --json` or `suite --json`; shards of one sweep are merged.
+    #[arg(required = true)]
+    results: Vec<PathBuf>,
+    /// The directory to write index.html, report.md and the SVG charts into.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn report(args: Args) -> anyhow::Result<ExitCode> {
+    let files = args.results.iter().map(|p| ResultsFile::read(p)).collect::<anyhow::Result<Vec<_>>>()?;
+    let merged = ResultsFile::merge(files);
+    locksim_reports::report::write(&merged, &args.out)?;
+    let wrong: Vec<&str> = merged.runs.iter().filter(|r| !r.as_expected).map(|r| r.scenario.as_str()).collect();
+    let mut said = format!(
+        "{} runs merged from {} files: {} as expected, {} not\nwrote {}/index.html and {}/report.md\n",
+        merged.runs.len(),
+        args.results.len(),
+        merged.runs.len() - wrong.len(),
+        wrong.len(),
+        args.out.display(),
+        args.out.display()
+    );
+    for name in &wrong {
+        said.push_str(&format!("  not as expected: {name}\n"));
+    }
+    super::emit(&said)?;
+    Ok(if wrong.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

@@ -1,0 +1,121 @@
+//! `locksim suite`: many scenarios over seed ranges — the CI gate.
+
+use locksim_locks::Registry;
+use locksim_reports::junit::junit;
+use locksim_reports::results::ResultsFile;
+use locksim_reports::text;
+use locksim_scenarios::scenario::Verdict;
+use locksim_scenarios::suite::Suite;
+use locksim_scenarios::sweep::{sweep, ScenarioResult};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The suite file: a list of [[run]] with scenario and seeds (see scenarios/suites/).
+    suite: PathBuf,
+    /// Write a JUnit XML report here (one test case per run).
+    #[arg(long)]
+    junit: Option<PathBuf>,
+    /// Write every run's results here, for `locksim report`.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seeds run at once (default: the number of cores). Results do not depend on it.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Run only part `i` of `n` of each run's seeds, e.g. `--shard 2/4`; merge with `locksim report`.
+    #[arg(long, value_parser = super::parse_shard)]
+    shard: Option<(u64, u64)>,
+    /// Where failing seeds are shrunk to (one scenario file each).
+    #[arg(long, default_value = "target/locksim-shrunk")]
+    shrink_dir: PathBuf,
+    /// Do not shrink failing seeds.
+    #[arg(long)]
+    no_shrink: bool,
+}
+
+/// One line for a run: `ok` or `FAIL`, what it found, and for a failure why and how to replay it.
+fn line(run: &ScenarioResult, ok: bool) -> String {
+    let kinds = text::kinds_summary(run);
+    let mut out = format!(
+        "{} {:<44} {:<26} seeds {}..{}: {} unsafe{}",
+        if ok { "ok  " } else { "FAIL" },
+        run.scenario,
+        run.recipe,
+        run.seeds.start,
+        run.seeds.end,
+        run.unsafe_seeds,
+        if kinds.is_empty() { String::new() } else { format!(" ({kinds})") }
+    );
+    if !ok {
+        for reason in &run.reasons {
+            out.push_str(&format!("\n     - {reason}"));
+        }
+        if let Some(seed) = run.example_seed {
+            out.push_str(&format!("\n     reproduce: {}", text::repro_line(&run.path, seed)));
+        }
+    }
+    out
+}
+
+/// Shrink the seed that shows a failing run's unwanted finding; the line naming the shrunk repro.
+fn shrunk(run: &ScenarioResult, dir: &Path) -> Option<String> {
+    let seed = run.example_seed?;
+    let bad = run.results.iter().find(|r| r.seed == seed).filter(|r| r.verdict == Verdict::Unsafe)?;
+    let kind = *bad
+        .counts
+        .keys()
+        .find(|k| k.is_violation() && (run.expect.verdict == Verdict::Safe || run.expect.absent.contains(k)))?;
+    std::fs::create_dir_all(dir).ok()?;
+    let out = dir.join(format!("{}-seed-{seed}.toml", run.scenario));
+    match super::shrink::shrink_to(Path::new(&run.path), seed, Some(kind), &out) {
+        Ok((_, said)) => Some(format!("     shrunk: {said}")),
+        Err(e) => Some(format!("     could not shrink: {e:#}")),
+    }
+}
+
+pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
+    let suite = Suite::load(&args.suite, &Registry::builtin())?;
+    let jobs = super::jobs(args.jobs);
+    let ranges: Vec<_> = suite.runs.iter().map(|r| super::shard(r.seeds.clone(), args.shard)).collect();
+    let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}")
+            .expect("valid template"),
+    );
+    let started = Instant::now();
+    let (mut results, mut seconds, mut failed) = (Vec::new(), Vec::new(), 0);
+    for (run, range) in suite.runs.iter().zip(ranges) {
+        bar.set_message(run.scenario.name.clone());
+        let run_started = Instant::now();
+        let result = sweep(&run.scenario, range, jobs, &|| bar.inc(1))?;
+        seconds.push(run_started.elapsed().as_secs_f64());
+        let ok = super::shard_ok(&result, args.shard.is_some());
+        let mut said = line(&result, ok);
+        if !ok {
+            failed += 1;
+            if !args.no_shrink {
+                if let Some(shrunk) = shrunk(&result, &args.shrink_dir) {
+                    said.push('\n');
+                    said.push_str(&shrunk);
+                }
+            }
+        }
+        bar.suspend(|| super::emit(&(said + "\n")))?;
+        results.push(result);
+    }
+    bar.finish_and_clear();
+    let runs = results.len();
+    super::emit(&format!("suite {}: {runs} runs, {} as expected, {failed} not\n", suite.name, runs - failed))?;
+    eprintln!("{total} seeds in {:.1} s on {jobs} jobs", started.elapsed().as_secs_f64());
+    if let Some(path) = &args.junit {
+        let xml = junit(&suite.name, &results, &seconds);
+        std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        ResultsFile { name: suite.name.clone(), runs: results }.write(path)?;
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

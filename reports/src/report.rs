@@ -1,0 +1,140 @@
+//! The comparison report: `index.html` (self-contained, charts inline) and `report.md` (for CI
+//! summaries; charts as SVG files beside it), from a set of results.
+
+use crate::charts;
+use crate::results::ResultsFile;
+use crate::text::repro_line;
+use locksim_scenarios::sweep::ScenarioResult;
+use std::fmt::Write;
+use std::path::Path;
+
+/// The charts of a report, by file name and title.
+pub fn charts(runs: &[ScenarioResult]) -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        ("safety-matrix.svg", "Safety matrix", charts::safety_matrix(runs)),
+        ("herd.svg", "Herd curve", charts::herd_curve(runs)),
+        ("flash-sale.svg", "Flash sale", charts::flash_sale(runs)),
+        ("latency.svg", "Latency", charts::latency(runs)),
+        ("throughput.svg", "Throughput", charts::throughput(runs)),
+        ("messages.svg", "Messages and notifications", charts::messages(runs)),
+    ]
+}
+
+fn findings(run: &ScenarioResult) -> String {
+    let mut per_kind = std::collections::BTreeMap::new();
+    for r in &run.results {
+        for kind in r.counts.keys() {
+            *per_kind.entry(kind.name()).or_insert(0u64) += 1;
+        }
+    }
+    per_kind.iter().map(|(k, n)| format!("{k} in {n}")).collect::<Vec<_>>().join(", ")
+}
+
+fn verdict(run: &ScenarioResult) -> &'static str {
+    if run.as_expected {
+        "as expected"
+    } else {
+        "NOT as expected"
+    }
+}
+
+/// `report.md`.
+pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
+    let runs = &results.runs;
+    let wrong = runs.iter().filter(|r| !r.as_expected).count();
+    let seeds: usize = runs.iter().map(|r| r.results.len()).sum();
+    let mut md = format!("# locksim report: {}\n\n", results.name);
+    let _ = writeln!(md, "{} runs, {seeds} seeds: {} as expected, {wrong} not.\n", runs.len(), runs.len() - wrong);
+    for (file, title, _) in charts {
+        let _ = writeln!(md, "## {title}\n\n![{title}]({file})\n");
+    }
+    md.push_str("## Runs\n\n| scenario | recipe | faults | seeds | unsafe | findings | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    for run in runs {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}..{} | {} | {} | {} |",
+            run.scenario,
+            run.recipe,
+            charts::fault_label(run),
+            run.seeds.start,
+            run.seeds.end,
+            run.unsafe_seeds,
+            findings(run),
+            verdict(run)
+        );
+    }
+    let failing: Vec<&ScenarioResult> = runs.iter().filter(|r| !r.as_expected).collect();
+    if !failing.is_empty() {
+        md.push_str("\n## Not as expected\n\n");
+        for run in failing {
+            let _ = writeln!(md, "- **{}**: {}", run.scenario, run.reasons.join("; "));
+            if let Some(seed) = run.example_seed {
+                let _ = writeln!(md, "  `{}`", repro_line(&run.path, seed));
+            }
+        }
+    }
+    md
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// `index.html`: one page, no outside resources.
+pub fn html(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
+    let runs = &results.runs;
+    let wrong = runs.iter().filter(|r| !r.as_expected).count();
+    let seeds: usize = runs.iter().map(|r| r.results.len()).sum();
+    let mut page = String::from(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>locksim report</title>\n<style>\
+         body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}\
+         section{margin-bottom:2.5em}svg{max-width:100%;height:auto;border:1px solid #ddd}\
+         table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}\
+         tr.bad td{background:#fde0e0}code{font-size:12px}</style></head><body>\n",
+    );
+    let _ = writeln!(page, "<h1>locksim report: {}</h1>", escape(&results.name));
+    let _ =
+        writeln!(page, "<p>{} runs, {seeds} seeds: {} as expected, {wrong} not.</p>", runs.len(), runs.len() - wrong);
+    for (_, title, svg) in charts {
+        let body = svg.trim_start_matches(|c| c != '<');
+        let _ = writeln!(page, "<section><h2>{title}</h2>\n{body}</section>");
+    }
+    page.push_str(
+        "<section><h2>Runs</h2><table><tr><th>scenario</th><th>recipe</th><th>faults</th><th>seeds</th>\
+                   <th>unsafe</th><th>findings</th><th>verdict</th><th>reproduce</th></tr>\n",
+    );
+    for run in runs {
+        let repro = run.example_seed.map(|s| repro_line(&run.path, s)).unwrap_or_default();
+        let _ = writeln!(
+            page,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            if run.as_expected { "" } else { " class=\"bad\"" },
+            escape(&run.scenario),
+            escape(&run.recipe),
+            escape(&charts::fault_label(run)),
+            run.seeds.start,
+            run.seeds.end,
+            run.unsafe_seeds,
+            escape(&findings(run)),
+            verdict(run),
+            escape(&repro)
+        );
+    }
+    page.push_str("</table></section></body></html>\n");
+    page
+}
+
+/// Write the report into `dir`.
+pub fn write(results: &ResultsFile, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let charts = charts(&results.runs);
+    let put = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    };
+    for (file, _, svg) in &charts {
+        put(file, svg)?;
+    }
+    put("report.md", &markdown(results, &charts))?;
+    put("index.html", &html(results, &charts))
+}

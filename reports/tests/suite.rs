@@ -1,0 +1,161 @@
+//! The CI side of the command line: suites, JUnit, sharding and merging, shrinking, reports.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn locksim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locksim")).args(args).current_dir(root()).output().expect("locksim runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("locksim-suite-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn the_smoke_suite_passes_with_junit_and_a_flipped_expectation_fails_it() {
+    let dir = scratch("smoke");
+    let junit = dir.join("junit.xml");
+    let o = locksim(&["suite", "scenarios/suites/smoke.toml", "--junit", junit.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("as expected, 0 not"), "{}", stdout(&o));
+    let xml = read(&junit);
+    assert!(xml.contains("<testsuite name=\"smoke\"") && xml.contains("failures=\"0\""), "{xml}");
+
+    // The same suite, its scenarios named by absolute path, with the first expectation flipped.
+    let catalog = root().join("scenarios/catalog/");
+    let text = read(&root().join("scenarios/suites/smoke.toml")).replace("../catalog/", catalog.to_str().unwrap());
+    let flipped = text.replacen("seeds = \"0..50\"\n", "seeds = \"0..50\"\n[run.expect]\nverdict = \"safe\"\n", 1);
+    assert_ne!(flipped, text);
+    let suite = dir.join("flipped.toml");
+    std::fs::write(&suite, flipped).unwrap();
+    let shrunk = dir.join("shrunk");
+    let o = locksim(&[
+        "suite",
+        suite.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+        "--shrink-dir",
+        shrunk.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("FAIL redis-del-gc-pause"), "{out}");
+    assert!(out.contains("expected safe, but some seeds found double-holder"), "{out}");
+    assert!(out.contains("shrunk: redis-del-gc-pause seed"), "a failure names its shrunk repro: {out}");
+    let xml = read(&junit);
+    assert!(xml.contains("failures=\"1\"") && xml.contains("<failure message=\"expected safe"), "{xml}");
+}
+
+#[test]
+fn a_bad_suite_file_is_one_precise_error_and_exit_2() {
+    let dir = scratch("bad");
+    let suite = dir.join("bad.toml");
+    std::fs::write(&suite, "name = \"x\"\n[[run]]\nscenario = \"../catalog/nope.toml\"\nseeds = \"0..5\"\n").unwrap();
+    let o = locksim(&["suite", suite.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(err.contains("bad.toml:3:12: scenario: cannot read"), "{err}");
+    std::fs::write(&suite, "[[run]]\nscenario = \"x.toml\"\nseeds = \"5..1\"\n").unwrap();
+    let err = String::from_utf8_lossy(&locksim(&["suite", suite.to_str().unwrap()]).stderr).into_owned();
+    assert!(err.contains("bad.toml:3:9: seeds: the seed range \"5..1\" is empty"), "{err}");
+}
+
+/// The numbers a report shows for each run, as text.
+fn numbers(results: &Path) -> Vec<String> {
+    let json: serde_json::Value = serde_json::from_str(&read(results)).unwrap();
+    json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!("{} {} {} {} {}", r["scenario"], r["seeds"], r["unsafe_seeds"], r["as_expected"], r["summary"])
+        })
+        .collect()
+}
+
+#[test]
+fn two_shards_merged_by_report_give_the_numbers_of_one_unsharded_run() {
+    let dir = scratch("shards");
+    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let scenario = "scenarios/catalog/redis-nemesis-del.toml";
+    for (shard, file) in [("1/2", "a.json"), ("2/2", "b.json")] {
+        let o = locksim(&["run", scenario, "--seeds", "0..41", "--shard", shard, "--json", &path(file)]);
+        assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    }
+    assert_eq!(locksim(&["run", scenario, "--seeds", "0..41", "--json", &path("all.json")]).status.code(), Some(0));
+    let o = locksim(&["report", &path("a.json"), &path("b.json"), "--out", &path("merged")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // The report's inputs merged, written back as results, equal the unsharded run's.
+    let merged = locksim_reports::results::ResultsFile::merge(vec![
+        locksim_reports::results::ResultsFile::read(&dir.join("a.json")).unwrap(),
+        locksim_reports::results::ResultsFile::read(&dir.join("b.json")).unwrap(),
+    ]);
+    merged.write(&dir.join("merged.json")).unwrap();
+    assert_eq!(numbers(&dir.join("merged.json")), numbers(&dir.join("all.json")));
+    assert!(read(&dir.join("merged/report.md")).contains("redis-nemesis-del"));
+}
+
+#[test]
+fn a_random_nemesis_seed_of_set_nx_px_with_del_shrinks_to_one_pause_that_repro_replays() {
+    let dir = scratch("shrink");
+    let out = dir.join("shrunk.toml");
+    let scenario = "scenarios/catalog/redis-nemesis-del.toml";
+    let o = locksim(&["shrink", scenario, "--seed", "0", "--finding", "double-holder", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let said = stdout(&o);
+    assert!(said.contains("shrunk to 1, still double-holder"), "{said}");
+    let text = read(&out);
+    assert_eq!(text.matches("[[faults.schedule]]").count(), 1, "{text}");
+    assert!(text.contains("kind = \"pause\""), "{text}");
+    assert!(!text.contains("[faults.random]"), "{text}");
+    let replay = locksim(&["repro", out.to_str().unwrap(), "--seed", "0"]);
+    assert!(stdout(&replay).contains("double-holder"), "{}", stdout(&replay));
+    // And the shrunk file is a scenario that passes as written: unsafe, with that finding.
+    assert_eq!(locksim(&["run", out.to_str().unwrap(), "--seeds", "0"]).status.code(), Some(0));
+}
+
+#[test]
+fn the_report_has_every_chart_and_a_timeline_draws_the_overlap() {
+    let dir = scratch("report");
+    let results = dir.join("r.json");
+    let o = locksim(&["suite", "scenarios/suites/smoke.toml", "--json", results.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = dir.join("report");
+    assert_eq!(locksim(&["report", results.to_str().unwrap(), "--out", out.to_str().unwrap()]).status.code(), Some(0));
+    let html = read(&out.join("index.html"));
+    for title in ["Safety matrix", "Herd curve", "Flash sale", "Latency", "Throughput", "Messages and notifications"] {
+        assert!(html.contains(&format!("<h2>{title}</h2>\n<svg")), "{title} is drawn inline");
+    }
+    let md = read(&out.join("report.md"));
+    assert!(md.contains("![Safety matrix](safety-matrix.svg)") && out.join("safety-matrix.svg").exists());
+    let timeline = dir.join("t.svg");
+    let o = locksim(&[
+        "repro",
+        "scenarios/catalog/redis-del-gc-pause.toml",
+        "--seed",
+        "0",
+        "--timeline",
+        timeline.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let svg = read(&timeline);
+    assert!(svg.starts_with("<svg") && svg.contains("client-2"), "one lane per client");
+    // The overlap band is drawn in the two-holders colour (220, 30, 30) over the lanes.
+    assert!(svg.contains("fill=\"#DC1E1E\""), "the overlap of two holders is marked");
+}

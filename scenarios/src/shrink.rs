@@ -1,0 +1,224 @@
+//! Shrinking: the smallest written-out schedule that still gives a failing seed its finding.
+//!
+//! 1. The seed's faults are written out: the nemesis's draws become `[[faults.schedule]]` entries (the
+//!    same run — the nemesis has its own random stream, so nothing else moves).
+//! 2. Faults are removed, latest first, while the finding still occurs.
+//! 3. Each remaining fault's duration is halved while it still occurs.
+//! 4. Each fault is moved later, by halves of the time left in the run, while it still occurs.
+//!
+//! The result is a scenario file that `repro` replays at the same seed.
+
+use crate::checkers::FindingKind;
+use crate::run::{resolve_schedule, run_seed, HarnessError};
+use crate::scenario::{Expect, Scenario, Verdict};
+use locksim_sim::fault::{fmt_duration, Action, Fault};
+use std::time::Duration;
+
+/// A shrunk schedule and what it still shows.
+pub struct Shrunk {
+    pub scenario: Scenario,
+    pub seed: u64,
+    pub kind: FindingKind,
+    /// Faults the seed ran, and faults left.
+    pub faults_before: usize,
+    /// Runs it took.
+    pub tries: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShrinkError {
+    #[error("seed {0} found no violation to shrink")]
+    NothingToShrink(u64),
+    #[error("seed {seed} did not find {kind}")]
+    NotFound { seed: u64, kind: &'static str },
+    #[error(transparent)]
+    Harness(#[from] HarnessError),
+}
+
+struct Search<'a> {
+    scenario: &'a Scenario,
+    seed: u64,
+    kind: FindingKind,
+    tries: usize,
+}
+
+impl Search<'_> {
+    /// Does `schedule` (written out) still give the finding?
+    fn fails(&mut self, schedule: &[Fault]) -> Result<bool, HarnessError> {
+        self.tries += 1;
+        let mut s = self.scenario.clone();
+        s.random = None;
+        s.schedule = schedule.to_vec();
+        s.schedule.sort_by_key(|f| f.at);
+        Ok(run_seed(&s, self.seed)?.result.counts.contains_key(&self.kind))
+    }
+}
+
+/// How long a fault lasts, if it has a length to shorten.
+fn length(action: &mut Action) -> Option<&mut Duration> {
+    match action {
+        Action::Pause { duration } | Action::Crash { restart_after: Some(duration) } => Some(duration),
+        Action::Partition { duration: Some(d), .. }
+        | Action::Clog { duration: Some(d), .. }
+        | Action::Delay { duration: Some(d), .. }
+        | Action::Loss { duration: Some(d), .. }
+        | Action::DropReply { duration: Some(d), .. }
+        | Action::ClockDrift { duration: Some(d), .. } => Some(d),
+        _ => None,
+    }
+}
+
+/// Whole milliseconds, so that written-out times read well.
+fn ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// Remove faults, latest first, while the finding still occurs.
+fn remove(search: &mut Search, mut faults: Vec<Fault>) -> Result<Vec<Fault>, HarnessError> {
+    for i in (0..faults.len()).rev() {
+        let mut without = faults.clone();
+        without.remove(i);
+        if search.fails(&without)? {
+            faults = without;
+        }
+    }
+    Ok(faults)
+}
+
+/// Halve each fault's duration while the finding still occurs.
+fn shorten(search: &mut Search, mut faults: Vec<Fault>) -> Result<Vec<Fault>, HarnessError> {
+    for i in 0..faults.len() {
+        while let Some(d) = length(&mut faults[i].action).map(|d| *d) {
+            let mut shorter = faults.clone();
+            *length(&mut shorter[i].action).expect("has a length") = ms(d / 2);
+            if d < Duration::from_millis(20) || !search.fails(&shorter)? {
+                break;
+            }
+            faults = shorter;
+        }
+    }
+    Ok(faults)
+}
+
+/// Move each fault later, by halves of the time left in the run, while the finding still occurs.
+fn postpone(search: &mut Search, mut faults: Vec<Fault>, end: Duration) -> Result<Vec<Fault>, HarnessError> {
+    for i in 0..faults.len() {
+        let at = faults[i].at;
+        let mut step = ms(end.saturating_sub(at) / 2);
+        while step >= Duration::from_millis(100) {
+            let mut later = faults.clone();
+            let moved = later[i].at + step;
+            if moved >= end {
+                break;
+            }
+            later[i].at = moved;
+            if search.fails(&later)? {
+                faults = later;
+            } else {
+                step = ms(step / 2);
+            }
+        }
+    }
+    faults.sort_by_key(|f| f.at);
+    Ok(faults)
+}
+
+/// Shrink `seed` of `scenario` keeping `kind` (default: the seed's first violation).
+pub fn shrink(scenario: &Scenario, seed: u64, kind: Option<FindingKind>) -> Result<Shrunk, ShrinkError> {
+    let first = run_seed(scenario, seed)?.result;
+    let kind = match kind {
+        Some(k) if first.counts.contains_key(&k) => k,
+        Some(k) => return Err(ShrinkError::NotFound { seed, kind: k.name() }),
+        None => *first.counts.keys().find(|k| k.is_violation()).ok_or(ShrinkError::NothingToShrink(seed))?,
+    };
+    let mut search = Search { scenario, seed, kind, tries: 1 };
+    let mut faults = resolve_schedule(scenario, seed);
+    let faults_before = faults.len();
+    // Until a round changes nothing (a moved fault may have become unnecessary), at most a few rounds.
+    for _ in 0..4 {
+        let before = faults.len();
+        let before_text: Vec<String> = faults.iter().map(crate::run::describe).collect();
+        faults = remove(&mut search, faults)?;
+        faults = shorten(&mut search, faults)?;
+        faults = postpone(&mut search, faults, scenario.workload.duration)?;
+        if faults.len() == before && faults.iter().map(crate::run::describe).collect::<Vec<_>>() == before_text {
+            break;
+        }
+    }
+    let mut shrunk = scenario.clone();
+    shrunk.random = None;
+    shrunk.schedule = faults;
+    shrunk.name = format!("{}-seed-{seed}-shrunk", scenario.name);
+    shrunk.description = format!(
+        "{} (shrunk from {} seed {seed}: {} faults to {})",
+        scenario.description,
+        scenario.path,
+        faults_before,
+        shrunk.schedule.len()
+    );
+    shrunk.expect = Expect { verdict: Verdict::Unsafe, findings: vec![kind], absent: vec![] };
+    Ok(Shrunk { scenario: shrunk, seed, kind, faults_before, tries: search.tries })
+}
+
+/// One fault as a `[[faults.schedule]]` table.
+fn fault_table(f: &Fault) -> toml::Table {
+    let mut t = toml::Table::new();
+    let d = |d: &Duration| toml::Value::String(fmt_duration(*d));
+    t.insert("at".into(), d(&f.at));
+    t.insert("kind".into(), f.action.kind().name().into());
+    t.insert("target".into(), f.target.to_string().into());
+    let peers = |p: &[String]| toml::Value::Array(p.iter().map(|n| n.clone().into()).collect());
+    let mut put = |k: &str, v: toml::Value| t.insert(k.into(), v);
+    match &f.action {
+        Action::Pause { duration } => drop(put("duration", d(duration))),
+        Action::Crash { restart_after } => drop(restart_after.as_ref().map(|r| put("duration", d(r)))),
+        Action::Restart | Action::Failover => {}
+        Action::Partition { peers: p, duration } | Action::Clog { peers: p, duration } => {
+            if !p.is_empty() {
+                put("peers", peers(p));
+            }
+            drop(duration.as_ref().map(|r| put("duration", d(r))));
+        }
+        Action::Delay { latency, duration } => {
+            put("latency", d(latency));
+            drop(duration.as_ref().map(|r| put("duration", d(r))));
+        }
+        Action::Loss { rate, duration } | Action::DropReply { rate, duration } => {
+            put("rate", (*rate).into());
+            drop(duration.as_ref().map(|r| put("duration", d(r))));
+        }
+        Action::ClockJump { delta_ms } => {
+            let magnitude = fmt_duration(Duration::from_millis(delta_ms.unsigned_abs()));
+            put("delta", if *delta_ms < 0 { format!("-{magnitude}") } else { magnitude }.into());
+        }
+        Action::ClockDrift { rate, duration } => {
+            put("rate", (*rate).into());
+            drop(duration.as_ref().map(|r| put("duration", d(r))));
+        }
+    }
+    t
+}
+
+impl Shrunk {
+    /// The shrunk scenario as a file: the original's text with its faults written out and its
+    /// expectation set to the finding.
+    pub fn to_toml(&self, original_text: &str) -> Result<String, toml::de::Error> {
+        let mut file: toml::Table = toml::from_str(original_text)?;
+        let s = &self.scenario;
+        file.insert("name".into(), s.name.clone().into());
+        file.insert("description".into(), s.description.clone().into());
+        let schedule = s.schedule.iter().map(|f| toml::Value::Table(fault_table(f))).collect();
+        let mut faults = toml::Table::new();
+        faults.insert("schedule".into(), toml::Value::Array(schedule));
+        file.insert("faults".into(), toml::Value::Table(faults));
+        let mut expect = toml::Table::new();
+        expect.insert("verdict".into(), "unsafe".into());
+        expect.insert("findings".into(), toml::Value::Array(vec![self.kind.name().into()]));
+        file.insert("expect".into(), toml::Value::Table(expect));
+        let header = format!(
+            "# Shrunk by `locksim shrink` from {} seed {}; replay with --seed {}.\n",
+            s.path, self.seed, self.seed
+        );
+        Ok(header + &toml::to_string(&file).expect("a TOML table serialises"))
+    }
+}

@@ -1,0 +1,139 @@
+//! Suites: many scenarios over seed ranges, each judged against its own `[expect]` or the suite's.
+//!
+//! ```toml
+//! name = "smoke"
+//!
+//! [[run]]
+//! scenario = "../catalog/redis-del-gc-pause.toml"   # relative to the suite file
+//! seeds = "0..200"
+//! # clients = 16                                    # optional: another number of clients
+//! # [run.expect]                                    # optional: overrides the scenario's [expect]
+//! # verdict = "unsafe"
+//! # findings = ["double-holder"]
+//! ```
+
+use crate::file::{ExpectFile, ScenarioError, Source};
+use crate::scenario::{LoadError, Scenario};
+use locksim_locks::Registry;
+use locksim_sim::fault::Target;
+use serde::Deserialize;
+use std::ops::Range;
+use std::path::{Component, Path, PathBuf};
+use toml::Spanned;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SuiteFile {
+    name: Option<String>,
+    #[serde(default)]
+    run: Vec<RunFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFile {
+    scenario: Spanned<String>,
+    seeds: Spanned<String>,
+    clients: Option<Spanned<i64>>,
+    expect: Option<ExpectFile>,
+}
+
+/// One run of a suite: a scenario (with the suite's overrides applied) and its seeds.
+pub struct SuiteRun {
+    pub scenario: Scenario,
+    pub seeds: Range<u64>,
+}
+
+pub struct Suite {
+    pub name: String,
+    pub runs: Vec<SuiteRun>,
+}
+
+/// `A..B` (B exclusive) or one seed `A`.
+pub fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
+    let bad = || format!("expected a seed range such as 0..200 (end exclusive) or one seed, found {text:?}");
+    let range = match text.split_once("..") {
+        Some((a, b)) => a.parse().map_err(|_| bad())?..b.parse().map_err(|_| bad())?,
+        None => {
+            let one: u64 = text.parse().map_err(|_| bad())?;
+            one..one.checked_add(1).ok_or_else(bad)?
+        }
+    };
+    if range.is_empty() {
+        return Err(format!("the seed range {text:?} is empty"));
+    }
+    Ok(range)
+}
+
+/// `dir/rel` with `.` and `..` worked out, so that repro lines name files as a user would.
+fn join(dir: &Path, rel: &str) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in dir.join(rel).components() {
+        match part {
+            Component::ParentDir if out.file_name().is_some_and(|n| n != "..") => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+impl Suite {
+    /// Read a suite and every scenario it names. Errors name the file, line and column at fault.
+    pub fn load(path: &Path, registry: &Registry) -> Result<Suite, LoadError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
+        let src = Source { path: &shown, text: &text };
+        let file: SuiteFile = toml::from_str(&text)
+            .map_err(|e| src.error(e.span().unwrap_or(0..0), e.message().trim_end().replace('\n', "; ")))?;
+        if file.run.is_empty() {
+            return Err(src.error(0..0, "a suite needs at least one [[run]] with scenario and seeds").into());
+        }
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let mut runs = Vec::new();
+        for run in &file.run {
+            let seeds =
+                parse_seeds(run.seeds.get_ref()).map_err(|m| src.error(run.seeds.span(), format!("seeds: {m}")))?;
+            let scenario_path = join(dir, run.scenario.get_ref());
+            let mut scenario = match Scenario::load(&scenario_path, registry) {
+                Err(LoadError::Io { source, .. }) => {
+                    let m = format!("scenario: cannot read {}: {source}", scenario_path.display());
+                    return Err(src.error(run.scenario.span(), m).into());
+                }
+                other => other?,
+            };
+            if let Some(clients) = &run.clients {
+                override_clients(&src, &mut scenario, clients)?;
+            }
+            if let Some(expect) = &run.expect {
+                scenario.expect = crate::scenario::expect(&src, expect)?;
+            }
+            runs.push(SuiteRun { scenario, seeds });
+        }
+        let name = file.name.unwrap_or_else(|| path.file_stem().map_or(shown.clone(), |s| s.to_string_lossy().into()));
+        Ok(Suite { name, runs })
+    }
+}
+
+fn override_clients(src: &Source, scenario: &mut Scenario, clients: &Spanned<i64>) -> Result<(), ScenarioError> {
+    let n = *clients.get_ref();
+    if !(1..=64).contains(&n) {
+        return Err(src.error(clients.span(), format!("clients: expected a whole number from 1 to 64, found {n}")));
+    }
+    scenario.workload.clients = n as usize;
+    scenario.name = format!("{}-{n}-clients", scenario.name);
+    let topology = scenario.topology();
+    let known =
+        |name: &String| name == "resource" || topology.clients.contains(name) || topology.servers.contains(name);
+    let gone = scenario.schedule.iter().find_map(|f| match &f.target {
+        Target::Node(name) if !known(name) => Some(name.clone()),
+        _ => None,
+    });
+    if let Some(gone) = gone {
+        let m = format!("clients: {} names {gone}, which {n} clients do not have", scenario.name);
+        return Err(src.error(clients.span(), m));
+    }
+    Ok(())
+}
