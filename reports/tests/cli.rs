@@ -1,23 +1,9 @@
 //! The command line as users and CI scripts meet it: output, exit codes, error messages.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn locksim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_locksim")).args(args).current_dir(root()).output().expect("locksim runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{locksim, stderr, stdout};
+use std::path::PathBuf;
 
 /// A scenario file in a temporary directory.
 fn scenario_file(name: &str, text: &str) -> PathBuf {

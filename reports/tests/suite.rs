@@ -1,19 +1,9 @@
 //! The CI side of the command line: suites, JUnit, sharding and merging, shrinking, reports.
 
+mod common;
+
+use common::{locksim, root, stdout};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn locksim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_locksim")).args(args).current_dir(root()).output().expect("locksim runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A fresh directory for one test's files.
 fn scratch(name: &str) -> PathBuf {
