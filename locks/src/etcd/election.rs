@@ -15,7 +15,7 @@
 //! Expected (catalog): one wake-up per resignation; a leader paused past its TTL comes back still leading
 //! beside the next (`double-holder`), fenced by its revision.
 
-use super::{connect, live_session, wait_deletes, whole_seconds, EtcdApi, Failed, Session};
+use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Failed, Session};
 use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
@@ -110,10 +110,7 @@ impl Lock for Candidate {
     }
 
     async fn lost(&self) -> String {
-        match (&self.leading, &self.session) {
-            (Some(_), Some(session)) => session.lost(&self.params).await,
-            _ => std::future::pending().await,
-        }
+        lost_while_held(&self.leading, &self.session, &self.params).await
     }
 }
 

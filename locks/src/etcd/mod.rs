@@ -228,6 +228,14 @@ impl Session {
     }
 }
 
+/// `Lock::lost` of a recipe whose grant lives in `session`: only a holder listens.
+async fn lost_while_held<T>(held: &Option<T>, session: &Option<Session>, params: &Params) -> String {
+    match (held, session) {
+        (Some(_), Some(session)) => session.lost(params).await,
+        _ => std::future::pending().await,
+    }
+}
+
 /// The session a client reuses across acquisitions, replaced once its lease is gone.
 async fn live_session(slot: &mut Option<Session>, etcd: &impl EtcdApi, ttl: Duration) -> Result<(), Failed> {
     if slot.as_ref().is_none_or(Session::done) {

@@ -20,7 +20,7 @@
 //! Expected (catalog): one wake-up per release; FIFO by create_revision. A waiter paused past its TTL
 //! while queued becomes a second holder with `recheck = false`, and not with the fix.
 
-use super::{connect, live_session, wait_deletes, whole_seconds, EtcdApi, Session};
+use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Session};
 use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
@@ -148,9 +148,6 @@ impl Lock for Mutex {
     }
 
     async fn lost(&self) -> String {
-        match (&self.held, &self.session) {
-            (Some(_), Some(session)) => session.lost(&self.params).await,
-            _ => std::future::pending().await,
-        }
+        lost_while_held(&self.held, &self.session, &self.params).await
     }
 }

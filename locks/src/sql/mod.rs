@@ -34,6 +34,7 @@ pub const RECIPES: &[RecipeSpec] = &[
 #[derive(Clone, Debug)]
 pub struct SqlServers {
     pub server: NodeIx,
+    recorder: locksim_sim::history::Recorder,
 }
 
 /// `[backend]` keys of the database family: PostgreSQL's connection settings.
@@ -111,7 +112,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         })
     });
     let server = world.add_node("db-0", program);
-    Servers::Sql(SqlServers { server })
+    Servers::Sql(SqlServers { server, recorder: world.recorder().clone() })
 }
 
 /// A database connection's one call.
@@ -159,6 +160,7 @@ impl Db {
         let env = ClientEnv {
             rpc: ctx.rpc().clone(),
             clock: ctx.clock().clone(),
+            recorder: sql.recorder.clone(),
             server: sql.server,
             router: ctx.node_wide(Router::default),
         };

@@ -171,4 +171,24 @@ mod tests {
         assert_eq!(found.len(), 1, "its key may have survived; later requests are held to the queue again");
         assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(2)]);
     }
+
+    #[test]
+    fn a_wait_that_starts_under_a_fault_is_disturbed_and_one_after_it_is_not() {
+        let cut = |id| FaultStart {
+            id,
+            fault: locksim_sim::fault::FaultKind::Partition,
+            target: "client-0".into(),
+            detail: String::new(),
+        };
+        let events = |end_first: bool| {
+            let mut e = vec![(0.5, 0, cut(1))];
+            if end_first {
+                e.push((0.9, 0, FaultEnd { id: 1 }));
+            }
+            e.extend([(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
+            e
+        };
+        assert!(check(&history(10.0, events(false)), true).is_empty(), "asked while cut off");
+        assert_eq!(check(&history(10.0, events(true)), true).len(), 1, "the cut had healed before it asked");
+    }
 }

@@ -89,6 +89,29 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
     }
 }
 
+/// Where a client library lives and whom it talks to: its node's endpoint and clock, the history, the
+/// server, and `router`, the node's one reader of what servers push (`Ctx::node_wide`: one per node,
+/// shared by every client on it, as the real libraries share a connection's reader thread).
+pub struct ClientEnv<R> {
+    pub rpc: Rpc,
+    pub clock: Clock,
+    pub recorder: Recorder,
+    pub server: NodeIx,
+    pub router: Rc<R>,
+}
+
+impl<R> Clone for ClientEnv<R> {
+    fn clone(&self) -> Self {
+        ClientEnv {
+            rpc: self.rpc.clone(),
+            clock: self.clock.clone(),
+            recorder: self.recorder.clone(),
+            server: self.server,
+            router: self.router.clone(),
+        }
+    }
+}
+
 /// Act on a served state from beside its shell (e.g. a server's keep-alive prober), then say what it
 /// asked to be said.
 pub fn act<B: Backend>(state: &Mutex<B>, rpc: &Rpc, recorder: &Recorder, f: impl FnOnce(&mut B, &mut Out)) {

@@ -14,9 +14,9 @@
 //! The client records the end of each keep-alive in the history as `Session`.
 
 use super::{EtcdReply, EtcdRequest, LeaseId, WatchId, WatchResponse};
-use crate::clock::Clock;
+
 use crate::ctx::Background;
-use crate::history::{EventKind, NodeIx, Recorder};
+use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -24,16 +24,8 @@ use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-/// Where a client lives and whom it talks to.
-#[derive(Clone)]
-pub struct ClientEnv {
-    pub rpc: Rpc,
-    pub clock: Clock,
-    pub recorder: Recorder,
-    pub server: NodeIx,
-    /// The node's one watch stream (`Ctx::node_wide`), shared by every client on the node.
-    pub router: Rc<Router>,
-}
+/// Where a client lives and whom it talks to; its router is the node's etcd watch stream.
+pub type ClientEnv = crate::backend::ClientEnv<Router>;
 
 /// The node's watch stream: hands each watch response to its watcher.
 pub struct Router {
@@ -193,10 +185,12 @@ async fn keep_alive_loop(client: EtcdClient, lease: LeaseId, ttl: Duration, done
         if now < next || ending.stopped() {
             continue;
         }
-        // The answer is handled beside the loop, as the real client's receive loop does.
-        let (client, timing, ending) = (client.clone(), timing.clone(), ending.clone());
+        // The answer is handled beside the loop, as the real client's receive loop does; once the
+        // keep-alive is dropped, a late answer finds nobody (the real client forgets the lease).
+        let (client, timing, ending) = (client.clone(), timing.clone(), Rc::downgrade(&ending));
         madsim::task::spawn_local(async move {
             let answer = client.request(EtcdRequest::LeaseKeepAlive { id: lease }).await;
+            let Some(ending) = ending.upgrade() else { return };
             match answer {
                 Ok(EtcdReply::KeepAlive { ttl_s, .. }) if ttl_s <= 0 => {
                     ending.stop("the server says the lease has expired")

@@ -8,9 +8,9 @@
 //! - A connection the server has ended answers every statement with `Terminated`.
 
 use super::{ConnId, SqlError, SqlRequest, SqlResponse, SqlResult, Stmt};
-use crate::clock::Clock;
+
 use crate::ctx::Background;
-use crate::history::NodeIx;
+
 use crate::net::Rpc;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -18,15 +18,8 @@ use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// Where a client lives and whom it talks to.
-#[derive(Clone)]
-pub struct ClientEnv {
-    pub rpc: Rpc,
-    pub clock: Clock,
-    pub server: NodeIx,
-    /// The node's one reader of results (`Ctx::node_wide`), for all its connections.
-    pub router: Rc<Router>,
-}
+/// Where a client lives and whom it talks to; its router is the node's reader of statement results.
+pub type ClientEnv = crate::backend::ClientEnv<Router>;
 
 /// Hands each result that reaches the node to the statement waiting for it.
 #[derive(Default)]

@@ -17,9 +17,9 @@
 //! The client records each change of its connection state in the history as `Session`.
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
-use crate::clock::{sim_now_ns, Clock};
+use crate::clock::sim_now_ns;
 use crate::ctx::Background;
-use crate::history::{EventKind, NodeIx, Recorder};
+use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -54,16 +54,8 @@ impl Watch {
     }
 }
 
-/// Where a client lives and whom it talks to.
-#[derive(Clone)]
-pub struct ClientEnv {
-    pub rpc: Rpc,
-    pub clock: Clock,
-    pub recorder: Recorder,
-    pub server: NodeIx,
-    /// The node's one event router (`Ctx::node_wide`), shared by every session on the node.
-    pub router: Rc<Router>,
-}
+/// Where a client lives and whom it talks to; its router is the node's ZooKeeper event router.
+pub type ClientEnv = crate::backend::ClientEnv<Router>;
 
 type Watchers = BTreeMap<(SessionId, String), Vec<oneshot::Sender<WatchEvent>>>;
 
