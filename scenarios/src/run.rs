@@ -119,7 +119,7 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
                 world.add_node(&Scenario::client_name(i), client_program(plan.clone()));
             }
             world.run(&faults, scenario.workload.duration).await;
-            (world.recorder().finish(world.names()), world.net().messages())
+            (world.recorder().finish(world.names()), (world.net().messages(), world.net().call_timeouts()))
         }
     });
     let findings = check(&history, &scenario.check);
@@ -131,7 +131,7 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
             m
         }),
         findings: keep_first(findings),
-        measurements: measure(&history, messages),
+        measurements: measure(&history, messages.0, messages.1),
         history_hash: format!("{:016x}", history.hash()),
         schedule: faults.iter().map(describe).collect(),
     };

@@ -5,15 +5,20 @@
 //! the previous message on the same link, as over a TCP connection — and the receiver takes it when
 //! that time comes. No task runs per message: that is most of what a simulated message costs. A paused
 //! receiver finds its messages waiting when it resumes; a crashed one loses its inbox and all in it.
-//! The network also applies the faults that act on messages: cut links (`partition`, `clog`; checked
-//! when a message is sent and when the receiver takes it), extra latency (`delay`), random loss (`loss`)
-//! and lost replies of a server that did apply the request (`drop-reply`). Every decision draws from
-//! the `Network` stream, never from madsim's generator.
+//! The network also applies the faults that act on messages: cut links (`partition`, `clog`), extra
+//! latency (`delay`), random loss (`loss`) and lost replies of a server that did apply the request
+//! (`drop-reply`). Every decision draws from the `Network` stream, never from madsim's generator.
 //!
-//! Two kinds of traffic: a call (request and reply) is lost on a cut link, and its caller times out —
-//! what a client sees of a connection that stops answering. A one-way stream message ([`Rpc::tell`]:
-//! watch notifications, replication) rides a TCP connection that outlives a short cut: it waits for
-//! the link to heal and is lost only if its receiver dies.
+//! A cut link delays what is sent on it, as TCP does (Linux `tcp_retransmit_timer`): the sender's
+//! kernel retransmits the first unacknowledged segment after `TCP_RTO_MIN` (200 ms), doubling the wait
+//! each time up to `TCP_RTO_MAX` (120 s), and gives the connection up after `tcp_retries2` = 15
+//! retransmissions (about 924 s). So a message sent during a cut arrives at the first retransmission
+//! after the heal — requests, replies and one-way stream messages alike, in order, and after anything
+//! sent on the link meanwhile is not let through earlier. A request may therefore be applied long after
+//! its caller gave up waiting (a real socket's unsent data outlives the caller's timeout, even a
+//! `close`). What was held dies with either end: a sender that crashed (its kernel's buffers are gone)
+//! or a receiver that crashed or restarted (its new kernel resets the old connection). A message
+//! already on the wire when a cut starts still arrives (the cut acts at send time).
 //!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
@@ -32,6 +37,28 @@ use tokio::sync::{oneshot, Notify};
 
 /// Base latency of every message, drawn uniformly (madsim's default range).
 const LATENCY_NS: (u64, u64) = (1_000_000, 10_000_000);
+
+/// Linux `TCP_RTO_MIN`: the first retransmission timeout on a connection with a millisecond RTT.
+const TCP_RTO_MIN_NS: u64 = 200_000_000;
+/// Linux `TCP_RTO_MAX`: the retransmission timeout stops doubling here.
+const TCP_RTO_MAX_NS: u64 = 120_000_000_000;
+/// Linux `net.ipv4.tcp_retries2` (default 15): retransmissions before the connection is given up.
+const TCP_RETRIES2: u32 = 15;
+
+/// When data first sent at `first_ns` and unacknowledged since gets through a link healed at
+/// `heal_ns`: the first retransmission at or after the heal, or `None` if the kernel gave the
+/// connection up before then.
+fn retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
+    let (mut at, mut rto) = (first_ns, TCP_RTO_MIN_NS);
+    for _ in 0..TCP_RETRIES2 {
+        at += rto;
+        if at >= heal_ns {
+            return Some(at);
+        }
+        rto = (rto * 2).min(TCP_RTO_MAX_NS);
+    }
+    None
+}
 
 type Payload = Box<dyn Any + Send>;
 
@@ -56,10 +83,14 @@ struct NetState {
     drop_reply: BTreeMap<NodeIx, f64>,
     /// When the last message on each link arrives: later ones never overtake it.
     link_clear_ns: BTreeMap<(NodeIx, NodeIx), u64>,
-    /// Stream messages waiting for their cut link to heal.
-    held: BTreeMap<(NodeIx, NodeIx), Vec<Message>>,
+    /// Messages sent on a cut link, waiting to be retransmitted once it heals.
+    held: BTreeMap<(NodeIx, NodeIx), Held>,
     rng: ChaCha8Rng,
     messages: u64,
+    /// Calls that ended without a reply.
+    call_timeouts: u64,
+    /// Messages put into inboxes so far: orders those that arrive at the same instant.
+    deliveries: u64,
 }
 
 /// A received request: who sent it, where the answer goes (nowhere for a stream message), the body.
@@ -79,17 +110,23 @@ struct Inbox {
     waiting: BTreeMap<u64, oneshot::Sender<Reply>>,
 }
 
+impl Inbox {
+    fn new(incarnation: u32) -> Inbox {
+        Inbox { incarnation, requests: BTreeMap::new(), queued: Arc::new(Notify::new()), waiting: BTreeMap::new() }
+    }
+}
+
 /// What travels: a request (answer to `reply_tag`; 0 for a stream message) or a reply to a call's tag.
 enum Message {
     Request { reply_tag: u64, body: Payload },
     Reply { tag: u64, body: Payload },
 }
 
-impl Message {
-    /// A one-way message on a connection that survives short cuts.
-    fn is_stream(&self) -> bool {
-        matches!(self, Message::Request { reply_tag: 0, .. })
-    }
+/// The unacknowledged data of a cut link: when the first of it was sent (the retransmission timer
+/// counts from there), and each message with the lives of both ends that it was sent between.
+struct Held {
+    first_ns: u64,
+    messages: Vec<(u32, u32, Message)>,
 }
 
 impl Net {
@@ -104,6 +141,8 @@ impl Net {
             held: BTreeMap::new(),
             rng: stream(seed, Stream::Network, 0),
             messages: 0,
+            call_timeouts: 0,
+            deliveries: 0,
         })))
     }
 
@@ -125,10 +164,13 @@ impl Net {
             return;
         }
         s.cuts.remove(&(from, to));
-        let held = s.held.remove(&(from, to)).unwrap_or_default();
-        drop(s);
-        for msg in held {
-            self.send(from, to, msg);
+        let Some(held) = s.held.remove(&(from, to)) else { return };
+        let Some(retransmit_ns) = retransmission_after(held.first_ns, sim_now_ns()) else { return };
+        let life = |s: &NetState, n: NodeIx| s.inboxes.get(&n).map(|i| i.incarnation);
+        for (from_life, to_life, msg) in held.messages {
+            if life(&s, from) == Some(from_life) && life(&s, to) == Some(to_life) {
+                s.deliver(from, to, msg, retransmit_ns);
+            }
         }
     }
 
@@ -147,6 +189,15 @@ impl Net {
         set_or_clear(&mut self.state().drop_reply, node, rate);
     }
 
+    /// Open the endpoint of life `incarnation` of `node`, before its program runs: a host's kernel
+    /// accepts connections as soon as it is up, and what arrives before the program reads waits in
+    /// its inbox (a listen backlog). Without this a client whose first request left before its
+    /// server's program had started would lose it in a fault-free run.
+    pub fn bind_host(&self, node: NodeIx, incarnation: u32) {
+        let old = self.state().inboxes.insert(node, Inbox::new(incarnation));
+        assert!(old.is_none_or(|o| o.incarnation < incarnation), "one endpoint per node life");
+    }
+
     /// A crashed node's endpoint is gone: messages on their way to it are lost.
     pub fn unbind(&self, node: NodeIx) {
         self.state().inboxes.remove(&node);
@@ -157,23 +208,38 @@ impl Net {
         self.state().messages
     }
 
-    /// Send `msg` from `from` to `to`: count it, decide its fate, and put it in the receiver's inbox.
+    /// Calls that timed out so far: in a run without faults, none should.
+    pub fn call_timeouts(&self) -> u64 {
+        self.state().call_timeouts
+    }
+
+    /// Send `msg` from `from` to `to`: count it, hold it while the link is cut, else deliver it.
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
         let mut s = self.state();
         // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
         // tasks are dropped) dies with it.
-        if !s.inboxes.contains_key(&from) {
-            return;
-        }
+        let Some(from_life) = s.inboxes.get(&from).map(|i| i.incarnation) else { return };
         s.messages += 1;
-        if msg.is_stream() && s.cuts.contains_key(&(from, to)) {
-            s.held.entry((from, to)).or_default().push(msg);
+        if s.cuts.contains_key(&(from, to)) {
+            // A host that is down cannot take the retransmissions; one restarted later resets them.
+            let Some(to_life) = s.inboxes.get(&to).map(|i| i.incarnation) else { return };
+            let now = sim_now_ns();
+            let held = s.held.entry((from, to)).or_insert_with(|| Held { first_ns: now, messages: Vec::new() });
+            held.messages.push((from_life, to_life, msg));
             return;
         }
-        let Some(arrive_ns) = s.route(from, to, matches!(msg, Message::Reply { .. })) else { return };
-        let seq = s.messages;
+        s.deliver(from, to, msg, sim_now_ns());
+    }
+}
+
+impl NetState {
+    /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless it is lost.
+    fn deliver(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
+        let Some(arrive_ns) = self.route(from, to, matches!(msg, Message::Reply { .. }), sent_ns) else { return };
+        self.deliveries += 1;
+        let seq = self.deliveries;
         // A receiver that is gone (its node died, its call timed out) loses the message.
-        let Some(inbox) = s.inboxes.get_mut(&to) else { return };
+        let Some(inbox) = self.inboxes.get_mut(&to) else { return };
         match msg {
             Message::Request { reply_tag, body } => {
                 inbox.requests.insert((arrive_ns, seq), (ReplyTo { from, reply_tag }, body));
@@ -187,17 +253,8 @@ impl Net {
         }
     }
 
-    fn is_cut(&self, from: NodeIx, to: NodeIx) -> bool {
-        self.state().cuts.contains_key(&(from, to))
-    }
-}
-
-impl NetState {
-    /// When a message sent now from `from` to `to` arrives, or `None` if it is lost.
-    fn route(&mut self, from: NodeIx, to: NodeIx, is_reply: bool) -> Option<u64> {
-        if self.cuts.contains_key(&(from, to)) {
-            return None;
-        }
+    /// When a message put on the wire at `sent_ns` from `from` to `to` arrives, or `None` if it is lost.
+    fn route(&mut self, from: NodeIx, to: NodeIx, is_reply: bool, sent_ns: u64) -> Option<u64> {
         let mut lose = [from, to].iter().filter_map(|n| self.loss.get(n).copied()).fold(0.0, f64::max);
         if is_reply {
             lose = lose.max(self.drop_reply.get(&from).copied().unwrap_or(0.0));
@@ -209,7 +266,7 @@ impl NetState {
             self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
         let latency = self.rng.gen_range(LATENCY_NS.0..=LATENCY_NS.1) + extra.as_nanos() as u64;
         let clear = self.link_clear_ns.entry((from, to)).or_default();
-        *clear = (sim_now_ns() + latency).max(*clear);
+        *clear = (sent_ns + latency).max(*clear);
         Some(*clear)
     }
 }
@@ -219,6 +276,20 @@ fn set_or_clear<V>(map: &mut BTreeMap<NodeIx, V>, node: NodeIx, v: Option<V>) {
         Some(v) => map.insert(node, v),
         None => map.remove(&node),
     };
+}
+
+/// The fate of a TCP keep-alive probe (see [`Rpc::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// The peer's kernel acknowledged it: the connection is alive.
+    Acked,
+    /// The peer's host restarted: its kernel resets the connection.
+    Reset,
+    /// Nothing came back (a cut link, a host that is down).
+    Unanswered,
+    /// Data to the peer is unacknowledged: no probe is sent; `gave_up` once the retransmissions have
+    /// run out.
+    Retransmitting { gave_up: bool },
 }
 
 /// Where the answer to a received request goes (see [`Rpc::reply`]).
@@ -238,16 +309,13 @@ pub struct Rpc {
 }
 
 impl Rpc {
-    /// Open the endpoint of the node `env` describes, replacing the one of its previous life.
+    /// The endpoint of the node `env` describes, in this life: the world opened it when it started the
+    /// node ([`Net::bind_host`]); a node built outside a world gets one here.
     pub fn bind(env: &NodeEnv) -> Rpc {
-        let inbox = Inbox {
-            incarnation: env.incarnation,
-            requests: BTreeMap::new(),
-            queued: Arc::new(Notify::new()),
-            waiting: BTreeMap::new(),
-        };
-        let old = env.net.state().inboxes.insert(env.me, inbox);
-        assert!(old.is_none_or(|o| o.incarnation < env.incarnation), "one endpoint per node life");
+        let opened = env.net.state().inboxes.get(&env.me).is_some_and(|i| i.incarnation == env.incarnation);
+        if !opened {
+            env.net.bind_host(env.me, env.incarnation);
+        }
         // Reply tags are unique across lives: a late reply to a call of a previous life must not be
         // taken for the answer to a call of this one.
         let first_tag = (u64::from(env.incarnation) << 40) + 1;
@@ -264,13 +332,24 @@ impl Rpc {
         self.incarnation
     }
 
-    /// A TCP keep-alive probe of a peer's connection: answered by the peer's kernel if both directions of
-    /// the link are up and the peer still runs the life that opened the connection. A paused process's
-    /// kernel answers; a crashed host does not, and a restarted one resets the old connection.
-    pub fn probe(&self, peer: NodeIx, incarnation: u32) -> bool {
+    /// What this node's kernel finds on its connection to life `incarnation` of `peer` if it sends a
+    /// keep-alive probe now. A paused process's kernel answers; a crashed host does not; a restarted
+    /// one answers with a reset (it knows nothing of the old connection). While data sent to the peer
+    /// waits for a retransmission, the kernel sends no probes (Linux `tcp_keepalive_timer` leaves the
+    /// connection to the retransmission timer, which gives up after `tcp_retries2`).
+    pub fn probe(&self, peer: NodeIx, incarnation: u32) -> Probe {
         let s = self.net.state();
-        let up = !s.cuts.contains_key(&(self.me, peer)) && !s.cuts.contains_key(&(peer, self.me));
-        up && s.inboxes.get(&peer).is_some_and(|inbox| inbox.incarnation == incarnation)
+        if let Some(held) = s.held.get(&(self.me, peer)) {
+            return Probe::Retransmitting { gave_up: retransmission_after(held.first_ns, sim_now_ns()).is_none() };
+        }
+        if s.cuts.contains_key(&(self.me, peer)) || s.cuts.contains_key(&(peer, self.me)) {
+            return Probe::Unanswered;
+        }
+        match s.inboxes.get(&peer) {
+            None => Probe::Unanswered,
+            Some(inbox) if inbox.incarnation != incarnation => Probe::Reset,
+            Some(_) => Probe::Acked,
+        }
     }
 
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
@@ -288,17 +367,17 @@ impl Rpc {
         };
         self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req) });
         let reply = async {
-            let Ok((arrive_ns, from, body)) = rx.await else { return std::future::pending().await };
+            let Ok((arrive_ns, _, body)) = rx.await else { return std::future::pending().await };
             sleep_until(arrive_ns).await;
-            if self.net.is_cut(from, self.me) {
-                return std::future::pending().await;
-            }
             body
         };
         let reply = madsim::time::timeout(self.clock.real_duration(timeout), reply).await;
-        if let Some(inbox) = self.net.state().inboxes.get_mut(&self.me) {
+        let mut s = self.net.state();
+        if let Some(inbox) = s.inboxes.get_mut(&self.me) {
             inbox.waiting.remove(&tag);
         }
+        s.call_timeouts += u64::from(reply.is_err());
+        drop(s);
         match reply {
             Ok(body) => Ok(*body.downcast::<R>().expect("reply type matches the request type")),
             Err(_) => Err(CallError::Timeout),
@@ -325,13 +404,6 @@ impl Rpc {
                 match inbox.requests.first_key_value() {
                     Some(((at, _), _)) if *at <= sim_now_ns() => {
                         let (_, (reply_to, body)) = inbox.requests.pop_first().expect("just seen");
-                        if s.cuts.contains_key(&(reply_to.from, self.me)) {
-                            let msg = Message::Request { reply_tag: reply_to.reply_tag, body };
-                            if msg.is_stream() {
-                                s.held.entry((reply_to.from, self.me)).or_default().push(msg);
-                            }
-                            continue;
-                        }
                         return (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"));
                     }
                     head => (head.map(|((at, _), _)| *at), inbox.queued.clone()),
@@ -367,86 +439,115 @@ async fn sleep_until(at_ns: u64) {
 mod tests {
     use super::*;
 
-    fn in_world(f: impl FnOnce(&mut NetState)) {
+    const A: NodeIx = NodeIx(0);
+    const B: NodeIx = NodeIx(1);
+
+    fn in_world(f: impl FnOnce(&Net) + 'static) {
         madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
             let net = Net::new(1);
-            f(&mut net.state());
+            net.bind_host(A, 0);
+            net.bind_host(B, 0);
+            f(&net);
         });
+    }
+
+    fn tell(net: &Net, from: NodeIx, to: NodeIx, tag: u64) {
+        net.send(from, to, Message::Request { reply_tag: tag, body: Box::new(()) });
+    }
+
+    /// The reply tags waiting in `to`'s inbox, with their arrival times.
+    fn queued(net: &Net, to: NodeIx) -> Vec<(u64, u64)> {
+        net.state().inboxes[&to].requests.iter().map(|((at, _), (r, _))| (*at, r.reply_tag)).collect()
     }
 
     #[test]
     fn drop_reply_loses_replies_but_not_requests() {
-        in_world(|s| {
-            s.drop_reply.insert(NodeIx(0), 1.0);
-            assert!(s.route(NodeIx(1), NodeIx(0), false).is_some());
-            assert!(s.route(NodeIx(0), NodeIx(1), true).is_none());
-        });
-    }
-
-    #[test]
-    fn a_cut_link_loses_messages_one_way_only() {
-        in_world(|s| {
-            s.cuts.insert((NodeIx(0), NodeIx(1)), 1);
-            assert!(s.route(NodeIx(0), NodeIx(1), false).is_none());
-            assert!(s.route(NodeIx(1), NodeIx(0), false).is_some());
+        in_world(|net| {
+            let mut s = net.state();
+            s.drop_reply.insert(A, 1.0);
+            assert!(s.route(B, A, false, 0).is_some());
+            assert!(s.route(A, B, true, 0).is_none());
         });
     }
 
     #[test]
     fn messages_on_one_link_never_overtake_each_other() {
-        in_world(|s| {
-            let arrivals: Vec<u64> = (0..50).map(|_| s.route(NodeIx(0), NodeIx(1), false).unwrap()).collect();
+        in_world(|net| {
+            let mut s = net.state();
+            let arrivals: Vec<u64> = (0..50).map(|_| s.route(A, B, false, 0).unwrap()).collect();
             assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
             assert!(arrivals[0] >= LATENCY_NS.0 && arrivals[0] <= LATENCY_NS.1);
         });
     }
 
     #[test]
-    fn a_stream_message_waits_for_a_cut_link_to_heal_and_a_call_does_not() {
-        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
-            let net = Net::new(1);
-            let inbox = || Inbox {
-                incarnation: 0,
-                requests: BTreeMap::new(),
-                queued: Arc::new(Notify::new()),
-                waiting: BTreeMap::new(),
-            };
-            net.state().inboxes.insert(NodeIx(0), inbox());
-            net.state().inboxes.insert(NodeIx(1), inbox());
-            net.cut(NodeIx(0), NodeIx(1), true);
-            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 0, body: Box::new(1u8) });
-            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 7, body: Box::new(2u8) });
-            assert!(net.state().inboxes[&NodeIx(1)].requests.is_empty());
-            net.cut(NodeIx(0), NodeIx(1), false);
-            let s = net.state();
-            let queued: Vec<u64> = s.inboxes[&NodeIx(1)].requests.values().map(|(r, _)| r.reply_tag).collect();
-            assert_eq!(queued, vec![0], "the stream message arrives after the heal; the call's request is gone");
+    fn retransmissions_back_off_from_200ms_and_give_up_after_15() {
+        let s = 1_000_000_000;
+        // Sent at 0: retransmitted at 0.2, 0.6, 1.4, 3.0, 6.2 s …
+        assert_eq!(retransmission_after(0, 0), Some(200_000_000));
+        assert_eq!(retransmission_after(0, 2 * s), Some(3_000_000_000));
+        assert_eq!(retransmission_after(0, 5 * s), Some(6_200_000_000));
+        // … then every 120 s once the timeout has stopped doubling; the 15th is at 804.6 s.
+        assert_eq!(retransmission_after(0, 800 * s), Some(804_600_000_000));
+        assert_eq!(retransmission_after(0, 805 * s), None, "tcp_retries2: the connection is given up");
+    }
+
+    #[test]
+    fn a_cut_link_delays_every_message_until_a_retransmission_after_the_heal() {
+        in_world(|net| {
+            net.cut(A, B, true);
+            tell(net, A, B, 0);
+            tell(net, A, B, 7);
+            tell(net, B, A, 9);
+            assert!(queued(net, B).is_empty(), "nothing crosses a cut link");
+            assert_eq!(queued(net, A).len(), 1, "the other direction is up");
+            net.cut(A, B, false);
+            let arrived = queued(net, B);
+            assert_eq!(arrived.iter().map(|(_, tag)| *tag).collect::<Vec<_>>(), vec![0, 7], "in order");
+            assert!(arrived.iter().all(|(at, _)| *at >= TCP_RTO_MIN_NS), "at the first retransmission");
+            // Sent after the heal, before the retransmission: still behind what was held.
+            tell(net, A, B, 8);
+            let last = queued(net, B);
+            assert_eq!(last.last().unwrap().1, 8);
+            assert!(last.windows(2).all(|w| w[0].0 <= w[1].0));
+        });
+    }
+
+    #[test]
+    fn held_messages_die_with_either_end() {
+        in_world(|net| {
+            net.cut(A, B, true);
+            tell(net, A, B, 1);
+            net.unbind(B);
+            net.bind_host(B, 1);
+            net.cut(A, B, false);
+            assert!(queued(net, B).is_empty(), "a restarted receiver resets the old connection");
+            net.cut(A, B, true);
+            tell(net, A, B, 2);
+            net.unbind(A);
+            net.bind_host(A, 1);
+            net.cut(A, B, false);
+            assert!(queued(net, B).is_empty(), "a crashed sender's kernel buffers are gone");
         });
     }
 
     #[test]
     fn a_crashed_node_sends_nothing() {
-        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async {
-            let net = Net::new(1);
-            let inbox = Inbox {
-                incarnation: 0,
-                requests: BTreeMap::new(),
-                queued: Arc::new(Notify::new()),
-                waiting: BTreeMap::new(),
-            };
-            net.state().inboxes.insert(NodeIx(1), inbox);
+        in_world(|net| {
+            net.unbind(A);
             // Node 0 has no inbox: it has crashed, and its dying tasks' last words are lost.
-            net.send(NodeIx(0), NodeIx(1), Message::Request { reply_tag: 0, body: Box::new(1u8) });
-            assert!(net.state().inboxes[&NodeIx(1)].requests.is_empty());
+            tell(net, A, B, 0);
+            assert!(queued(net, B).is_empty());
             assert_eq!(net.messages(), 0);
         });
     }
 
     #[test]
     fn delay_adds_to_the_latency() {
-        in_world(|s| {
-            s.delay.insert(NodeIx(1), Duration::from_secs(1));
-            let at = s.route(NodeIx(0), NodeIx(1), false).unwrap();
+        in_world(|net| {
+            let mut s = net.state();
+            s.delay.insert(B, Duration::from_secs(1));
+            let at = s.route(A, B, false, 0).unwrap();
             assert!(at >= 1_000_000_000 + LATENCY_NS.0);
         });
     }

@@ -9,7 +9,7 @@
 //! one (recorded with `accepted = false`). Readers share the lock, so their tokens arrive in any order: a
 //! shared read is refused only below the highest token of an exclusive access.
 
-use crate::backend::{Backend, Out};
+use crate::backend::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl Backend for ResourceState {
     type Request = ResourceRequest;
     type Reply = ResourceReply;
 
-    fn apply(&mut self, _now_ms: i64, from: NodeIx, request: ResourceRequest, out: &mut Out) -> ResourceReply {
+    fn apply(&mut self, _now: Now, from: NodeIx, request: ResourceRequest, out: &mut Out) -> ResourceReply {
         match request {
             ResourceRequest::Read { token, shared } => {
                 let admitted = self.admit(token, shared);
@@ -127,7 +127,7 @@ mod tests {
     use super::*;
 
     fn apply(r: &mut ResourceState, req: ResourceRequest) -> ResourceReply {
-        r.apply(0, NodeIx(1), req, &mut Out::default())
+        r.apply(Now::at(0), NodeIx(1), req, &mut Out::default())
     }
 
     #[test]
@@ -178,8 +178,8 @@ mod tests {
         let mut r = ResourceState::new(false, 1);
         let buy = ResourceRequest::Add { token: None, delta: -1, floor: Some(0), order: true };
         let mut out = Out::default();
-        assert_eq!(r.apply(0, NodeIx(2), buy.clone(), &mut out), ResourceReply::Written);
-        assert_eq!(r.apply(0, NodeIx(3), buy, &mut out), ResourceReply::Value(0), "sold out");
+        assert_eq!(r.apply(Now::at(0), NodeIx(2), buy.clone(), &mut out), ResourceReply::Written);
+        assert_eq!(r.apply(Now::at(0), NodeIx(3), buy, &mut out), ResourceReply::Value(0), "sold out");
         let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(
             kinds,
@@ -199,8 +199,8 @@ mod tests {
     fn accesses_are_recorded_for_the_caller() {
         let mut r = ResourceState::new(true, 0);
         let mut out = Out::default();
-        r.apply(0, NodeIx(2), ResourceRequest::Read { token: Some(1), shared: false }, &mut out);
-        r.apply(0, NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1, order: false }, &mut out);
+        r.apply(Now::at(0), NodeIx(2), ResourceRequest::Read { token: Some(1), shared: false }, &mut out);
+        r.apply(Now::at(0), NodeIx(2), ResourceRequest::Write { token: Some(1), value: 1, order: false }, &mut out);
         let kinds: Vec<_> = out.events.into_iter().map(|(n, k)| (n.0, k)).collect();
         assert_eq!(
             kinds,

@@ -42,6 +42,8 @@ struct WorldNode {
     name: String,
     id: NodeId,
     clock: Clock,
+    /// The life the node's program runs (or will run next): 0, then one more on each restart.
+    incarnation: Arc<AtomicU32>,
 }
 
 pub struct World {
@@ -118,17 +120,17 @@ impl World {
             seed: self.seed,
             incarnation: 0,
         };
-        let starts = Arc::new(AtomicU32::new(0));
+        let incarnation = Arc::new(AtomicU32::new(0));
+        let life = incarnation.clone();
+        // The host is up before its program first runs (madsim starts programs in a random order).
+        self.net.bind_host(me, 0);
         let node = self
             .handle
             .create_node()
             .name(name)
-            .init(move || {
-                let env = NodeEnv { incarnation: starts.fetch_add(1, Ordering::Relaxed), ..env.clone() };
-                program(env)
-            })
+            .init(move || program(NodeEnv { incarnation: life.load(Ordering::Relaxed), ..env.clone() }))
             .build();
-        self.nodes.push(WorldNode { name: name.to_string(), id: node.id(), clock });
+        self.nodes.push(WorldNode { name: name.to_string(), id: node.id(), clock, incarnation });
         me
     }
 
@@ -312,7 +314,10 @@ impl World {
     /// Start the node's program afresh (after killing it, if it still runs).
     fn restart(&mut self, node: NodeIx) {
         self.crash(node);
-        self.handle.restart(self.nodes[node.0 as usize].id);
+        let n = &self.nodes[node.0 as usize];
+        let life = n.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.net.bind_host(node, life);
+        self.handle.restart(n.id);
     }
 
     fn cut(&mut self, from: NodeIx, to: NodeIx, on: bool) {

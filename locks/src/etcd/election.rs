@@ -6,7 +6,7 @@
 //!    WithLease)) Else(Get(prefix/<lease>)). Our revision is the transaction's, or our key's
 //!    create_revision (a different value would be proclaimed; ours never differs).
 //! 3. `waitDeletes(prefix, rev - 1)` as the mutex does; on timeout, Resign and fail. Unlike the mutex
-//!    since 3.4.4, Campaign does not check afterwards that its key still exists.
+//!    since 3.5.0, Campaign does not check afterwards that its key still exists.
 //! 4. Leader. The fencing token is our key's create_revision.
 //! 5. `Resign`: Txn If(CreateRevision(our key) = rev) Then(Delete(our key)).
 //!

@@ -10,8 +10,9 @@
 //!    us: acquired.
 //! 3. `waitDeletes(prefix, myRev - 1)`: Get the newest key created before ours; if none, done; else watch
 //!    it from the Get's revision until its DELETE, and look again. On timeout: Unlock, fail.
-//! 4. The fix of etcd 3.4.4 (`recheck = true`): Get our own key; if it is gone — our lease expired while
-//!    we waited — fail with ErrSessionExpired. etcd 3.4.3 (`recheck = false`) returned here as the holder
+//! 4. The fix of PR #11408, first released in etcd 3.5.0 (`recheck = true`): Get our own key; if it is
+//!    gone — our lease expired while we waited — fail with ErrSessionExpired. Every 3.4.x release
+//!    (`recheck = false`; checked up to 3.4.45) returned here as the holder
 //!    regardless: the bug Jepsen found with process pauses and a 2 s TTL.
 //! 5. Unlock: Delete our key.
 //!
@@ -32,14 +33,14 @@ const RECHECK: ParamSpec = ParamSpec {
     name: "recheck",
     kind: ParamKind::Bool,
     default: ParamValue::Bool(true),
-    doc: "after waiting, check that our key still exists (etcd >= 3.4.4); false is 3.4.3's Lock",
+    doc: "after waiting, check that our key still exists (etcd >= 3.5.0); false is every 3.4.x Lock",
 };
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
     id: "etcd.mutex",
     family: &super::FAMILY,
     summary: "clientv3 concurrency.Mutex: keys queued by create_revision, wait for the one just ahead",
-    source: "etcd client/v3/concurrency Mutex (3.5; recheck = false is 3.4.3)",
+    source: "etcd client/v3/concurrency Mutex (3.5; recheck = false is every 3.4.x)",
     params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, RECHECK],
     offers_token: true,
     offers_shared: false,

@@ -100,11 +100,9 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             let _prober = locksim_sim::ctx::Background::spawn(async move {
                 loop {
                     clock.sleep(PROBE_EVERY).await;
-                    let now = clock.now_ms();
+                    let now = locksim_sim::backend::Now::of(&clock);
                     locksim_sim::backend::act(&prober_state, &prober_rpc, &recorder, |db, out| {
-                        for (conn, node, incarnation) in db.probes_due(now) {
-                            db.probed(conn, prober_rpc.probe(node, incarnation), now, out);
-                        }
+                        db.keepalive(now, |node, life| prober_rpc.probe(node, life), out)
                     });
                 }
             });

@@ -1,13 +1,20 @@
 //! `zk.leader-election`: a docker/leadership candidate over libkv's ZooKeeper store.
 //!
 //! Source: docker/leadership `Candidate.campaign`, on docker/libkv `store/zookeeper`, whose `Lock` is
-//! go-zookeeper's `zk.Lock`: a protected ephemeral-sequential node under the election key, lowest wins,
-//! each waiter watching the node just before its own — the queue of `zk.sequential`, not reentrant.
-//! 1. Campaign: take the lock under the key, then `setData(key, <our name>)` so that followers can see
-//!    who leads. Now the leader; the fencing token is our node's czxid. If the `setData` fails, libkv's
-//!    `Lock` returns the error with the node still held, and the candidate stops campaigning for good.
-//! 2. Lead until told to resign (the workload's hold ends): unlock (delete our node), campaign again.
-//! 3. Deposed? libkv's `Lock` hands back a lost-channel that nothing ever closes
+//! go-zookeeper's `zk.Lock` (`LockWithData`, `Unlock`), step by step:
+//! 1. Campaign (each `acquire` is one `RunForElection`): a new `zk.Lock` creates a protected
+//!    ephemeral-sequential node under the election key (`CreateProtectedEphemeralSequential`: after a
+//!    lost reply, look for our GUID before creating again).
+//! 2. `Children` of the key; lowest sequence wins. Otherwise `GetW` on the node just before ours and
+//!    wait for its event — with no timeout at all — then list again. Any error (a connection loss
+//!    included) returns it at once, leaving our node behind in the queue, alive with our session.
+//! 3. Won: libkv's `Lock` then does `Set(key, <our name>)` so followers see who leads; if that fails it
+//!    returns the error with the lock still taken. Either way `campaign` sends the error and returns:
+//!    the candidate stops. The application runs for election again (our next `acquire`) with a new
+//!    `zk.Lock` — a new node, queued behind the orphan of our own session, which nothing deletes.
+//! 4. Lead until told to resign (the workload's hold ends): `Unlock` is one plain `Delete`; its error
+//!    is ignored by docker/leadership, so a lost delete leaves the node (an orphan) too.
+//! 5. Deposed? libkv's `Lock` hands back a lost-channel that nothing ever closes
 //!    (`lost_channel = "never"`, the default): a leader never learns that it was deposed. valkeyrie,
 //!    libkv's successor, watches the key (`lost_channel = "watch"`): the channel closes when the watch
 //!    cannot be set, when the session turns out to have expired, or when the key's data changes — a new
@@ -15,14 +22,16 @@
 //!
 //! Expected (catalog): a leader paused past its session timeout comes back still leading while another
 //! leads — two leaders (`double-holder`) with either channel, since a paused process hears nothing;
-//! fencing with the czxid stops the old leader's writes.
+//! fencing with the czxid stops the old leader's writes. Short partitions leave orphans that stall
+//! the election until the session expires — which, with go-zookeeper reconnecting the session, is
+//! never (`deadlock`).
 
-use super::sequential::{Driver, Held, Queue, Sequential};
-use super::{words, ZkApi, ACQUIRE_TIMEOUT, SESSION_TIMEOUT};
+use super::sequential::{sequence, Driver, Queue, Sequential};
+use super::{words, ZkApi, SESSION_TIMEOUT};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::zk::client::{ConnState, ZkClient};
-use locksim_sim::backend::zk::EventType;
+use locksim_sim::backend::zk::client::{ClientError, ConnState, ZkClient};
+use locksim_sim::backend::zk::{EventType, ZkError};
 use locksim_sim::ctx::Ctx;
 
 const LOST_CHANNEL: ParamSpec = ParamSpec {
@@ -37,7 +46,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     family: &super::FAMILY,
     summary: "docker/leadership candidate on libkv's ZooKeeper lock: lead, resign, run again",
     source: "docker/leadership Candidate; docker/libkv store/zookeeper; go-zookeeper zk.Lock",
-    params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_CHANNEL],
+    params: &[SESSION_TIMEOUT, LOST_CHANNEL],
     offers_token: true,
     offers_shared: false,
     guard: crate::Guard::Lock,
@@ -52,16 +61,41 @@ const ELECTION: Queue = Queue { dir: "/leadership/leader", name: "lock-", driver
 struct Candidate {
     core: Sequential,
     /// Our node while we lead.
-    held: Option<Held>,
+    led: Option<Led>,
     /// What we write into the key as leader.
     name: String,
-    /// Why the candidate stopped campaigning, if it did.
-    stopped: Option<String>,
+}
+
+/// The node of the lock we hold, and its session.
+struct Led {
+    path: String,
+    zk: ZkClient,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let name = format!("node-{}", ctx.rpc().me().0);
-    Box::new(Candidate { core: Sequential::new(params, ctx, servers, true), held: None, name, stopped: None })
+    Box::new(Candidate { core: Sequential::new(params, ctx, servers, true), led: None, name })
+}
+
+/// Step 2: `LockWithData`'s loop, with no timeout; any error is returned as it is.
+async fn wait_for_turn(zk: &ZkClient, ours: &str) -> Result<(), ClientError> {
+    let name = &ours[ELECTION.dir.len() + 1..];
+    loop {
+        let mut children = zk.get_children(ELECTION.dir).await?;
+        children.sort_by(|a, b| sequence(a).cmp(sequence(b)));
+        let Some(index) = children.iter().position(|c| c == name) else { return Err(ClientError::Zk(ZkError::NoNode)) };
+        let Some(before) = index.checked_sub(1) else { return Ok(()) };
+        match zk.get_data_watch(&format!("{}/{}", ELECTION.dir, children[before])).await {
+            Ok(watch) => {
+                // go-zookeeper hands a watcher the disconnection as an event with an error.
+                if watch.fired().await.is_none() {
+                    return Err(ClientError::ConnectionLoss);
+                }
+            }
+            Err(ClientError::Zk(ZkError::NoNode)) => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// valkeyrie's `monitorLock`: resolves when the leader must consider itself deposed.
@@ -91,35 +125,38 @@ async fn watch_key(zk: &ZkClient) -> String {
 #[async_trait(?Send)]
 impl Lock for Candidate {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        if let Some(why) = &self.stopped {
-            return Outcome::Fail(format!("the candidate stopped campaigning: {why}"));
-        }
-        if self.held.is_some() {
+        if self.led.is_some() {
             // go-zookeeper's Lock refuses a second Lock on the same lock (ErrDeadlock).
             return Outcome::Fail("already leading (deadlock)".into());
         }
-        let grant = match self.core.acquire(&mut self.held, ELECTION).await {
-            Outcome::Ok(grant) => grant,
-            other => return other,
+        let Some(zk) = self.core.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
+        let (path, czxid) = match self.core.create_in(&zk, ELECTION.dir, ELECTION.name).await {
+            Ok(node) => node,
+            Err(outcome) => return outcome,
         };
-        let zk = self.held.as_ref().expect("just acquired").zk.clone();
+        if let Err(e) = wait_for_turn(&zk, &path).await {
+            return Outcome::Fail(format!("the candidate stopped: {}; its node stays queued", words(e)));
+        }
         match zk.set_data(ELECTION.dir, &self.name).await {
-            Ok(_) => Outcome::Ok(grant),
-            Err(e) => {
-                let why = format!("setting the leader's name: {}", words(e));
-                self.stopped = Some(why.clone());
-                Outcome::Unknown(why)
+            Ok(_) => {
+                self.led = Some(Led { path, zk });
+                Outcome::Ok(Grant { token: Some(czxid) })
             }
+            Err(e) => Outcome::Unknown(format!("the candidate stopped: setting the leader's name: {}", words(e))),
         }
     }
 
     async fn release(&mut self) -> Outcome<()> {
-        self.core.release(&mut self.held).await
+        let Some(led) = self.led.take() else { return Outcome::Fail("not leading".into()) };
+        match led.zk.delete(&led.path).await {
+            Ok(()) => Outcome::Ok(()),
+            Err(e) => Outcome::Unknown(format!("unlock: {}; ignored by the candidate", words(e))),
+        }
     }
 
     async fn lost(&self) -> String {
-        match (&self.held, self.core.params.choice("lost_channel")) {
-            (Some(held), "watch") => watch_key(&held.zk).await,
+        match (&self.led, self.core.params.choice("lost_channel")) {
+            (Some(led), "watch") => watch_key(&led.zk).await,
             _ => std::future::pending().await,
         }
     }

@@ -82,7 +82,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     let program: Program = Arc::new(move |env| {
         let state = state.clone();
         if env.incarnation > 0 {
-            state.lock().expect("zk lock").recover(env.clock.now_ms());
+            state.lock().expect("zk lock").recover(env.clock.monotonic_ms());
         }
         Box::pin(async move {
             let rpc = Rpc::bind(&env);

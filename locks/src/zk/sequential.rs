@@ -124,7 +124,7 @@ fn build_unprotected(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lo
 
 /// The sequence suffix a child sorts by: ZooKeeper's ten digits, whatever the node's name before them
 /// (Curator's `fixForSorting`, which for the read-write lock strips either lock name).
-fn sequence(child: &str) -> &str {
+pub(super) fn sequence(child: &str) -> &str {
     &child[child.len().saturating_sub(10)..]
 }
 

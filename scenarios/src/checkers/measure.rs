@@ -14,6 +14,9 @@ pub struct Measurements {
     pub latency_ms_max: f64,
     /// Every message sent in the run (requests, replies, replication).
     pub messages: u64,
+    /// Calls that heard no reply within their timeout (none in a run without faults).
+    #[serde(default)]
+    pub call_timeouts: u64,
     pub messages_per_acquisition: f64,
     /// For each crash of a holder: simulated milliseconds until another client was granted the lock.
     pub recovery_ms: Vec<f64>,
@@ -31,7 +34,7 @@ pub struct Measurements {
     pub notifications_per_release_mean: f64,
 }
 
-pub fn measure(h: &History, messages: u64) -> Measurements {
+pub fn measure(h: &History, messages: u64, call_timeouts: u64) -> Measurements {
     let mut invoked: BTreeMap<NodeIx, u64> = BTreeMap::new();
     let mut latencies = Vec::new();
     let mut holding: BTreeSet<NodeIx> = BTreeSet::new();
@@ -68,6 +71,7 @@ pub fn measure(h: &History, messages: u64) -> Measurements {
         latency_ms_p99: percentile(&latencies, 99),
         latency_ms_max: latencies.last().map_or(0.0, |l| ms(*l)),
         messages,
+        call_timeouts,
         messages_per_acquisition: if acquisitions == 0 { 0.0 } else { round3(messages as f64 / acquisitions as f64) },
         recovery_ms,
         unrecovered: crashed_holders.len() as u64,
@@ -118,7 +122,7 @@ mod tests {
                 (13.5, 1, ok(2)),
             ],
         );
-        let m = measure(&h, 40);
+        let m = measure(&h, 40, 0);
         assert_eq!(m.acquisitions, 2);
         assert_eq!(m.latency_ms_p50, 10.0);
         assert_eq!(m.latency_ms_max, 11_500.0);
@@ -131,6 +135,6 @@ mod tests {
     fn a_crash_of_a_client_that_did_not_hold_is_not_a_recovery() {
         let crash = crash("client-1");
         let h = history(60.0, vec![(1.0, 0, ok(1)), (2.0, 1, crash), (3.0, 0, ReleaseInvoke), (4.0, 2, ok(2))]);
-        assert!(measure(&h, 0).recovery_ms.is_empty());
+        assert!(measure(&h, 0, 0).recovery_ms.is_empty());
     }
 }

@@ -5,7 +5,10 @@
 //! client that asked more than `FIFO_MARGIN` later was granted first, and the overtaken client's wait
 //! was undisturbed: one continuous `acquire` with no fault aimed at its node (begun before or during the
 //! wait) and no change of its session
-//! (a crash, a partition or an expiry may rightly send it to the back of the queue). A client whose last
+//! (a crash, a partition or an expiry may rightly send it to the back of the queue). A fault's effects
+//! outlast it: what a client sent during a cut reaches the server only at a TCP retransmission after
+//! the heal, up to about the cut's own length later — so a wait that starts within that tail after a
+//! fault on the client's node is disturbed too. A client whose last
 //! acquire or release ended `Unknown` may still have its place in the queue (its node or key survived,
 //! and the recipe reuses it, as etcd's Mutex does): its next grant overtakes nobody.
 
@@ -29,18 +32,24 @@ struct Wait {
 fn waits(h: &History) -> Vec<Wait> {
     let mut open: BTreeMap<NodeIx, Wait> = BTreeMap::new();
     let mut unsure: BTreeSet<NodeIx> = BTreeSet::new();
-    // Faults in force, by id: a wait that starts under one is disturbed from the start.
-    let mut active: BTreeMap<u32, NodeIx> = BTreeMap::new();
+    // Faults in force, by id, with their start: a wait that starts under one is disturbed from the
+    // start; so is one that starts in the tail after it (see the module doc), until `lingering`'s time.
+    let mut active: BTreeMap<u32, (NodeIx, u64)> = BTreeMap::new();
+    let mut lingering: BTreeMap<NodeIx, u64> = BTreeMap::new();
     let mut done = Vec::new();
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
                 let kept_place = unsure.remove(&e.node);
-                let disturbed = active.values().any(|n| *n == e.node);
+                let disturbed = active.values().any(|(n, _)| *n == e.node)
+                    || lingering.get(&e.node).is_some_and(|until| *until > e.t);
                 open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed, kept_place });
             }
             EventKind::FaultEnd { id } => {
-                active.remove(id);
+                if let Some((node, start)) = active.remove(id) {
+                    let until = lingering.entry(node).or_default();
+                    *until = (*until).max(e.t + (e.t - start));
+                }
             }
             EventKind::AcquireOk { .. } => {
                 if let Some(wait) = open.remove(&e.node) {
@@ -56,7 +65,7 @@ fn waits(h: &History) -> Vec<Wait> {
             }
             EventKind::FaultStart { .. } | EventKind::Session { .. } => {
                 if let EventKind::FaultStart { id, .. } = &e.kind {
-                    active.insert(*id, e.node);
+                    active.insert(*id, (e.node, e.t));
                 }
                 if let Some(wait) = open.get_mut(&e.node) {
                     wait.disturbed = true;
@@ -173,22 +182,24 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_that_starts_under_a_fault_is_disturbed_and_one_after_it_is_not() {
+    fn a_wait_that_starts_under_a_fault_or_its_tail_is_disturbed_and_one_after_them_is_not() {
         let cut = |id| FaultStart {
             id,
             fault: locksim_sim::fault::FaultKind::Partition,
             target: "client-0".into(),
             detail: String::new(),
         };
-        let events = |end_first: bool| {
+        // A 400 ms cut from 0.5 s: its retransmissions may arrive until about 1.3 s.
+        let events = |end_first: bool, asked: f64| {
             let mut e = vec![(0.5, 0, cut(1))];
             if end_first {
                 e.push((0.9, 0, FaultEnd { id: 1 }));
             }
-            e.extend([(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
+            e.extend([(asked, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
             e
         };
-        assert!(check(&history(10.0, events(false)), true).is_empty(), "asked while cut off");
-        assert_eq!(check(&history(10.0, events(true)), true).len(), 1, "the cut had healed before it asked");
+        assert!(check(&history(10.0, events(false, 1.0)), true).is_empty(), "asked while cut off");
+        assert!(check(&history(10.0, events(true, 1.0)), true).is_empty(), "asked in the cut's tail");
+        assert_eq!(check(&history(10.0, events(true, 1.5)), true).len(), 1, "asked once the tail had passed");
     }
 }

@@ -49,21 +49,47 @@ impl Out {
     }
 }
 
+/// A server's two clocks at one instant. Which one a behaviour follows is part of the model: Redis key
+/// expiry and PostgreSQL's `now()` read wall time (a `clock-jump` moves them), while ZooKeeper's session
+/// tracker (`System.nanoTime`), etcd's lessor (Go's monotonic reading) and the kernel's TCP timers
+/// measure intervals on the monotonic clock, which a jump does not move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// What `gettimeofday` returns, in milliseconds.
+    pub wall_ms: i64,
+    /// `CLOCK_MONOTONIC`, in milliseconds: drift changes its pace, jumps do not move it.
+    pub mono_ms: i64,
+}
+
+impl Now {
+    /// Both clocks reading `ms` (tests, and a node whose clock was never stepped).
+    pub fn at(ms: i64) -> Now {
+        Now { wall_ms: ms, mono_ms: ms }
+    }
+
+    /// `clock` now.
+    pub fn of(clock: &Clock) -> Now {
+        Now { wall_ms: clock.now_ms(), mono_ms: clock.monotonic_ms() }
+    }
+}
+
 /// A server's state machine.
 pub trait Backend: Send + 'static {
     type Request: Any + Send;
     type Reply: Any + Send;
 
-    /// Apply one request at `now_ms` by the server's own clock.
-    fn apply(&mut self, now_ms: i64, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
+    /// Apply one request at `now` by the server's own clocks.
+    fn apply(&mut self, now: Now, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
 
-    /// How often the server's clock ticks (`None`: this backend has no timers).
+    /// How often the server's clock ticks (`None`: this backend has no timers). Ticks fall on the
+    /// multiples of the interval on the server's monotonic clock, as ZooKeeper's session tracker wakes
+    /// at each expiry bucket's boundary — after a restart or a pause too.
     fn tick_interval(&self) -> Option<Duration> {
         None
     }
 
-    /// Let time pass to `now_ms`: expire what has expired.
-    fn tick(&mut self, _now_ms: i64, _out: &mut Out) {}
+    /// Let time pass to `now`: expire what has expired.
+    fn tick(&mut self, _now: Now, _out: &mut Out) {}
 }
 
 /// Serve `state` on this node until the node dies.
@@ -73,9 +99,11 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         let (state, clock, recorder, rpc) = (state.clone(), clock.clone(), recorder.clone(), rpc.clone());
         madsim::task::spawn_local(async move {
             let mut out = Out::default();
+            let every_ms = every.as_millis() as i64;
             loop {
-                clock.sleep(every).await;
-                state.lock().expect("backend lock").tick(clock.now_ms(), &mut out);
+                let to_boundary = every_ms - clock.monotonic_ms().rem_euclid(every_ms);
+                clock.sleep(Duration::from_millis(to_boundary as u64)).await;
+                state.lock().expect("backend lock").tick(Now::of(&clock), &mut out);
                 out.flush(&rpc, &recorder);
             }
         });
@@ -83,7 +111,7 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
     let mut out = Out::default();
     loop {
         let (reply_to, request) = rpc.next_request::<B::Request>().await;
-        let reply = state.lock().expect("backend lock").apply(clock.now_ms(), reply_to.from, request, &mut out);
+        let reply = state.lock().expect("backend lock").apply(Now::of(clock), reply_to.from, request, &mut out);
         out.flush(rpc, recorder);
         rpc.reply(&reply_to, reply);
     }

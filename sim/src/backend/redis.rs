@@ -19,7 +19,7 @@
 //!   it has: writes not yet shipped are lost, as the Redis replication docs warn.
 //! - Persistence: with `persist = false` (no AOF) a crashed server restarts empty.
 
-use super::{Backend, Out};
+use super::{Backend, Now, Out};
 use crate::history::NodeIx;
 use crate::net::Rpc;
 use crate::world::NodeEnv;
@@ -197,7 +197,10 @@ impl Backend for RedisState {
     type Request = RedisRequest;
     type Reply = RedisReply;
 
-    fn apply(&mut self, now_ms: i64, _from: NodeIx, request: RedisRequest, _out: &mut Out) -> RedisReply {
+    /// Key expiry follows the wall clock: Redis 7 stores absolute Unix-time deadlines (`mstime()`),
+    /// so a jump of the server's clock expires keys early or late.
+    fn apply(&mut self, now: Now, _from: NodeIx, request: RedisRequest, _out: &mut Out) -> RedisReply {
+        let now_ms = now.wall_ms;
         use RedisReply::*;
         match request {
             RedisRequest::Set { key, value, condition, px_ms } => {
@@ -328,7 +331,7 @@ mod tests {
     /// Apply `(now_ms, request, expected reply)` rows in order to one server.
     fn table(state: &mut RedisState, rows: Vec<(i64, RedisRequest, RedisReply)>) {
         for (i, (now, req, want)) in rows.into_iter().enumerate() {
-            let got = state.apply(now, NodeIx(0), req.clone(), &mut Out::default());
+            let got = state.apply(Now::at(now), NodeIx(0), req.clone(), &mut Out::default());
             assert_eq!(got, want, "row {i}: {req:?} at {now} ms");
         }
     }

@@ -32,9 +32,14 @@ impl Leases {
         self.leases.get(&id)
     }
 
-    /// Renew to a full TTL from now; the TTL, or `None` if the lease is gone.
+    /// Renew to a full TTL from now; the TTL, or `None` if the lease is gone — or has expired and only
+    /// waits for the periodic revoke: etcd's `lessor.Renew` answers `ErrLeaseNotFound` once
+    /// `l.expired()`, so a late keep-alive never revives a lease whose keys are about to go.
     pub fn renew(&mut self, id: LeaseId, now_ms: i64) -> Option<i64> {
         let lease = self.leases.get_mut(&id)?;
+        if lease.expiry_ms <= now_ms {
+            return None;
+        }
         lease.expiry_ms = now_ms + lease.ttl_s * 1000;
         Some(lease.ttl_s)
     }

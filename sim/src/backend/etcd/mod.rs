@@ -26,7 +26,7 @@ mod lease;
 mod mvcc;
 mod watch;
 
-use super::{Backend, Out};
+use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
 use std::time::Duration;
 
@@ -389,15 +389,18 @@ impl Backend for EtcdState {
     type Request = EtcdRequest;
     type Reply = EtcdReply;
 
-    fn apply(&mut self, now_ms: i64, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply {
-        self.request(now_ms, from, request, out).unwrap_or_else(EtcdReply::Error)
+    /// Leases are timed on the monotonic clock (the lessor's `time.Now()` deadlines compare by Go's
+    /// monotonic reading): a wall-clock jump changes nothing.
+    fn apply(&mut self, now: Now, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply {
+        self.request(now.mono_ms, from, request, out).unwrap_or_else(EtcdReply::Error)
     }
 
     fn tick_interval(&self) -> Option<Duration> {
         Some(EXPIRY_CHECK)
     }
 
-    fn tick(&mut self, now_ms: i64, out: &mut Out) {
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        let now_ms = now.mono_ms;
         for id in self.leases.expired(now_ms) {
             if let Some(owner) = self.owners.get(&id).copied() {
                 out.record(owner, EventKind::Session { state: format!("lease {id:x} expired by the server") });

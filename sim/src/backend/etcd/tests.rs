@@ -14,11 +14,11 @@ fn cmp(key: &str, cmp: Cmp, target: Target) -> Compare {
 }
 
 fn apply(e: &mut EtcdState, now: i64, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply {
-    e.apply(now, from, request, out)
+    e.apply(Now::at(now), from, request, out)
 }
 
 fn at(e: &mut EtcdState, request: EtcdRequest) -> EtcdReply {
-    e.apply(0, C1, request, &mut Out::default())
+    e.apply(Now::at(0), C1, request, &mut Out::default())
 }
 
 fn revision(reply: &EtcdReply) -> i64 {
@@ -152,13 +152,13 @@ fn leases_expire_by_the_server_clock_and_take_their_keys() {
         apply(&mut e, 1500, C1, EtcdRequest::LeaseKeepAlive { id }, &mut out),
         EtcdReply::KeepAlive { id, ttl_s: 2 }
     );
-    e.tick(3000, &mut out);
+    e.tick(Now::at(3000), &mut out);
     assert!(get(&mut e, "lock").is_some(), "renewed at 1.5 s: expires at 3.5 s");
     assert_eq!(
         apply(&mut e, 3000, C1, EtcdRequest::LeaseTimeToLive { id }, &mut out),
         EtcdReply::TimeToLive { id, ttl_s: 0, granted_ttl_s: 2 }
     );
-    e.tick(3500, &mut out);
+    e.tick(Now::at(3500), &mut out);
     assert!(get(&mut e, "lock").is_none(), "the expired lease deleted its key");
     assert_eq!(
         apply(&mut e, 3500, C1, EtcdRequest::LeaseKeepAlive { id }, &mut out),
@@ -168,6 +168,40 @@ fn leases_expire_by_the_server_clock_and_take_their_keys() {
         .events
         .iter()
         .any(|(n, k)| *n == C1 && matches!(k, EventKind::Session { state } if state.contains("expired"))));
+}
+
+#[test]
+fn an_expired_lease_is_not_renewed_before_the_revoke_runs() {
+    let mut e = EtcdState::default();
+    let mut out = Out::default();
+    let EtcdReply::LeaseGranted { id, .. } = apply(&mut e, 0, C1, EtcdRequest::LeaseGrant { ttl_s: 2 }, &mut out)
+    else {
+        panic!()
+    };
+    at(&mut e, EtcdRequest::Op(put("lock", "", id)));
+    // Expired at 2 s; the periodic revoke has not run yet when the keep-alive arrives.
+    assert_eq!(
+        apply(&mut e, 2100, C1, EtcdRequest::LeaseKeepAlive { id }, &mut out),
+        EtcdReply::KeepAlive { id, ttl_s: 0 }
+    );
+    e.tick(Now::at(2500), &mut out);
+    assert!(get(&mut e, "lock").is_none(), "the lease was not revived");
+}
+
+#[test]
+fn a_clock_jump_does_not_expire_leases() {
+    let mut e = EtcdState::default();
+    let mut out = Out::default();
+    let EtcdReply::LeaseGranted { id, .. } = apply(&mut e, 0, C1, EtcdRequest::LeaseGrant { ttl_s: 5 }, &mut out)
+    else {
+        panic!()
+    };
+    at(&mut e, EtcdRequest::Op(put("lock", "", id)));
+    e.tick(Now { wall_ms: 60_000, mono_ms: 1000 }, &mut out);
+    assert!(
+        get(&mut e, "lock").is_some(),
+        "a +59 s wall jump changes nothing: the lessor times by the monotonic clock"
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Running one statement in a session: locks, changes with their undo records, transaction ends.
 
-use super::{Cond, ConnId, Expr, Lock, Op, Out, Parked, Row, SqlError, SqlResult, SqlState, Stmt, Undo, Value};
+use super::{Cond, ConnId, Expr, Lock, Now, Op, Out, Parked, Row, SqlError, SqlResult, SqlState, Stmt, Undo, Value};
 
 /// How a statement ended: with a result, or waiting for a lock another session holds.
 enum Ran {
@@ -8,10 +8,10 @@ enum Ran {
     Blocked(Lock),
 }
 
-fn eval(expr: &Expr, row: Option<&Row>, now_ms: i64) -> Value {
+fn eval(expr: &Expr, row: Option<&Row>, now: Now) -> Value {
     match expr {
         Expr::Value(v) => v.clone(),
-        Expr::NowPlus(ms) => Value::Int(now_ms + ms),
+        Expr::NowPlus(ms) => Value::Int(now.wall_ms + ms),
         Expr::ColumnPlus(column, delta) => match row.and_then(|r| r.get(column)) {
             Some(Value::Int(n)) => Value::Int(n + delta),
             _ => Value::Null,
@@ -20,8 +20,8 @@ fn eval(expr: &Expr, row: Option<&Row>, now_ms: i64) -> Value {
 }
 
 /// SQL comparison: anything compared with NULL is not true.
-fn holds(cond: &Cond, row: &Row, now_ms: i64) -> bool {
-    let (Some(lhs), rhs) = (row.get(&cond.column), eval(&cond.rhs, Some(row), now_ms)) else { return false };
+fn holds(cond: &Cond, row: &Row, now: Now) -> bool {
+    let (Some(lhs), rhs) = (row.get(&cond.column), eval(&cond.rhs, Some(row), now)) else { return false };
     if *lhs == Value::Null || rhs == Value::Null {
         return false;
     }
@@ -44,7 +44,7 @@ impl SqlState {
         conn: ConnId,
         seq: u64,
         stmt: Stmt,
-        now_ms: i64,
+        now: Now,
         requeue: Option<(usize, Option<i64>)>,
         out: &mut Out,
     ) {
@@ -57,7 +57,7 @@ impl SqlState {
                 // Autocommit: the statement is its own transaction.
                 self.sessions.get_mut(&conn).expect("checked").txn = Some(Vec::new());
             }
-            self.statement(conn, &stmt, now_ms)
+            self.statement(conn, &stmt, now)
         };
         match ran {
             Ran::Blocked(on) => {
@@ -70,44 +70,44 @@ impl SqlState {
                     Some((at, deadline)) => (at, deadline),
                     None => {
                         let timeout = session.lock_timeout_ms;
-                        (self.parked.len(), (timeout > 0).then_some(now_ms + timeout))
+                        (self.parked.len(), (timeout > 0).then_some(now.mono_ms + timeout))
                     }
                 };
                 self.parked.insert(at, Parked { conn, seq, stmt, on, deadline_ms });
             }
-            Ran::Result(SqlResult::Error(e)) => self.fail_in(conn, seq, e, explicit, now_ms, out),
+            Ran::Result(SqlResult::Error(e)) => self.fail_in(conn, seq, e, explicit, now, out),
             Ran::Result(result) => {
                 if !explicit && !matches!(stmt, Stmt::Begin) {
                     self.commit(conn);
                 }
-                self.finish(conn, seq, result, now_ms, out);
+                self.finish(conn, seq, result, now, out);
             }
         }
     }
 
     /// A waiting statement gave up (`lock_timeout`).
-    pub(super) fn fail(&mut self, conn: ConnId, seq: u64, error: SqlError, now_ms: i64, out: &mut Out) {
+    pub(super) fn fail(&mut self, conn: ConnId, seq: u64, error: SqlError, now: Now, out: &mut Out) {
         let Some(session) = self.sessions.get_mut(&conn) else { return };
         session.waiting = false;
         let explicit = session.txn.is_some();
-        self.fail_in(conn, seq, error, explicit, now_ms, out);
+        self.fail_in(conn, seq, error, explicit, now, out);
     }
 
     /// An error: it aborts an explicit transaction, and undoes an autocommit statement.
-    fn fail_in(&mut self, conn: ConnId, seq: u64, error: SqlError, explicit: bool, now_ms: i64, out: &mut Out) {
+    fn fail_in(&mut self, conn: ConnId, seq: u64, error: SqlError, explicit: bool, now: Now, out: &mut Out) {
         if explicit {
             self.sessions.get_mut(&conn).expect("failing session").aborted = true;
         } else {
             self.rollback(conn);
         }
-        self.finish(conn, seq, SqlResult::Error(error), now_ms, out);
+        self.finish(conn, seq, SqlResult::Error(error), now, out);
     }
 
     /// Answer the client; a session whose client has gone ends now.
-    fn finish(&mut self, conn: ConnId, seq: u64, result: SqlResult, now_ms: i64, out: &mut Out) {
+    fn finish(&mut self, conn: ConnId, seq: u64, result: SqlResult, now: Now, out: &mut Out) {
         self.respond(conn, seq, result, out);
         let session = self.sessions.get_mut(&conn).expect("finishing session");
-        session.idle_since_ms = now_ms;
+        session.idle_since_ms = now.mono_ms;
         if session.closing {
             self.end_session(conn, "closed by the client", out);
         }
@@ -157,7 +157,7 @@ impl SqlState {
 
     /// The row an UPDATE or DELETE changes, locked, if it exists and meets `cond`; otherwise how the
     /// statement ends (no such table, no rows affected, or waiting for the row).
-    fn matching_row(&mut self, conn: ConnId, table: &str, key: &str, cond: &[Cond], now_ms: i64) -> Result<Row, Ran> {
+    fn matching_row(&mut self, conn: ConnId, table: &str, key: &str, cond: &[Cond], now: Now) -> Result<Row, Ran> {
         let Some(rows) = self.tables.get(table) else {
             return Err(Ran::Result(SqlResult::Error(SqlError::UndefinedTable)));
         };
@@ -166,13 +166,13 @@ impl SqlState {
         }
         self.take(conn, Lock::Row(table.to_string(), key.to_string())).map_err(Ran::Blocked)?;
         let row = self.tables[table][key].clone();
-        match cond.iter().all(|c| holds(c, &row, now_ms)) {
+        match cond.iter().all(|c| holds(c, &row, now)) {
             true => Ok(row),
             false => Err(Ran::Result(SqlResult::Affected(0))),
         }
     }
 
-    fn statement(&mut self, conn: ConnId, stmt: &Stmt, now_ms: i64) -> Ran {
+    fn statement(&mut self, conn: ConnId, stmt: &Stmt, now: Now) -> Ran {
         let row_lock = |table: &str, key: &str| Lock::Row(table.to_string(), key.to_string());
         let result = match stmt {
             Stmt::Begin => SqlResult::Done,
@@ -213,17 +213,17 @@ impl SqlState {
                 if exists {
                     SqlResult::Error(SqlError::UniqueViolation)
                 } else {
-                    let new: Row = row.iter().map(|(c, e)| (c.clone(), eval(e, None, now_ms))).collect();
+                    let new: Row = row.iter().map(|(c, e)| (c.clone(), eval(e, None, now))).collect();
                     self.tables.get_mut(table).expect("checked").insert(key.clone(), new);
                     self.undo(conn, table, key, None);
                     SqlResult::Affected(1)
                 }
             }
-            Stmt::Update { table, key, set, cond } => match self.matching_row(conn, table, key, cond, now_ms) {
+            Stmt::Update { table, key, set, cond } => match self.matching_row(conn, table, key, cond, now) {
                 Ok(before) => {
                     let mut after = before.clone();
                     for (column, expr) in set {
-                        after.insert(column.clone(), eval(expr, Some(&before), now_ms));
+                        after.insert(column.clone(), eval(expr, Some(&before), now));
                     }
                     self.tables.get_mut(table).expect("matched").insert(key.clone(), after);
                     self.undo(conn, table, key, Some(before));
@@ -231,7 +231,7 @@ impl SqlState {
                 }
                 Err(ran) => return ran,
             },
-            Stmt::Delete { table, key, cond } => match self.matching_row(conn, table, key, cond, now_ms) {
+            Stmt::Delete { table, key, cond } => match self.matching_row(conn, table, key, cond, now) {
                 Ok(before) => {
                     self.tables.get_mut(table).expect("matched").remove(key);
                     self.undo(conn, table, key, Some(before));

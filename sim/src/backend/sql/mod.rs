@@ -11,7 +11,9 @@
 //!   row another open transaction inserted waits for it too, then fails with a unique violation if that
 //!   transaction committed.
 //! - `UPDATE … WHERE` checks its conditions on the row as it is once locked (READ COMMITTED re-check), with
-//!   `now()` the server's clock.
+//!   `now()` the server's wall clock (a `clock-jump` moves it). Timers — `lock_timeout`,
+//!   `idle_in_transaction_session_timeout` and the kernel's TCP keep-alive — measure intervals on the
+//!   monotonic clock.
 //! - Session advisory locks: `pg_advisory_lock` waits, `pg_try_advisory_lock` does not; both count up
 //!   when the session already holds the key, and `pg_advisory_unlock` counts down.
 //! - Session death rolls back its transaction and frees its locks: the client closing its connection,
@@ -33,8 +35,9 @@ mod exec;
 #[cfg(test)]
 mod tests;
 
-use super::{Backend, Out};
+use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
+use crate::net::Probe;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -203,7 +206,8 @@ struct Session {
     waiting: bool,
     /// The client has gone; end the session once its waiting statement finishes.
     closing: bool,
-    failed_probes: u32,
+    /// Keep-alive probes sent since the peer was last heard (Linux `icsk_probes_out`).
+    probes_out: u32,
     next_probe_ms: i64,
 }
 
@@ -274,34 +278,50 @@ impl SqlState {
         self.locks.clear();
     }
 
-    /// The sessions whose keep-alive probe is due, as (connection, client node, client life).
-    pub fn probes_due(&mut self, now_ms: i64) -> Vec<(ConnId, NodeIx, u32)> {
-        let idle_ms = self.settings.tcp_keepalives_idle.as_millis() as i64;
-        let mut due = Vec::new();
+    /// Run the kernel's keep-alive timer of every session (Linux `tcp_keepalive_timer`), asking
+    /// `probe` what a probe to the client's connection would find:
+    /// - once the connection has been silent for `tcp_keepalives_idle` (since the last data or ACK
+    ///   received), a probe goes out every `tcp_keepalives_interval`; an answered one counts as
+    ///   hearing from the peer, so the next comes a full idle period later (`rcv_tstamp`);
+    /// - when `tcp_keepalives_count` probes are out unanswered, the connection is reset: at idle +
+    ///   count × interval of silence;
+    /// - a restarted client host answers a probe with a reset;
+    /// - while results sent to the client are unacknowledged there are no probes: the retransmission
+    ///   timer decides, and ends the connection when it gives up.
+    pub fn keepalive(&mut self, now: Now, mut probe: impl FnMut(NodeIx, u32) -> Probe, out: &mut Out) {
+        let (idle, interval, count) = (
+            self.settings.tcp_keepalives_idle.as_millis() as i64,
+            self.settings.tcp_keepalives_interval.as_millis() as i64,
+            self.settings.tcp_keepalives_count,
+        );
+        let mut dead = Vec::new();
         for (conn, s) in &mut self.sessions {
-            if now_ms - s.heard_ms >= idle_ms && now_ms >= s.next_probe_ms {
-                due.push((*conn, s.node, s.incarnation));
+            let due = now.mono_ms - s.heard_ms >= idle && now.mono_ms >= s.next_probe_ms;
+            match probe(s.node, s.incarnation) {
+                Probe::Retransmitting { gave_up: true } => {
+                    dead.push((*conn, "connection timed out: retransmissions unanswered"))
+                }
+                Probe::Retransmitting { gave_up: false } => {}
+                _ if !due => {}
+                Probe::Reset => dead.push((*conn, "connection reset by the restarted client host")),
+                Probe::Acked => {
+                    s.heard_ms = now.mono_ms;
+                    s.probes_out = 0;
+                }
+                Probe::Unanswered if s.probes_out >= count => {
+                    dead.push((*conn, "connection dead: keep-alive probes unanswered"))
+                }
+                Probe::Unanswered => {
+                    s.probes_out += 1;
+                    s.next_probe_ms = now.mono_ms + interval;
+                }
             }
         }
-        due
-    }
-
-    /// A probe's answer (`false`: the peer cannot answer now, so the probe sent an interval ago went
-    /// unanswered too): enough unanswered ones in a row end the session.
-    pub fn probed(&mut self, conn: ConnId, answered: bool, now_ms: i64, out: &mut Out) {
-        let (interval, count) =
-            (self.settings.tcp_keepalives_interval.as_millis() as i64, self.settings.tcp_keepalives_count);
-        let Some(s) = self.sessions.get_mut(&conn) else { return };
-        s.next_probe_ms = now_ms + interval;
-        if answered {
-            s.failed_probes = 0;
-            return;
+        for (conn, why) in &dead {
+            self.end_session(*conn, why, out);
         }
-        // Dead once `count` probes have each gone unanswered for an interval: at idle + count × interval.
-        s.failed_probes += 1;
-        if s.failed_probes > count {
-            self.end_session(conn, "connection dead: keep-alive probes unanswered", out);
-            self.wake(now_ms, out);
+        if !dead.is_empty() {
+            self.wake(now, out);
         }
     }
 
@@ -321,7 +341,7 @@ impl SqlState {
         self.sessions.remove(&conn);
     }
 
-    fn request(&mut self, now_ms: i64, from: NodeIx, request: SqlRequest, out: &mut Out) {
+    fn request(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
         match request {
             SqlRequest::Connect { conn, incarnation } => {
                 let session = Session {
@@ -330,11 +350,11 @@ impl SqlState {
                     txn: None,
                     aborted: false,
                     lock_timeout_ms: 0,
-                    heard_ms: now_ms,
-                    idle_since_ms: now_ms,
+                    heard_ms: now.mono_ms,
+                    idle_since_ms: now.mono_ms,
                     waiting: false,
                     closing: false,
-                    failed_probes: 0,
+                    probes_out: 0,
                     next_probe_ms: 0,
                 };
                 self.sessions.insert(conn, session);
@@ -342,8 +362,9 @@ impl SqlState {
             SqlRequest::Execute { conn, seq, stmt } => match self.sessions.get_mut(&conn) {
                 None => out.push(from, SqlResponse { conn, seq, result: SqlResult::Error(SqlError::Terminated) }),
                 Some(s) => {
-                    s.heard_ms = now_ms;
-                    self.run(conn, seq, stmt, now_ms, None, out);
+                    s.heard_ms = now.mono_ms;
+                    s.probes_out = 0;
+                    self.run(conn, seq, stmt, now, None, out);
                 }
             },
             SqlRequest::Close { conn } => match self.sessions.get_mut(&conn) {
@@ -352,11 +373,11 @@ impl SqlState {
                 None => {}
             },
         }
-        self.wake(now_ms, out);
+        self.wake(now, out);
     }
 
     /// Run the waiting statements whose lock has come free, oldest first.
-    fn wake(&mut self, now_ms: i64, out: &mut Out) {
+    fn wake(&mut self, now: Now, out: &mut Out) {
         let mut i = 0;
         while i < self.parked.len() {
             let free = self.locks.get(&self.parked[i].on).is_none_or(|(owner, _)| *owner == self.parked[i].conn);
@@ -368,7 +389,7 @@ impl SqlState {
             if let Some(s) = self.sessions.get_mut(&p.conn) {
                 s.waiting = false;
             }
-            self.run(p.conn, p.seq, p.stmt, now_ms, Some((i, p.deadline_ms)), out);
+            self.run(p.conn, p.seq, p.stmt, now, Some((i, p.deadline_ms)), out);
             // Running it may have freed other locks (an autocommit statement): look from the start.
             i = 0;
         }
@@ -380,33 +401,33 @@ impl Backend for SqlState {
     /// Results travel back on the connection ([`SqlResponse`]), not as replies.
     type Reply = ();
 
-    fn apply(&mut self, now_ms: i64, from: NodeIx, request: SqlRequest, out: &mut Out) {
-        self.request(now_ms, from, request, out)
+    fn apply(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
+        self.request(now, from, request, out)
     }
 
     fn tick_interval(&self) -> Option<Duration> {
         Some(TICK)
     }
 
-    fn tick(&mut self, now_ms: i64, out: &mut Out) {
+    fn tick(&mut self, now: Now, out: &mut Out) {
         let expired: Vec<usize> =
-            (0..self.parked.len()).filter(|i| self.parked[*i].deadline_ms.is_some_and(|d| d <= now_ms)).collect();
+            (0..self.parked.len()).filter(|i| self.parked[*i].deadline_ms.is_some_and(|d| d <= now.mono_ms)).collect();
         for i in expired.into_iter().rev() {
             let p = self.parked.remove(i);
-            self.fail(p.conn, p.seq, SqlError::LockTimeout, now_ms, out);
+            self.fail(p.conn, p.seq, SqlError::LockTimeout, now, out);
         }
         let idle_ms = self.settings.idle_in_transaction_session_timeout.as_millis() as i64;
         if idle_ms > 0 {
             let idle: Vec<ConnId> = self
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.txn.is_some() && !s.waiting && now_ms - s.idle_since_ms >= idle_ms)
+                .filter(|(_, s)| s.txn.is_some() && !s.waiting && now.mono_ms - s.idle_since_ms >= idle_ms)
                 .map(|(c, _)| *c)
                 .collect();
             for conn in idle {
                 self.end_session(conn, "terminated: idle in transaction", out);
             }
         }
-        self.wake(now_ms, out);
+        self.wake(now, out);
     }
 }

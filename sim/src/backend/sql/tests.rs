@@ -22,7 +22,7 @@ fn db() -> SqlState {
     db.create_table("locks", []);
     db.create_sequence("fence");
     for conn in [A, B, C] {
-        db.apply(0, NodeIx(conn as u32), SqlRequest::Connect { conn, incarnation: 0 }, &mut Out::default());
+        db.apply(Now::at(0), NodeIx(conn as u32), SqlRequest::Connect { conn, incarnation: 0 }, &mut Out::default());
     }
     db
 }
@@ -30,7 +30,7 @@ fn db() -> SqlState {
 /// Run `stmt` on `conn` at `now`; the results pushed by this step, as (connection, result).
 fn exec(db: &mut SqlState, now: i64, conn: ConnId, stmt: Stmt) -> Vec<(ConnId, SqlResult)> {
     let mut out = Out::default();
-    db.apply(now, NodeIx(conn as u32), SqlRequest::Execute { conn, seq: 1, stmt }, &mut out);
+    db.apply(Now::at(now), NodeIx(conn as u32), SqlRequest::Execute { conn, seq: 1, stmt }, &mut out);
     pushed(out)
 }
 
@@ -74,9 +74,9 @@ fn lock_timeout_fails_the_waiter_and_aborts_its_transaction() {
     exec(&mut db, 0, B, Stmt::Begin);
     assert_eq!(exec(&mut db, 0, B, for_update()), vec![]);
     let mut out = Out::default();
-    db.tick(400, &mut out);
+    db.tick(Now::at(400), &mut out);
     assert!(out.pushes.is_empty());
-    db.tick(500, &mut out);
+    db.tick(Now::at(500), &mut out);
     assert_eq!(pushed(out), vec![(B, SqlResult::Error(SqlError::LockTimeout))]);
     assert_eq!(
         exec(&mut db, 600, B, Stmt::NextVal { sequence: "fence".into() }),
@@ -132,7 +132,7 @@ fn advisory_locks_wait_count_and_go_with_the_session() {
     assert_eq!(exec(&mut db, 0, C, Stmt::AdvisoryUnlock(7)), vec![(C, SqlResult::Bool(false))], "not C's to unlock");
     assert_eq!(exec(&mut db, 1, A, Stmt::AdvisoryUnlock(7)), vec![(A, SqlResult::Bool(true))], "still held once");
     let mut out = Out::default();
-    db.apply(2, NodeIx(1), SqlRequest::Close { conn: A }, &mut out);
+    db.apply(Now::at(2), NodeIx(1), SqlRequest::Close { conn: A }, &mut out);
     assert_eq!(pushed(out), vec![(B, SqlResult::Done)], "A's session ended: B gets the lock");
 }
 
@@ -144,11 +144,21 @@ fn a_waiting_statement_whose_client_left_still_runs_and_commits() {
     exec(&mut db, 0, B, insert("z")); // autocommit, committed
     let delete_x = Stmt::Delete { table: "locks".into(), key: "x".into(), cond: vec![] };
     assert_eq!(exec(&mut db, 0, B, delete_x), vec![], "waits for A's row");
-    db.apply(1, NodeIx(2), SqlRequest::Close { conn: B }, &mut Out::default());
+    db.apply(Now::at(1), NodeIx(2), SqlRequest::Close { conn: B }, &mut Out::default());
     exec(&mut db, 2, A, Stmt::Commit);
     // B's delete ran (and committed) when A's row came free; then B's session ended.
     assert_eq!(exec(&mut db, 3, C, insert("x")), vec![(C, SqlResult::Affected(1))]);
     assert_eq!(exec(&mut db, 3, B, Stmt::Begin), vec![(B, SqlResult::Error(SqlError::Terminated))]);
+}
+
+/// Run the keep-alive timer at each of `times`, a probe of A's connection finding `answer` (the other
+/// clients answer).
+fn keepalive(db: &mut SqlState, times: impl IntoIterator<Item = i64>, answer: Probe) -> Out {
+    let mut out = Out::default();
+    for now in times {
+        db.keepalive(Now::at(now), |node, _| if node == NodeIx(A as u32) { answer } else { Probe::Acked }, &mut out);
+    }
+    out
 }
 
 #[test]
@@ -157,27 +167,64 @@ fn keepalive_ends_a_dead_session_after_idle_time_and_unanswered_probes() {
     exec(&mut db, 0, A, Stmt::Begin);
     exec(&mut db, 0, A, for_update());
     exec(&mut db, 0, B, for_update());
-    let mut out = Out::default();
-    assert!(db.probes_due(9_999).is_empty(), "nobody has been silent for tcp_keepalives_idle yet");
-    for (i, now) in [10_000, 11_000, 12_000, 13_000].into_iter().enumerate() {
-        assert!(db.probes_due(now).iter().any(|p| p.0 == A));
-        db.probed(A, false, now, &mut out);
-        assert_eq!(db.sessions.contains_key(&A), i < 3, "ended when the third probe, too, went unanswered");
-    }
+    keepalive(&mut db, [9_999], Probe::Unanswered);
+    assert_eq!(db.sessions[&A].probes_out, 0, "nobody has been silent for tcp_keepalives_idle yet");
+    // Probes at 10, 11 and 12 s go unanswered; at 13 s (idle + 3 × interval) the connection is reset.
+    let out = keepalive(&mut db, [10_000, 11_000, 12_000, 12_999], Probe::Unanswered);
+    assert!(db.sessions.contains_key(&A));
+    assert!(out.pushes.is_empty());
+    let out = keepalive(&mut db, [13_000], Probe::Unanswered);
+    assert!(!db.sessions.contains_key(&A), "ended when the third probe, too, went unanswered");
     assert_eq!(pushed(out), vec![(B, SqlResult::Rows(vec![Row::from([("n".to_string(), Value::Int(0))])]))]);
+}
+
+#[test]
+fn an_answered_probe_restarts_the_full_idle_period() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    keepalive(&mut db, [10_000], Probe::Acked);
+    // Silent from 10 s: the next probe is due at 20 s, so a cut from 10.1 s to 23 s is survived
+    // (probes at 20, 21, 22 s unanswered; the connection would be reset at 23 s).
+    keepalive(&mut db, (101..=229).map(|t| t * 100), Probe::Unanswered);
+    assert!(db.sessions.contains_key(&A));
+    keepalive(&mut db, [23_000], Probe::Acked);
+    assert_eq!(db.sessions[&A].probes_out, 0);
+}
+
+#[test]
+fn a_restarted_client_host_resets_the_connection_at_the_first_probe() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    keepalive(&mut db, [9_000], Probe::Reset);
+    assert!(db.sessions.contains_key(&A), "no probe before the idle time");
+    let out = keepalive(&mut db, [10_000], Probe::Reset);
+    assert!(!db.sessions.contains_key(&A));
+    assert!(matches!(&out.events[0].1, EventKind::Session { state } if state.contains("reset")));
+}
+
+#[test]
+fn no_probes_while_data_is_unacknowledged_until_retransmissions_give_up() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    keepalive(&mut db, (10..100).map(|t| t * 1000), Probe::Retransmitting { gave_up: false });
+    assert!(db.sessions.contains_key(&A));
+    assert_eq!(db.sessions[&A].probes_out, 0);
+    keepalive(&mut db, [100_000], Probe::Retransmitting { gave_up: true });
+    assert!(!db.sessions.contains_key(&A));
 }
 
 #[test]
 fn idle_in_transaction_timeout_ends_the_session() {
     let mut db = SqlState::new(Settings { idle_in_transaction_session_timeout: Duration::from_secs(5), ..settings() });
     db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
-    db.apply(0, NodeIx(1), SqlRequest::Connect { conn: A, incarnation: 0 }, &mut Out::default());
+    db.apply(Now::at(0), NodeIx(1), SqlRequest::Connect { conn: A, incarnation: 0 }, &mut Out::default());
     exec(&mut db, 0, A, Stmt::Begin);
     exec(&mut db, 0, A, for_update());
     let mut out = Out::default();
-    db.tick(4_900, &mut out);
+    db.tick(Now::at(4_900), &mut out);
     assert!(db.sessions.contains_key(&A));
-    db.tick(5_000, &mut out);
+    db.tick(Now::at(5_000), &mut out);
     assert!(!db.sessions.contains_key(&A));
     assert!(matches!(&out.events[0].1, EventKind::Session { state } if state.contains("idle in transaction")));
 }

@@ -4,8 +4,9 @@
 //! - Every successful write is a transaction with the next zxid; a node's stat keeps czxid (its
 //!   creation), mzxid, pzxid, version, cversion (changes to its children) and its ephemeral owner.
 //! - `create` fails with NoNode without a parent, NodeExists if taken, NoChildrenForEphemerals under an
-//!   ephemeral. Sequential modes append the parent's cversion as 10 zero-padded digits (`lock-0000000007`),
-//!   so the suffix keeps counting across deletes and restarts from 0 if the parent is recreated.
+//!   ephemeral. Sequential modes append the parent's cversion as 10 zero-padded digits (`lock-0000000007`);
+//!   cversion counts creates of children (a delete moves only the parent's pzxid), so the suffix keeps
+//!   counting and restarts from 0 if the parent is recreated.
 //! - `delete` takes a version (-1: any) and fails with BadVersion or NotEmpty; `setData` takes a version
 //!   too, counts the node's version up and fires its data watches (NodeDataChanged).
 //! - `exists` and `getData` leave a data watch, `getChildren` a child watch; a watch fires once. A watch
@@ -24,7 +25,7 @@ mod session;
 mod tree;
 mod watch;
 
-use super::{Backend, Out};
+use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
 use std::time::Duration;
 
@@ -158,10 +159,10 @@ impl ZkState {
         }
     }
 
-    fn delete(&mut self, path: &str, version: i32, out: &mut Out) -> Result<(), ZkError> {
+    /// Delete `path` in transaction `zxid` and fire its watches.
+    fn delete_in(&mut self, path: &str, version: i32, zxid: u64, out: &mut Out) -> Result<(), ZkError> {
         let owner = self.tree.stat(path).map(|s| s.ephemeral_owner);
-        self.tree.delete(path, version, self.zxid + 1)?;
-        self.zxid += 1;
+        self.tree.delete(path, version, zxid)?;
         if let Some(session) = owner.and_then(|o| self.sessions.get_mut(o)) {
             session.ephemerals.remove(path);
         }
@@ -170,11 +171,20 @@ impl ZkState {
         Ok(())
     }
 
-    /// End a session: its ephemerals are deleted (firing their watches) and its watches forgotten.
+    fn delete(&mut self, path: &str, version: i32, out: &mut Out) -> Result<(), ZkError> {
+        self.delete_in(path, version, self.zxid + 1, out)?;
+        self.zxid += 1;
+        Ok(())
+    }
+
+    /// End a session (closed, or expired by the tracker): its watches are forgotten and its ephemerals
+    /// deleted, firing their watches — all in one `closeSession` transaction, so in one zxid
+    /// (PrepRequestProcessor turns the session's ephemerals into the txn's deletes).
     fn end_session(&mut self, ephemerals: impl IntoIterator<Item = String>, id: SessionId, out: &mut Out) {
         self.watches.forget(id);
+        self.zxid += 1;
         for path in ephemerals {
-            let _ = self.delete(&path, -1, out);
+            let _ = self.delete_in(&path, -1, self.zxid, out);
         }
     }
 
@@ -237,7 +247,10 @@ impl Backend for ZkState {
     type Request = ZkRequest;
     type Reply = ZkReply;
 
-    fn apply(&mut self, now_ms: i64, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
+    /// Sessions are timed on the monotonic clock (`ExpiryQueue` and `SessionTrackerImpl` read
+    /// `Time.currentElapsedTime()`, i.e. `System.nanoTime`): a wall-clock jump changes nothing.
+    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
+        let now_ms = now.mono_ms;
         match request {
             ZkRequest::Connect { requested_ms, session: None } => {
                 let (session, timeout_ms) = self.sessions.open(from, requested_ms, now_ms);
@@ -260,8 +273,8 @@ impl Backend for ZkState {
         Some(Duration::from_millis(self.tick_ms as u64))
     }
 
-    fn tick(&mut self, now_ms: i64, out: &mut Out) {
-        for (id, session) in self.sessions.expire(now_ms) {
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        for (id, session) in self.sessions.expire(now.mono_ms) {
             out.record(session.owner, EventKind::Session { state: "expired by the server".into() });
             self.end_session(session.ephemerals, id, out);
         }

@@ -10,7 +10,8 @@ fn zk() -> ZkState {
 }
 
 fn connect(zk: &mut ZkState, client: NodeIx, now: i64) -> SessionId {
-    match zk.apply(now, client, ZkRequest::Connect { requested_ms: 6000, session: None }, &mut Out::default()) {
+    match zk.apply(Now::at(now), client, ZkRequest::Connect { requested_ms: 6000, session: None }, &mut Out::default())
+    {
         ZkReply::Connected { session, timeout_ms } => {
             assert_eq!(timeout_ms, 6000);
             session
@@ -20,7 +21,7 @@ fn connect(zk: &mut ZkState, client: NodeIx, now: i64) -> SessionId {
 }
 
 fn op(zk: &mut ZkState, client: NodeIx, session: SessionId, now: i64, op: ZkOp, out: &mut Out) -> ZkReply {
-    zk.apply(now, client, ZkRequest::Op { session, op }, out)
+    zk.apply(Now::at(now), client, ZkRequest::Op { session, op }, out)
 }
 
 fn create(path: &str, mode: CreateMode) -> ZkOp {
@@ -96,9 +97,9 @@ fn an_expired_session_loses_its_ephemerals_and_fires_their_watches() {
     op(&mut z, C2, s2, 0, ZkOp::GetData { path: "/lock".into(), watch: true }, &mut out);
     // s2 keeps pinging; s1 goes silent. 6 s timeout from 0 rounds up to the 8 s tick.
     op(&mut z, C2, s2, 4000, ZkOp::Ping, &mut out);
-    z.tick(6000, &mut out);
+    z.tick(Now::at(6000), &mut out);
     assert!(out.pushes.is_empty());
-    z.tick(8000, &mut out);
+    z.tick(Now::at(8000), &mut out);
     assert_eq!(out.pushes.len(), 1);
     assert_eq!(
         op(&mut z, C2, s2, 8000, ZkOp::Exists { path: "/lock".into(), watch: false }, &mut out),
@@ -106,7 +107,7 @@ fn an_expired_session_loses_its_ephemerals_and_fires_their_watches() {
     );
     assert_eq!(op(&mut z, C1, s1, 8000, ZkOp::Ping, &mut out), ZkReply::Error(ZkError::SessionExpired));
     let reconnect = ZkRequest::Connect { requested_ms: 6000, session: Some(s1) };
-    assert_eq!(z.apply(8000, C1, reconnect, &mut out), ZkReply::Error(ZkError::SessionExpired));
+    assert_eq!(z.apply(Now::at(8000), C1, reconnect, &mut out), ZkReply::Error(ZkError::SessionExpired));
 }
 
 #[test]
@@ -146,4 +147,29 @@ fn set_data_checks_the_version_counts_it_up_and_fires_data_watches() {
         op(&mut z, C1, s1, 2, ZkOp::SetData { path: "/none".into(), data: String::new(), version: -1 }, &mut out),
         ZkReply::Error(ZkError::NoNode)
     );
+}
+
+#[test]
+fn a_clock_jump_does_not_expire_sessions() {
+    let mut z = ZkState::new(Duration::from_secs(2));
+    let mut out = Out::default();
+    let s1 = connect(&mut z, C1, 0);
+    z.tick(Now { wall_ms: 600_000, mono_ms: 2000 }, &mut out);
+    assert!(matches!(op(&mut z, C1, s1, 2000, ZkOp::Ping, &mut out), ZkReply::Pong), "the tracker times by nanoTime");
+}
+
+#[test]
+fn closing_a_session_deletes_all_its_ephemerals_in_one_transaction() {
+    let mut z = zk();
+    let mut out = Out::default();
+    let s1 = connect(&mut z, C1, 0);
+    let s2 = connect(&mut z, C2, 0);
+    op(&mut z, C1, s1, 0, create("/a", CreateMode::Ephemeral), &mut out);
+    op(&mut z, C1, s1, 0, create("/b", CreateMode::Ephemeral), &mut out);
+    op(&mut z, C1, s1, 0, ZkOp::Close, &mut out);
+    let ZkReply::Created { stat, .. } = op(&mut z, C2, s2, 0, create("/c", CreateMode::Persistent), &mut out) else {
+        panic!()
+    };
+    // /a and /b were zxids 1 and 2; the closeSession that deleted both was 3.
+    assert_eq!(stat.czxid, 4);
 }

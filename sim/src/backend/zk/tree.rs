@@ -113,8 +113,9 @@ impl Tree {
         self.nodes.remove(path);
         let parent = self.nodes.get_mut(parent(path)).expect("a node's parent exists");
         parent.children.remove(name(path));
-        parent.stat.cversion += 1;
-        parent.stat.pzxid = zxid;
+        // Only pzxid moves: a delete leaves the parent's cversion alone (DataTree.deleteNode and
+        // PrepRequestProcessor's delete), so sequence suffixes count creates only.
+        parent.stat.pzxid = parent.stat.pzxid.max(zxid);
         parent.stat.num_children -= 1;
         Ok(())
     }
@@ -138,10 +139,11 @@ mod tests {
         assert_eq!(t.create("/l/n-", "", CreateMode::EphemeralSequential, 7, 2), Ok("/l/n-0000000000".into()));
         assert_eq!(t.create("/l/x", "", CreateMode::Persistent, 7, 3), Ok("/l/x".into()));
         t.delete("/l/x", -1, 4).unwrap();
-        // Creates and deletes both bump cversion: the next suffix is 3, not 1.
-        assert_eq!(t.create("/l/n-", "", CreateMode::EphemeralSequential, 7, 5), Ok("/l/n-0000000003".into()));
-        assert_eq!(t.stat("/l/n-0000000003").unwrap().ephemeral_owner, 7);
-        assert_eq!(t.stat("/l/n-0000000003").unwrap().czxid, 5);
+        // Creates bump cversion, deletes do not: the next suffix is 2 (ZooKeeper 3.8's deleteNode).
+        assert_eq!(t.stat("/l").unwrap().pzxid, 4, "a delete moves the parent's pzxid");
+        assert_eq!(t.create("/l/n-", "", CreateMode::EphemeralSequential, 7, 5), Ok("/l/n-0000000002".into()));
+        assert_eq!(t.stat("/l/n-0000000002").unwrap().ephemeral_owner, 7);
+        assert_eq!(t.stat("/l/n-0000000002").unwrap().czxid, 5);
     }
 
     #[test]
