@@ -5,20 +5,29 @@
 //!    non-reentrant holder); taken: sleep `retry` and try again (Redisson waits on a pub/sub channel; the
 //!    polling here changes the wake-up latency, not safety).
 //! 2. `INCR lock:fence` for a fencing token.
-//! 3. While held, every `watchdog_timeout / 3` the watchdog runs compare-and-pexpire(id, watchdog_timeout).
-//!    Any failure — the key is not ours, or the command fails — stops the renewal, as Redisson's
-//!    `renewExpiration` does; the holder is not told.
+//! 3. While held, every `watchdog_timeout / 3` the watchdog runs compare-and-pexpire(id, watchdog_timeout)
+//!    through Redisson's command executor: each attempt waits `command_timeout` (Redisson `timeout`,
+//!    3 s) for its reply and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s)
+//!    apart, before the command fails. Then, by `renewal`:
+//!    - `"3.44"` (Redisson 3.44 and later, `renewal/RenewalTask`): a failed command just schedules the
+//!      next renewal; only a "not ours" answer (the key is gone or another's) stops it;
+//!    - `"3.43"` (up to 3.43, `RedissonBaseLock.renewExpiration`): a failed command, or "not ours",
+//!      stops the renewal for good; the holder is not told.
 //! 4. Release: stop the watchdog, then compare-and-delete.
 //!
 //! Expected failures (catalog): the watchdog runs on the holder's node, so a pause of the holder longer
 //! than `watchdog_timeout` stops the renewals too; the key expires under a holder that still believes it
-//! holds the lock — `double-holder`. Shorter pauses are absorbed by the renewals.
+//! holds the lock — `double-holder`. Shorter pauses and short partitions are absorbed: a renewal sent
+//! during a cut is retransmitted after the heal, and the executor's retries outlast a few seconds. A
+//! partition longer than the TTL lets the key expire whatever the version.
 
 use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
-use crate::params::{ParamSpec, Params};
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script};
 use locksim_sim::ctx::{Background, Ctx};
+use locksim_sim::net::CallError;
+use std::time::Duration;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
     id: "redis.watchdog",
@@ -34,6 +43,20 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
         RETRY,
         ACQUIRE_TIMEOUT,
         CALL_TIMEOUT,
+        ParamSpec {
+            name: "renewal",
+            kind: ParamKind::Choice(&["3.44", "3.43"]),
+            default: ParamValue::Choice("3.44"),
+            doc: "Redisson's renewal: 3.44+ keeps renewing after a failed command; up to 3.43 it stops for good",
+        },
+        ParamSpec::duration("command_timeout", 3_000, "Redisson `timeout`: how long one attempt of a renewal waits"),
+        ParamSpec {
+            name: "retry_attempts",
+            kind: ParamKind::Int { min: 0, max: 100 },
+            default: ParamValue::Int(3),
+            doc: "Redisson `retryAttempts`: a renewal is sent again this many times before it fails",
+        },
+        ParamSpec::duration("retry_interval", 1_500, "Redisson `retryInterval`: the pause before a retry"),
     ],
     offers_token: true,
     offers_shared: false,
@@ -77,18 +100,16 @@ impl Lock for Watchdog {
                 self.ctx.clone(),
                 RedisServers::from(&self.servers),
                 0,
-                self.params.duration("call_timeout"),
+                self.params.duration("command_timeout"),
             );
-            let (ctx, value) = (self.ctx.clone(), self.value.clone());
-            self.renewal = Some(self.ctx.spawn(async move {
-                let script = Script::CompareAndPexpire { ms: lease.as_millis() as i64 };
-                loop {
-                    ctx.sleep(lease / 3).await;
-                    if redis.eval(script, LOCK_KEY, &value).await != Ok(RedisReply::Int(1)) {
-                        return;
-                    }
-                }
-            }));
+            let executor = Executor {
+                ctx: self.ctx.clone(),
+                redis,
+                retry_attempts: self.params.int("retry_attempts") as u32,
+                retry_interval: self.params.duration("retry_interval"),
+            };
+            let stop_on_error = self.params.choice("renewal") == "3.43";
+            self.renewal = Some(self.ctx.spawn(renew(executor, lease, self.value.clone(), stop_on_error)));
         }
         outcome
     }
@@ -96,5 +117,42 @@ impl Lock for Watchdog {
     async fn release(&mut self) -> Outcome<()> {
         self.renewal = None;
         super::released(self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await)
+    }
+}
+
+/// Redisson's command executor for one command: attempts of `command_timeout` each, retried.
+struct Executor {
+    ctx: Ctx,
+    redis: SimRedis,
+    retry_attempts: u32,
+    retry_interval: Duration,
+}
+
+impl Executor {
+    async fn eval(&self, script: Script, value: &str) -> Result<RedisReply, CallError> {
+        let mut attempt = 0;
+        loop {
+            match self.redis.eval(script, LOCK_KEY, value).await {
+                Err(CallError::Timeout) if attempt < self.retry_attempts => {
+                    attempt += 1;
+                    self.ctx.sleep(self.retry_interval).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+}
+
+/// Step 3: renew every third of the lease until the key is not ours (or, `stop_on_error`, a command
+/// fails).
+async fn renew(executor: Executor, lease: Duration, value: String, stop_on_error: bool) {
+    let script = Script::CompareAndPexpire { ms: lease.as_millis() as i64 };
+    loop {
+        executor.ctx.sleep(lease / 3).await;
+        match executor.eval(script, &value).await {
+            Ok(RedisReply::Int(1)) => {}
+            Err(CallError::Timeout) if !stop_on_error => {}
+            _ => return,
+        }
     }
 }

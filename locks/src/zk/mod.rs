@@ -118,6 +118,14 @@ pub trait ZkApi {
         }
     }
 
+    /// `exists` without a watch: the node's stat, if any.
+    async fn exists(&self, path: &str) -> Result<Option<Stat>, ClientError> {
+        match self.call(ZkOp::Exists { path: path.into(), watch: false }).await? {
+            (ZkReply::Exists(stat), _) => Ok(stat),
+            other => unreachable!("exists answered with {other:?}"),
+        }
+    }
+
     /// `exists` with a watch: the node's stat (if any) and the watch.
     async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch), ClientError> {
         match self.call(ZkOp::Exists { path: path.into(), watch: true }).await? {

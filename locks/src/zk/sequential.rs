@@ -207,11 +207,13 @@ impl Sequential {
         Err(Outcome::Unknown("create: connection loss".into()))
     }
 
-    /// Our node in `dir` by its GUID prefix, with its czxid, if it exists.
+    /// Our node in `dir` by its GUID prefix, with its czxid, if it exists. Curator's
+    /// `findProtectedNodeInForeground` lists the children without a watch; the `exists` after it (also
+    /// without a watch) only reads the czxid our fencing token needs.
     async fn find_ours(zk: &ZkClient, dir: &str, guid: &str) -> Result<Option<(String, u64)>, ClientError> {
         let Some(ours) = zk.get_children(dir).await?.into_iter().find(|c| c.starts_with(guid)) else { return Ok(None) };
         let path = format!("{dir}/{ours}");
-        Ok(zk.exists_watch(&path).await?.0.map(|stat| (path, stat.czxid)))
+        Ok(zk.exists(&path).await?.map(|stat| (path, stat.czxid)))
     }
 
     /// Steps 2–3: wait until the queue's driver says our node holds the lock. `Err` carries the outcome
