@@ -41,6 +41,12 @@ fn the_mutex_is_safe_and_fifo_fair_over_1000_seeds_of_client_crashes_and_short_p
 }
 
 #[test]
+fn the_mutex_has_neither_deadlock_nor_herd_over_1000_seeds_of_client_partitions_and_server_crashes() {
+    assert!(catalog("etcd-mutex-server-crash-nemesis").check.herd_max == Some(1));
+    assert_as_expected("etcd-mutex-server-crash-nemesis", 0..1000);
+}
+
+#[test]
 fn a_crashed_holder_frees_the_lock_within_the_lease_ttl_and_never_before() {
     let scenario = catalog("etcd-mutex-crash");
     let ttl_ms = 5_000.0;

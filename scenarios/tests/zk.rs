@@ -45,6 +45,11 @@ fn curators_mutex_is_safe_and_fifo_fair_over_1000_seeds_of_client_partitions_and
 }
 
 #[test]
+fn curators_mutex_has_no_deadlock_over_1000_seeds_of_client_partitions_and_server_crashes() {
+    assert_as_expected("zk-sequential-server-crash-nemesis", 0..1000);
+}
+
+#[test]
 fn bad_zookeeper_parameters_are_errors_with_their_line() {
     let text = |extra: &str| {
         format!("name = \"t\"\n[recipe]\nid = \"zk.sequential\"\n{extra}\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"5s\"\n")
@@ -190,4 +195,39 @@ fn the_rwlock_is_safe_under_short_partitions_and_crashes() {
     // The election's nemesis is pinned at 1000 seeds in the catalog test: never two leaders (its
     // `absent` list), and a few seeds stall on a candidate that stopped with its node queued.
     assert_as_expected("zk-rwlock-nemesis", 0..1000);
+}
+
+/// One client, cut off from ZooKeeper at 10 s for 10 s, with a 6 s session (read timeout 4 s).
+fn cut_off_client() -> locksim_scenarios::Scenario {
+    let text =
+        "name = \"t\"\n[recipe]\nid = \"zk.sequential\"\nsession_timeout = \"6s\"\n[workload]\nkind = \"counter\"\n\
+                clients = 1\nduration = \"30s\"\n[[faults.schedule]]\nat = \"10s\"\nkind = \"partition\"\n\
+                target = \"client-0\"\npeers = [\"zk-0\"]\nduration = \"10s\"\n";
+    locksim_scenarios::Scenario::parse("t.toml", text, &locksim_locks::Registry::builtin()).unwrap()
+}
+
+#[test]
+fn the_client_is_disconnected_the_moment_its_read_timeout_passes_in_silence() {
+    for seed in 0..20 {
+        let run = run_seed(&cut_off_client(), seed).unwrap();
+        let t = run
+            .history
+            .events
+            .iter()
+            .find(|e| matches!(&e.kind, EventKind::Session { state } if state == "disconnected"))
+            .map(|e| e.t as f64 / 1e9)
+            .expect("disconnected");
+        // An idle client pings every readTimeout/2 − 1 s = 1 s, so the last word came at most ~1 s
+        // before the cut; the read timeout (4 s) after it, not at the next T/3 tick.
+        assert!((13.0..=14.05).contains(&t), "seed {seed}: disconnected at {t} s");
+    }
+}
+
+#[test]
+fn a_resumed_holder_writes_before_it_hears_that_its_connection_is_gone() {
+    // lost_on = "suspended": the holder gives up on SUSPENDED, yet the write it was about to make when
+    // the pause ended goes first (kazoo on a real ZooKeeper: first in 8 of 10 runs).
+    let r = common::run(&catalog("zk-sequential-gc-pause"), 0..100);
+    let late_writes = r.results.iter().filter(|s| s.counts.contains_key(&FindingKind::UnsafeWrite)).count();
+    assert!(late_writes >= 75, "the resumed holder's write came first in only {late_writes} of 100 seeds");
 }

@@ -67,6 +67,9 @@ type Payload = Box<dyn Any + Send>;
 pub enum CallError {
     /// No reply within the timeout: the request may or may not have been applied.
     Timeout,
+    /// The call went on a connection to an earlier life of the peer, whose host has restarted since:
+    /// its kernel answered with a reset, so the request was not applied (see [`Rpc::call_on`]).
+    Reset,
 }
 
 /// The network of one world, shared by all its nodes.
@@ -96,8 +99,9 @@ struct NetState {
 /// A received request: who sent it, where the answer goes (nowhere for a stream message), the body.
 type Request = (ReplyTo, Payload);
 
-/// A reply on its way: when it arrives, from whom, the body.
-type Reply = (u64, NodeIx, Payload);
+/// A reply on its way: when it arrives, the life of the node that sent it, and the body (`None`: a
+/// reset).
+type Reply = (u64, u32, Option<Payload>);
 
 struct Inbox {
     /// Which life of the node this inbox belongs to.
@@ -116,10 +120,12 @@ impl Inbox {
     }
 }
 
-/// What travels: a request (answer to `reply_tag`; 0 for a stream message) or a reply to a call's tag.
+/// What travels: a request (answer to `reply_tag`; 0 for a stream message) on a connection to life
+/// `conn` of the receiver (`None`: to whatever life it runs), or a reply to a call's tag from life
+/// `life` of its sender (`body` `None`: a reset).
 enum Message {
-    Request { reply_tag: u64, body: Payload },
-    Reply { tag: u64, body: Payload },
+    Request { reply_tag: u64, body: Payload, conn: Option<u32> },
+    Reply { tag: u64, body: Option<Payload>, life: u32 },
 }
 
 /// The unacknowledged data of a cut link: when the first of it was sent (the retransmission timer
@@ -241,13 +247,20 @@ impl NetState {
         // A receiver that is gone (its node died, its call timed out) loses the message.
         let Some(inbox) = self.inboxes.get_mut(&to) else { return };
         match msg {
-            Message::Request { reply_tag, body } => {
+            Message::Request { reply_tag, conn: Some(life), .. } if life != inbox.incarnation => {
+                // A connection to an earlier life: the restarted host's kernel resets it.
+                let reset = Message::Reply { tag: reply_tag, body: None, life: inbox.incarnation };
+                if reply_tag != 0 {
+                    self.deliver(to, from, reset, arrive_ns);
+                }
+            }
+            Message::Request { reply_tag, body, .. } => {
                 inbox.requests.insert((arrive_ns, seq), (ReplyTo { from, reply_tag }, body));
                 inbox.queued.notify_one();
             }
-            Message::Reply { tag, body } => {
+            Message::Reply { tag, body, life } => {
                 if let Some(waiter) = inbox.waiting.remove(&tag) {
-                    let _ = waiter.send((arrive_ns, from, body));
+                    let _ = waiter.send((arrive_ns, life, body));
                 }
             }
         }
@@ -358,6 +371,25 @@ impl Rpc {
         Q: Any + Send,
         R: Any + Send,
     {
+        self.call_on(to, None, req, timeout).await.map(|(reply, _)| reply)
+    }
+
+    /// [`Rpc::call`] on a connection: `conn` is the life of `to` that the connection was opened with
+    /// (`None`: open one now). The reply comes with the life that answered, which the caller keeps
+    /// as its connection. A request on a connection to an earlier life is refused with
+    /// [`CallError::Reset`] — a restarted host resets connections it does not know — and is not
+    /// applied: that is how a client library learns that its server restarted, and reconnects.
+    pub async fn call_on<Q, R>(
+        &self,
+        to: NodeIx,
+        conn: Option<u32>,
+        req: Q,
+        timeout: Duration,
+    ) -> Result<(R, u32), CallError>
+    where
+        Q: Any + Send,
+        R: Any + Send,
+    {
         let tag = self.next_tag.get();
         self.next_tag.set(tag + 1);
         let (tx, rx) = oneshot::channel();
@@ -365,11 +397,11 @@ impl Rpc {
             Some(inbox) => inbox.waiting.insert(tag, tx),
             None => return Err(CallError::Timeout),
         };
-        self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req) });
+        self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req), conn });
         let reply = async {
-            let Ok((arrive_ns, _, body)) = rx.await else { return std::future::pending().await };
+            let Ok((arrive_ns, life, body)) = rx.await else { return std::future::pending().await };
             sleep_until(arrive_ns).await;
-            body
+            (life, body)
         };
         let reply = madsim::time::timeout(self.clock.real_duration(timeout), reply).await;
         let mut s = self.net.state();
@@ -379,7 +411,8 @@ impl Rpc {
         s.call_timeouts += u64::from(reply.is_err());
         drop(s);
         match reply {
-            Ok(body) => Ok(*body.downcast::<R>().expect("reply type matches the request type")),
+            Ok((life, Some(body))) => Ok((*body.downcast::<R>().expect("reply type matches the request type"), life)),
+            Ok((_, None)) => Err(CallError::Reset),
             Err(_) => Err(CallError::Timeout),
         }
     }
@@ -391,7 +424,7 @@ impl Rpc {
 
     /// [`Rpc::tell`] for a message already boxed.
     pub fn tell_boxed(&self, to: NodeIx, msg: Payload) {
-        self.net.send(self.me, to, Message::Request { reply_tag: 0, body: msg });
+        self.net.send(self.me, to, Message::Request { reply_tag: 0, body: msg, conn: None });
     }
 
     /// The next request for this node, once it has arrived. Panics if a node receives a request type it
@@ -423,7 +456,8 @@ impl Rpc {
     /// Answer a request (nothing is sent for one-way messages).
     pub fn reply<R: Any + Send>(&self, to: &ReplyTo, reply: R) {
         if to.reply_tag != 0 {
-            self.net.send(self.me, to.from, Message::Reply { tag: to.reply_tag, body: Box::new(reply) });
+            let reply = Message::Reply { tag: to.reply_tag, body: Some(Box::new(reply)), life: self.incarnation };
+            self.net.send(self.me, to.from, reply);
         }
     }
 }
@@ -452,7 +486,7 @@ mod tests {
     }
 
     fn tell(net: &Net, from: NodeIx, to: NodeIx, tag: u64) {
-        net.send(from, to, Message::Request { reply_tag: tag, body: Box::new(()) });
+        net.send(from, to, Message::Request { reply_tag: tag, body: Box::new(()), conn: None });
     }
 
     /// The reply tags waiting in `to`'s inbox, with their arrival times.
@@ -549,6 +583,23 @@ mod tests {
             s.delay.insert(B, Duration::from_secs(1));
             let at = s.route(A, B, false, 0).unwrap();
             assert!(at >= 1_000_000_000 + LATENCY_NS.0);
+        });
+    }
+
+    #[test]
+    fn a_request_on_a_connection_to_an_earlier_life_is_reset_and_not_applied() {
+        in_world(|net| {
+            net.unbind(B);
+            net.bind_host(B, 1);
+            let (tx, mut rx) = oneshot::channel();
+            net.state().inboxes.get_mut(&A).unwrap().waiting.insert(7, tx);
+            net.send(A, B, Message::Request { reply_tag: 7, body: Box::new(()), conn: Some(0) });
+            assert!(queued(net, B).is_empty(), "not applied");
+            let (_, life, body) = rx.try_recv().expect("a reset comes back");
+            assert!(body.is_none(), "a reset carries no reply");
+            assert_eq!(life, 1);
+            net.send(A, B, Message::Request { reply_tag: 8, body: Box::new(()), conn: Some(1) });
+            assert_eq!(queued(net, B).len(), 1, "a connection to the live host gets through");
         });
     }
 }

@@ -81,6 +81,8 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {
     Timeout,
+    /// The connection was reset (the server restarted): the call was not applied.
+    Unavailable,
     Etcd(EtcdError),
 }
 
@@ -89,6 +91,7 @@ impl Failed {
     fn outcome<T>(self, what: &str) -> Outcome<T> {
         match self {
             Failed::Timeout => Outcome::Unknown(format!("{what}: timed out")),
+            Failed::Unavailable => Outcome::Fail(format!("{what}: unavailable (the server restarted)")),
             Failed::Etcd(e) => Outcome::Fail(format!("{what}: {e:?}")),
         }
     }
@@ -114,6 +117,7 @@ pub trait EtcdApi {
             Ok(EtcdReply::Error(e)) => Err(Failed::Etcd(e)),
             Ok(reply) => Ok(reply),
             Err(CallError::Timeout) => Err(Failed::Timeout),
+            Err(CallError::Reset) => Err(Failed::Unavailable),
         }
     }
 

@@ -248,6 +248,7 @@ fn released(reply: Result<RedisReply, CallError>) -> Outcome<()> {
         Ok(RedisReply::Int(_)) => Outcome::Fail("the lock key was not ours any more".into()),
         Ok(other) => Outcome::Fail(format!("unexpected reply {other:?}")),
         Err(CallError::Timeout) => Outcome::Unknown("release timed out".into()),
+        Err(CallError::Reset) => Outcome::Fail("connection reset".into()),
     }
 }
 

@@ -8,13 +8,18 @@
 //! (a crash, a partition or an expiry may rightly send it to the back of the queue). A fault's effects
 //! outlast it: what a client sent during a cut reaches the server only at a TCP retransmission after
 //! the heal, up to about the cut's own length later — so a wait that starts within that tail after a
-//! fault on the client's node is disturbed too. A client whose last
-//! acquire or release ended `Unknown` may still have its place in the queue (its node or key survived,
-//! and the recipe reuses it, as etcd's Mutex does): its next grant overtakes nobody.
+//! fault on the client's node is disturbed too. A fault on a server (a node that never asks for the
+//! lock) disturbs every wait: a restarted server resets every connection, and a recipe whose call fails
+//! may rightly rejoin at the back. A client one of whose acquires or releases ended `Unknown` may still have its place in the queue (its node or key survived,
+//! and the recipe reuses it, as etcd's Mutex does): until a release of its is known to have gone through
+//! (`ReleaseOk`), its grants overtake nobody.
 
 use super::{fmt_span, FindingKind, Raw};
 use locksim_sim::history::{EventKind, History, NodeIx};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Stands for every client: where a fault on a server is kept.
+const EVERYONE: NodeIx = NodeIx(u32::MAX);
 
 /// Longer than the round trips between asking and joining a queue (session, parents, create).
 pub const FIFO_MARGIN_NS: u64 = 100_000_000;
@@ -36,13 +41,19 @@ fn waits(h: &History) -> Vec<Wait> {
     // start; so is one that starts in the tail after it (see the module doc), until `lingering`'s time.
     let mut active: BTreeMap<u32, (NodeIx, u64)> = BTreeMap::new();
     let mut lingering: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    let clients: BTreeSet<NodeIx> =
+        h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| e.node).collect();
+    // A fault on a server concerns every client: it is kept under this node.
+    let everyone = |n: NodeIx| if clients.contains(&n) { n } else { EVERYONE };
     let mut done = Vec::new();
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
-                let kept_place = unsure.remove(&e.node);
-                let disturbed = active.values().any(|(n, _)| *n == e.node)
-                    || lingering.get(&e.node).is_some_and(|until| *until > e.t);
+                // Until a release is known to have gone through, the old node or key may still
+                // stand, and every attempt may reuse it (a failed one leaves it too).
+                let kept_place = unsure.contains(&e.node);
+                let disturbed = active.values().any(|(n, _)| *n == e.node || *n == EVERYONE)
+                    || [e.node, EVERYONE].iter().any(|n| lingering.get(n).is_some_and(|until| *until > e.t));
                 open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed, kept_place });
             }
             EventKind::FaultEnd { id } => {
@@ -59,15 +70,19 @@ fn waits(h: &History) -> Vec<Wait> {
             EventKind::AcquireFail { .. } => {
                 open.remove(&e.node);
             }
+            EventKind::ReleaseOk => {
+                unsure.remove(&e.node);
+            }
             EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. } => {
                 open.remove(&e.node);
                 unsure.insert(e.node);
             }
             EventKind::FaultStart { .. } | EventKind::Session { .. } => {
+                let node = if matches!(e.kind, EventKind::FaultStart { .. }) { everyone(e.node) } else { e.node };
                 if let EventKind::FaultStart { id, .. } = &e.kind {
-                    active.insert(*id, (e.node, e.t));
+                    active.insert(*id, (node, e.t));
                 }
-                if let Some(wait) = open.get_mut(&e.node) {
+                for wait in open.values_mut().filter(|w| node == EVERYONE || w.client == node) {
                     wait.disturbed = true;
                 }
             }
@@ -157,6 +172,27 @@ mod tests {
     }
 
     #[test]
+    fn a_client_unsure_of_its_release_keeps_its_place_across_failed_attempts() {
+        let h = history(
+            20.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 0, ReleaseInvoke),
+                (3.0, 0, ReleaseUnknown { reason: "delete: timed out".into() }),
+                (4.0, 1, AcquireInvoke),
+                (5.0, 0, AcquireInvoke),
+                (5.1, 0, AcquireFail { reason: "txn: unavailable".into() }),
+                (6.0, 0, AcquireInvoke),
+                (6.5, 0, ok(2)),
+                (7.0, 0, ReleaseInvoke),
+                (7.5, 0, ReleaseOk),
+                (8.0, 1, ok(3)),
+            ],
+        );
+        assert!(check(&h, true).is_empty(), "its key may still have stood ahead of client 1's");
+    }
+
+    #[test]
     fn a_client_unsure_whether_it_released_may_keep_its_place() {
         let h = history(
             20.0,
@@ -201,5 +237,27 @@ mod tests {
         assert!(check(&history(10.0, events(false, 1.0)), true).is_empty(), "asked while cut off");
         assert!(check(&history(10.0, events(true, 1.0)), true).is_empty(), "asked in the cut's tail");
         assert_eq!(check(&history(10.0, events(true, 1.5)), true).len(), 1, "asked once the tail had passed");
+    }
+
+    #[test]
+    fn a_fault_on_a_server_disturbs_every_wait() {
+        let crash = FaultStart {
+            id: 1,
+            fault: locksim_sim::fault::FaultKind::Crash,
+            target: "server".into(),
+            detail: String::new(),
+        };
+        // Node 2 never asks for the lock: a server. Its crash at 1.5 s disturbs client 0's wait.
+        let events = |server: u32| {
+            vec![
+                (1.0, 0, AcquireInvoke),
+                (1.5, server, crash.clone()),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 1, ok(2)),
+                (4.0, 0, ok(3)),
+            ]
+        };
+        assert!(check(&history(10.0, events(2)), true).is_empty(), "a server crash");
+        assert_eq!(check(&history(10.0, events(1)), true).len(), 1, "a crash of the overtaking client");
     }
 }

@@ -3,7 +3,14 @@
 //! - Unary calls (Range, Put, Txn, lease calls) wait for their reply until the request's deadline; one
 //!   that times out may or may not have been applied.
 //! - Watches ride the client's watch stream: their events are stream messages, which a short partition
-//!   delays rather than loses, handed to each watcher by its id.
+//!   delays rather than loses, handed to each watcher by its id. Events for a watch id the client no
+//!   longer has are answered with a cancel (clientv3 `watchGrpcStream.run`: "watch response on
+//!   unexpected watch id; cancel id"), and a watch whose create call failed is cancelled at once: a
+//!   finished `Lock` leaves no watch behind on the server.
+//! - Every call rides one connection to the server (gRPC's). A restarted server resets it: the call
+//!   fails unapplied (`Unavailable`), and the client reconnects and resumes each live watch from the
+//!   revision after the last event it delivered (`watchGrpcStream` resuming its substreams), so events
+//!   the old server never got to send are replayed by the new one.
 //! - Keep-alive (clientv3 `lessor`): every 500 ms the loop sends a keep-alive for a lease whose next
 //!   keep-alive is due — TTL/3 after the last answer, and at once until a first answer comes. An answer
 //!   with TTL 0 means the server has no such lease any more: the keep-alive stops. So does a lease that
@@ -16,7 +23,7 @@
 use super::{EtcdReply, EtcdRequest, LeaseId, WatchId, WatchResponse};
 
 use crate::ctx::Background;
-use crate::history::EventKind;
+use crate::history::{EventKind, NodeIx};
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -27,31 +34,78 @@ use tokio::sync::{mpsc, watch};
 /// Where a client lives and whom it talks to; its router is the node's etcd watch stream.
 pub type ClientEnv = crate::backend::ClientEnv<Router>;
 
-/// The node's watch stream: hands each watch response to its watcher.
+/// A live watch as the client keeps it: where its events go, what it watches, and the revision to
+/// resume it from.
+struct Watched {
+    events: mpsc::UnboundedSender<WatchResponse>,
+    key: String,
+    prefix: bool,
+    next_revision: i64,
+}
+
+/// The node's connection to the server and its watch stream: hands each watch response to its watcher.
 pub struct Router {
-    /// This life of the node's connection (the server drops an older one's watchers).
+    /// This life of the node's watch stream (the server drops an older one's watchers).
     connection: u64,
+    /// The life of the server the connection is open to (`None`: none open).
+    server_life: Cell<Option<u32>>,
     next_id: Cell<WatchId>,
-    watchers: RefCell<BTreeMap<WatchId, mpsc::UnboundedSender<WatchResponse>>>,
-    thread: RefCell<Option<Background>>,
+    watchers: RefCell<BTreeMap<WatchId, Watched>>,
+    thread: RefCell<Option<(Background, Rpc, NodeIx)>>,
 }
 
 impl Router {
     /// A router for a connection named `connection` (unique per node life, e.g. drawn at random).
     pub fn new(connection: u64) -> Router {
-        Router { connection, next_id: Cell::new(1), watchers: RefCell::default(), thread: RefCell::default() }
+        Router {
+            connection,
+            server_life: Cell::new(None),
+            next_id: Cell::new(1),
+            watchers: RefCell::default(),
+            thread: RefCell::default(),
+        }
     }
 
-    fn start(self: &Rc<Self>, rpc: &Rpc) {
+    fn start(self: &Rc<Self>, rpc: &Rpc, server: NodeIx) {
         if self.thread.borrow().is_none() {
-            *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
+            let thread = super::super::listen(rpc, self, Router::deliver);
+            *self.thread.borrow_mut() = Some((thread, rpc.clone(), server));
         }
     }
 
     fn deliver(&self, response: WatchResponse) {
-        let watcher = self.watchers.borrow().get(&response.watch_id).cloned();
-        if let Some(watcher) = watcher {
-            let _ = watcher.send(response);
+        let mut watchers = self.watchers.borrow_mut();
+        match watchers.get_mut(&response.watch_id) {
+            Some(watched) => {
+                if let Some(last) = response.events.last() {
+                    watched.next_revision = last.kv.mod_revision + 1;
+                }
+                let _ = watched.events.send(response);
+            }
+            None => {
+                if let Some((_, rpc, server)) = self.thread.borrow().as_ref() {
+                    rpc.tell(*server, EtcdRequest::CancelWatch { id: response.watch_id });
+                }
+            }
+        }
+    }
+
+    /// The connection was reset: open a new one and resume every live watch on it.
+    async fn resume(self: Rc<Self>, client: EtcdClient) {
+        let watches: Vec<EtcdRequest> = self
+            .watchers
+            .borrow()
+            .iter()
+            .map(|(id, w)| EtcdRequest::Watch {
+                id: *id,
+                connection: self.connection,
+                key: w.key.clone(),
+                prefix: w.prefix,
+                start_revision: w.next_revision,
+            })
+            .collect();
+        for watch in watches {
+            let _ = client.request(watch).await;
         }
     }
 }
@@ -66,12 +120,27 @@ pub struct EtcdClient {
 
 impl EtcdClient {
     pub fn new(env: ClientEnv, timeout: Duration) -> EtcdClient {
-        env.router.start(&env.rpc);
+        env.router.start(&env.rpc, env.server);
         EtcdClient { env, timeout }
     }
 
+    /// One unary call on the node's connection; a reset (the server restarted) reconnects and resumes
+    /// the watches, and the call fails unapplied.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
-        self.env.rpc.call(self.env.server, request, self.timeout).await
+        let router = &self.env.router;
+        match self.env.rpc.call_on(self.env.server, router.server_life.get(), request, self.timeout).await {
+            Ok((reply, life)) => {
+                router.server_life.set(Some(life));
+                Ok(reply)
+            }
+            Err(CallError::Reset) => {
+                if router.server_life.replace(None).is_some() {
+                    madsim::task::spawn_local(router.clone().resume(self.clone()));
+                }
+                Err(CallError::Reset)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Watch `key` (or every key under it) from `start_revision` (0: from the next change).
@@ -81,10 +150,17 @@ impl EtcdClient {
         router.next_id.set(id + 1);
         // Registered before the request leaves: a watch from the past is answered with events at once.
         let (tx, events) = mpsc::unbounded_channel();
-        router.watchers.borrow_mut().insert(id, tx);
+        let watched = Watched { events: tx, key: key.into(), prefix, next_revision: start_revision };
+        router.watchers.borrow_mut().insert(id, watched);
+        // Dropped on failure: the watch is cancelled, in case the server got the request after all.
         let watcher = Watcher { id, events, env: self.env.clone() };
         let request = EtcdRequest::Watch { id, connection: router.connection, key: key.into(), prefix, start_revision };
-        self.request(request).await?;
+        if let EtcdReply::WatchCreated { revision, .. } = self.request(request).await? {
+            // A watch "from now" resumes after the revision it was created at.
+            if let Some(w) = router.watchers.borrow_mut().get_mut(&id).filter(|_| start_revision == 0) {
+                w.next_revision = revision + 1;
+            }
+        }
         Ok(watcher)
     }
 

@@ -239,8 +239,10 @@ const EXPIRY_CHECK: Duration = Duration::from_millis(500);
 
 impl EtcdState {
     /// After a restart: the store and leases come back from the WAL; every lease gets a full TTL.
+    /// Watches lived in the old process's memory: they are gone, and clients resume them.
     pub fn recover(&mut self, now_ms: i64) {
         self.leases.renew_all(now_ms);
+        self.watchers = watch::Watchers::default();
     }
 
     fn compare(&self, c: &Compare) -> bool {
