@@ -60,6 +60,14 @@ pub trait RedisApi {
     async fn eval(&self, script: Script, key: &str, arg: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Eval { script, key: key.into(), arg: arg.into() }).await
     }
+    /// `INFO replication`'s `connected_slaves`: how many replicas the server feeds.
+    async fn connected_replicas(&self) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::InfoReplicas).await
+    }
+    /// `WAIT numreplicas timeout_ms`: how many replicas have this connection's writes.
+    async fn wait(&self, numreplicas: i64, timeout_ms: i64) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Wait { numreplicas, timeout_ms }).await
+    }
 }
 
 /// A connection to one shard of the simulated Redis deployment.
@@ -68,18 +76,35 @@ pub struct SimRedis {
     shards: Shards,
     shard: usize,
     timeout: Duration,
+    /// The server every command goes to, when pinned (see [`SimRedis::pinned`]).
+    pinned: Option<NodeIx>,
 }
 
 impl SimRedis {
     pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
-        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout }
+        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout, pinned: None }
+    }
+
+    /// A connection to the shard's master of this moment (or to the server this one is pinned to), for
+    /// commands that must reach the same server (a pipelined batch, such as Redisson's lock script and
+    /// its `WAIT`), with its own timeout.
+    pub fn pinned(&self, timeout: Duration) -> SimRedis {
+        let master = self.pinned.unwrap_or_else(|| self.shards.master(self.shard));
+        SimRedis {
+            ctx: self.ctx.clone(),
+            shards: self.shards.clone(),
+            shard: self.shard,
+            timeout,
+            pinned: Some(master),
+        }
     }
 }
 
 #[async_trait(?Send)]
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
-        self.ctx.rpc().call(self.shards.master(self.shard), request, self.timeout).await
+        let server = self.pinned.unwrap_or_else(|| self.shards.master(self.shard));
+        self.ctx.rpc().call(server, request, self.timeout).await
     }
 }
 

@@ -5,6 +5,12 @@
 //!    non-reentrant holder); taken: sleep `retry` and try again (Redisson waits on a pub/sub channel; the
 //!    polling here changes the wake-up latency, not safety).
 //! 2. `INCR lock:fence` for a fencing token.
+//!    With replicas (`checkLockSyncedSlaves`, on by default; their number from `INFO replication` on the
+//!    current master, so none after a failover): `WAIT <replicas> 1000` in the same batch
+//!    (`slavesSyncTimeout`). If no replica acknowledged, Redisson throws "None of slaves were synced" —
+//!    and before 3.47 its handler never matched that message, so the key stays on the master with no
+//!    watchdog to renew it: the caller was told it failed while the key blocks everyone until it
+//!    expires. Fewer replicas than asked, but some, is no error.
 //! 3. While held, every `watchdog_timeout / 3` the watchdog runs compare-and-pexpire(id, watchdog_timeout)
 //!    through Redisson's command executor: each attempt waits `command_timeout` (Redisson `timeout`,
 //!    3 s) for its reply and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s)
@@ -21,7 +27,9 @@
 //! during a cut is retransmitted after the heal, and the executor's retries outlast a few seconds. A
 //! partition longer than the TTL lets the key expire whatever the version.
 
-use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
+use super::{
+    spin, try_set_nx, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY,
+};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, Script};
@@ -66,6 +74,9 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     build,
 };
 
+/// Redisson `slavesSyncTimeout`: how long the lock's `WAIT` waits for the replicas.
+const SLAVES_SYNC_TIMEOUT_MS: i64 = 1000;
+
 struct Watchdog {
     ctx: Ctx,
     params: Params,
@@ -87,14 +98,43 @@ fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     })
 }
 
+/// Redisson's `syncedEval`: with replicas, `WAIT` for them on the lock command's connection; none
+/// acknowledging is an error ("None of slaves were synced") that leaves the key on the master.
+async fn synced(conn: &SimRedis) -> Result<(), String> {
+    let replicas = match conn.connected_replicas().await {
+        Ok(RedisReply::Int(n)) => n,
+        _ => return Err("INFO replication: no answer".into()),
+    };
+    if replicas == 0 {
+        return Ok(());
+    }
+    match conn.wait(replicas, SLAVES_SYNC_TIMEOUT_MS).await {
+        Ok(RedisReply::Int(0)) => Err("None of slaves were synced".into()),
+        Ok(_) => Ok(()),
+        Err(_) => Err("WAIT: no answer".into()),
+    }
+}
+
 #[async_trait(?Send)]
 impl Lock for Watchdog {
     async fn acquire(&mut self) -> Outcome<Grant> {
         self.value = super::lock_value(&self.ctx);
         let lease = self.params.duration("watchdog_timeout");
         let (redis, value) = (&self.redis, &self.value);
-        let outcome =
-            spin(&self.ctx, &self.params, redis, || try_set_nx(redis, value, Some(lease.as_millis() as i64))).await;
+        let (call_timeout, batch_timeout) =
+            (self.params.duration("call_timeout"), self.params.duration("command_timeout"));
+        let outcome = spin(&self.ctx, &self.params, redis, || async move {
+            // The lock command and its WAIT travel in one batch to one master.
+            let conn = redis.pinned(call_timeout);
+            match try_set_nx(&conn, value, Some(lease.as_millis() as i64)).await {
+                Attempt::Taken => match synced(&conn.pinned(batch_timeout)).await {
+                    Ok(()) => Attempt::Taken,
+                    Err(why) => Attempt::Unknown(why),
+                },
+                other => other,
+            }
+        })
+        .await;
         if let Outcome::Ok(_) = outcome {
             let redis = SimRedis::new(
                 self.ctx.clone(),

@@ -150,6 +150,14 @@ pub trait ZkApi {
         }
     }
 
+    /// `removeWatches(path, Any)`, quietly (Curator's `removeWatchers`): no watch left is no error.
+    async fn remove_watches(&self, path: &str) -> Result<(), ClientError> {
+        match self.call(ZkOp::RemoveWatches { path: path.into() }).await {
+            Ok(_) | Err(ClientError::Zk(ZkError::NoWatcher)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn get_children(&self, path: &str) -> Result<Vec<String>, ClientError> {
         match self.call(ZkOp::GetChildren { path: path.into(), watch: false }).await? {
             (ZkReply::Children { children, .. }, _) => Ok(children),
@@ -256,10 +264,84 @@ async fn ensure_path(zk: &ZkClient, path: &str) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// Curator's `RetryLoop.callWithRetry` under `ExponentialBackoffRetry(1000, 3)`, the policy most Curator
+/// clients are built with: a connection loss is tried again up to 3 times, after sleeping
+/// `1000 ms × max(1, random(0..2^(n+1)))` before the n-th retry. Other errors come back at once.
+async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
+    ctx: &Ctx,
+    mut call: impl FnMut() -> F,
+) -> Result<T, ClientError> {
+    const BASE_SLEEP: Duration = Duration::from_millis(1000);
+    const MAX_RETRIES: u32 = 3;
+    let mut retries = 0;
+    loop {
+        match call().await {
+            Err(ClientError::ConnectionLoss) if retries < MAX_RETRIES => {
+                let factor = (ctx.random_u64() % (1 << (retries + 1))).max(1) as u32;
+                retries += 1;
+                ctx.sleep(BASE_SLEEP * factor).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A call's failure as a lock outcome's words.
 fn words(e: ClientError) -> String {
     match e {
         ClientError::ConnectionLoss => "connection loss".into(),
         ClientError::Zk(e) => format!("{e:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    /// Run `retried` on a node of a world, over a call that loses the connection `losses` times first;
+    /// (result, calls made, simulated ms taken).
+    fn retry_run(losses: u32) -> (Result<u32, ClientError>, u32, u128) {
+        let out = Arc::new(Mutex::new(None));
+        let seen = out.clone();
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let mut world = World::new(1);
+            let program: Program = Arc::new(move |env| {
+                let seen = seen.clone();
+                Box::pin(async move {
+                    let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                    let calls = Rc::new(Cell::new(0u32));
+                    let start = ctx.clock().monotonic_ms();
+                    let result = retried(&ctx, || {
+                        let calls = calls.clone();
+                        async move {
+                            calls.set(calls.get() + 1);
+                            if calls.get() <= losses {
+                                Err(ClientError::ConnectionLoss)
+                            } else {
+                                Ok(calls.get())
+                            }
+                        }
+                    })
+                    .await;
+                    let took = (ctx.clock().monotonic_ms() - start) as u128;
+                    *seen.lock().unwrap() = Some((result, calls.get(), took));
+                })
+            });
+            world.add_node("client-0", program);
+            world.run(&[], Duration::from_secs(60)).await;
+        });
+        let result = out.lock().unwrap().take().expect("the program ran");
+        result
+    }
+
+    #[test]
+    fn curators_retry_loop_outlasts_three_connection_losses_and_not_four() {
+        let (result, calls, took) = retry_run(3);
+        assert_eq!((result, calls), (Ok(4), 4), "three retries, then the answer");
+        assert!((3_000..=14_000).contains(&took), "slept 1 s × random(1..2^n) before each retry: {took} ms");
+        let (result, calls, _) = retry_run(4);
+        assert_eq!((result, calls), (Err(ClientError::ConnectionLoss), 4), "the policy's retries ran out");
     }
 }

@@ -5,7 +5,9 @@
 //! 2. Create a protected EPHEMERAL_SEQUENTIAL lease under `/semaphore/leases`.
 //! 3. `getChildren(leases)` with a watch: if our lease is missing, fail; if there is at most one lease
 //!    (ours), we have it; otherwise wait for the children to change and look again.
-//! 4. Release the internal mutex, whatever happened. The fencing token is the lease's czxid.
+//! 4. Whatever happened, remove the watchers this attempt set (`removeWatchers` in `finally`: a lease
+//!    granted at once leaves a child watch on the leases behind, which would otherwise wake us at every
+//!    later change) and release the internal mutex. The fencing token is the lease's czxid.
 //! 5. Release: delete our lease (guaranteed delete). Not reentrant: a holder that asks again waits for its
 //!    own lease like anyone else, until its timeout.
 //!
@@ -97,6 +99,7 @@ impl Lock for SemaphoreMutex {
         }
         let Some(zk) = self.core.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
         let taken = self.take_lease(&zk).await;
+        let _ = zk.remove_watches(LEASES).await;
         let _ = self.core.release(&mut self.mutex).await;
         match taken {
             Ok((lease, czxid)) => {

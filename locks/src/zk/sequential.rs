@@ -9,6 +9,9 @@
 //! 2. `getChildren`, sorted by sequence suffix. If ours is first: acquired; the fencing token is our
 //!    node's czxid (not its suffix, which restarts if the parent is recreated).
 //! 3. Otherwise `getData` with a watch on the node just before ours. NoNode: it is gone, go to 2.
+//!    Each `getChildren` and `getData` runs in Curator's `RetryLoop`: a connection loss is retried by
+//!    the client's retry policy (`ExponentialBackoffRetry(1000, 3)`), keeping our node and our place;
+//!    only when the retries run out does the wait fail.
 //!    Else wait for the watch, then go to 2 — always re-checking the children, so a predecessor that
 //!    died while we waited does not make us the holder early. On timeout delete our node and fail.
 //! 4. Reentrant: a holder that acquires again counts up; release counts down, and at zero deletes our
@@ -19,7 +22,7 @@
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
 //! leaves an orphan ahead of everyone, held alive by our own session: nobody gets the lock.
 
-use super::{lost, words, Session, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{lost, retried, words, Session, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
@@ -222,11 +225,13 @@ impl Sequential {
         let name = &ours[queue.dir.len() + 1..];
         let deadline = self.ctx.now_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
         loop {
-            let mut children = zk.get_children(queue.dir).await.map_err(|e| Outcome::Fail(words(e)))?;
+            let mut children =
+                retried(&self.ctx, || zk.get_children(queue.dir)).await.map_err(|e| Outcome::Fail(words(e)))?;
             children.sort_by(|a, b| sequence(a).cmp(sequence(b)));
             let index = children.iter().position(|c| c == name).ok_or(Outcome::Fail("our node is gone".into()))?;
             let Some(blocker) = queue.blocker(&children, index) else { return Ok(()) };
-            let watch = match zk.get_data_watch(&format!("{}/{blocker}", queue.dir)).await {
+            let blocker = format!("{}/{blocker}", queue.dir);
+            let watch = match retried(&self.ctx, || zk.get_data_watch(&blocker)).await {
                 Err(ClientError::Zk(ZkError::NoNode)) => continue,
                 Err(e) => return Err(Outcome::Fail(words(e))),
                 Ok(watch) => watch,

@@ -12,10 +12,11 @@ pub mod redis;
 pub mod sql;
 pub mod zk;
 
+use crate::clock::sim_now_ns;
 use crate::clock::Clock;
 use crate::ctx::Background;
 use crate::history::{EventKind, NodeIx, Recorder};
-use crate::net::Rpc;
+use crate::net::{ReplyTo, Rpc};
 use std::any::Any;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -90,6 +91,26 @@ pub trait Backend: Send + 'static {
 
     /// Let time pass to `now`: expire what has expired.
     fn tick(&mut self, _now: Now, _out: &mut Out) {}
+
+    /// Whether `request` waits before it is answered (Redis `WAIT`), and for at most how long by the
+    /// server's clock. A waiting request is asked [`Backend::answer_parked`] after every request the
+    /// server applies and once its time is up.
+    fn parks(&self, _request: &Self::Request) -> Option<Duration> {
+        None
+    }
+
+    /// The answer to a waiting request from `from`, if it has one now; `timed_out`: its time is up, so
+    /// it must answer.
+    fn answer_parked(&mut self, _from: NodeIx, _request: &Self::Request, _timed_out: bool) -> Option<Self::Reply> {
+        None
+    }
+}
+
+/// A request waiting for its answer: where the answer goes, the request, and its deadline (sim ns).
+struct Parked<Q> {
+    reply_to: ReplyTo,
+    request: Q,
+    deadline_ns: u64,
 }
 
 /// Serve `state` on this node until the node dies.
@@ -109,11 +130,47 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         });
     }
     let mut out = Out::default();
+    let mut parked: Vec<Parked<B::Request>> = Vec::new();
     loop {
-        let (reply_to, request) = rpc.next_request::<B::Request>().await;
-        let reply = state.lock().expect("backend lock").apply(Now::of(clock), reply_to.from, request, &mut out);
-        out.flush(rpc, recorder);
-        rpc.reply(&reply_to, reply);
+        let next = parked.iter().map(|p| p.deadline_ns).min();
+        let (reply_to, request) = tokio::select! {
+            biased;
+            got = rpc.next_request::<B::Request>() => got,
+            _ = sleep_until_ns(next.unwrap_or(u64::MAX)), if next.is_some() => {
+                answer_parked(&state, rpc, &mut parked);
+                continue;
+            }
+        };
+        let wait = state.lock().expect("backend lock").parks(&request);
+        if let Some(wait) = wait {
+            let deadline_ns = sim_now_ns() + clock.real_duration(wait).as_nanos() as u64;
+            parked.push(Parked { reply_to, request, deadline_ns });
+        } else {
+            let reply = state.lock().expect("backend lock").apply(Now::of(clock), reply_to.from, request, &mut out);
+            out.flush(rpc, recorder);
+            rpc.reply(&reply_to, reply);
+        }
+        answer_parked(&state, rpc, &mut parked);
+    }
+}
+
+/// Answer the waiting requests that have their answer, or whose time is up.
+fn answer_parked<B: Backend>(state: &Mutex<B>, rpc: &Rpc, parked: &mut Vec<Parked<B::Request>>) {
+    let mut s = state.lock().expect("backend lock");
+    let now = sim_now_ns();
+    parked.retain(|p| match s.answer_parked(p.reply_to.from, &p.request, p.deadline_ns <= now) {
+        Some(reply) => {
+            rpc.reply(&p.reply_to, reply);
+            false
+        }
+        None => true,
+    });
+}
+
+async fn sleep_until_ns(at_ns: u64) {
+    let now = sim_now_ns();
+    if at_ns > now {
+        madsim::time::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 

@@ -17,6 +17,9 @@
 //! - Replication is asynchronous: the master acknowledges a write before the replica has it, and ships its
 //!   effects (SET with an absolute expiry, DEL) after a lag. A failover promotes the replica with whatever
 //!   it has: writes not yet shipped are lost, as the Redis replication docs warn.
+//! - `WAIT numreplicas timeout` blocks until the replica has acknowledged every write this client made so
+//!   far, or the timeout (ms; 0 = forever) passes, and replies how many replicas acknowledged (0 or 1).
+//!   The replica acknowledges each batch it applies by its replication offset (`REPLCONF ACK`).
 //! - Persistence: with `persist = false` (no AOF) a crashed server restarts empty.
 
 use super::{Backend, Now, Out};
@@ -80,8 +83,23 @@ pub enum RedisRequest {
         key: String,
         arg: String,
     },
-    /// Replication stream from the master (never sent by clients).
-    Replicate(Vec<ReplOp>),
+    /// `INFO replication`, reduced to `connected_slaves`.
+    InfoReplicas,
+    /// `WAIT numreplicas timeout_ms`.
+    Wait {
+        numreplicas: i64,
+        timeout_ms: i64,
+    },
+    /// Replication stream from the master, up to the master's replication offset `offset` (never sent
+    /// by clients).
+    Replicate {
+        ops: Vec<ReplOp>,
+        offset: u64,
+    },
+    /// The replica's acknowledgement: it has applied everything up to `offset` (`REPLCONF ACK`).
+    ReplAck {
+        offset: u64,
+    },
 }
 
 /// RESP replies.
@@ -114,6 +132,11 @@ pub struct RedisState {
     /// Effects not yet shipped to the replica; `None` when there is no replica.
     backlog: Option<Vec<ReplOp>>,
     shipper: Arc<Notify>,
+    /// Effects propagated so far (the replication offset), and how far the replica has acknowledged.
+    offset: u64,
+    replica_acked: u64,
+    /// The replication offset after each client's last write (what its `WAIT` waits for).
+    written: BTreeMap<NodeIx, u64>,
 }
 
 impl RedisState {
@@ -125,8 +148,15 @@ impl RedisState {
     fn propagate(&mut self, op: ReplOp) {
         if let Some(backlog) = &mut self.backlog {
             backlog.push(op);
+            self.offset += 1;
             self.shipper.notify_one();
         }
+    }
+
+    /// Replicas that have acknowledged every write `client` made (0 or 1).
+    fn synced(&self, client: NodeIx) -> i64 {
+        let has_replica = self.backlog.is_some();
+        i64::from(has_replica && self.replica_acked >= self.written.get(&client).copied().unwrap_or(0))
     }
 
     /// The live entry for `key`, expiring it first if its time has come.
@@ -199,8 +229,33 @@ impl Backend for RedisState {
 
     /// Key expiry follows the wall clock: Redis 7 stores absolute Unix-time deadlines (`mstime()`),
     /// so a jump of the server's clock expires keys early or late.
-    fn apply(&mut self, now: Now, _from: NodeIx, request: RedisRequest, _out: &mut Out) -> RedisReply {
-        let now_ms = now.wall_ms;
+    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        let offset = self.offset;
+        let reply = self.command(now.wall_ms, from, request, out);
+        if self.offset > offset {
+            self.written.insert(from, self.offset);
+        }
+        reply
+    }
+
+    fn parks(&self, request: &RedisRequest) -> Option<Duration> {
+        match request {
+            // 0: wait for ever (a day is for ever in a run).
+            RedisRequest::Wait { timeout_ms: 0, .. } => Some(Duration::from_secs(86_400)),
+            RedisRequest::Wait { timeout_ms, .. } => Some(Duration::from_millis(*timeout_ms as u64)),
+            _ => None,
+        }
+    }
+
+    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
+        let RedisRequest::Wait { numreplicas, .. } = request else { return None };
+        let synced = self.synced(from);
+        (synced >= *numreplicas || timed_out).then_some(RedisReply::Int(synced))
+    }
+}
+
+impl RedisState {
+    fn command(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
         use RedisReply::*;
         match request {
             RedisRequest::Set { key, value, condition, px_ms } => {
@@ -238,10 +293,17 @@ impl Backend for RedisState {
                 }
             }
             RedisRequest::Eval { script, key, arg } => self.eval(script, &key, &arg, now_ms),
-            RedisRequest::Replicate(ops) => {
+            RedisRequest::Replicate { ops, offset } => {
                 self.replicate(ops);
+                out.push(from, RedisRequest::ReplAck { offset });
                 Ok
             }
+            RedisRequest::ReplAck { offset } => {
+                self.replica_acked = self.replica_acked.max(offset);
+                Ok
+            }
+            RedisRequest::Wait { .. } => Int(self.synced(from)),
+            RedisRequest::InfoReplicas => Int(i64::from(self.backlog.is_some())),
         }
     }
 }
@@ -308,9 +370,11 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
     loop {
         shipper.notified().await;
         madsim::time::sleep(lag).await;
-        let ops = std::mem::take(state.lock().expect("redis lock").backlog.get_or_insert_with(Vec::new));
+        let mut s = state.lock().expect("redis lock");
+        let (ops, offset) = (std::mem::take(s.backlog.get_or_insert_with(Vec::new)), s.offset);
+        drop(s);
         if !ops.is_empty() {
-            rpc.tell(replica, RedisRequest::Replicate(ops));
+            rpc.tell(replica, RedisRequest::Replicate { ops, offset });
         }
     }
 }
@@ -433,7 +497,7 @@ mod tests {
             ]
         );
         let mut replica = RedisState::default();
-        table(&mut replica, vec![(60, RedisRequest::Replicate(ops[..2].to_vec()), Ok)]);
+        table(&mut replica, vec![(60, RedisRequest::Replicate { ops: ops[..2].to_vec(), offset: 2 }, Ok)]);
         table(&mut replica, vec![(60, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
     }
 
@@ -443,5 +507,34 @@ mod tests {
         assert_eq!(shards.promote(NodeIx(3), NodeIx(4)), Some(1));
         assert_eq!(shards.master(1), NodeIx(4));
         assert_eq!(shards.promote(NodeIx(9), NodeIx(4)), None);
+    }
+
+    #[test]
+    fn wait_answers_once_the_replica_acknowledged_the_clients_writes_or_at_its_timeout() {
+        let mut master = RedisState::with_replica();
+        let (c1, c2, replica) = (NodeIx(1), NodeIx(2), NodeIx(9));
+        let mut out = Out::default();
+        let wait = RedisRequest::Wait { numreplicas: 1, timeout_ms: 1000 };
+        assert_eq!(master.parks(&wait), Some(Duration::from_millis(1000)));
+        master.apply(Now::at(0), c1, set("lock", "a", SetCondition::Nx, Some(10_000)), &mut out);
+        assert_eq!(master.answer_parked(c1, &wait, false), None, "the replica has not acknowledged it yet");
+        assert_eq!(master.answer_parked(c2, &wait, false), Some(Int(1)), "c2 wrote nothing: nothing to wait for");
+        master.apply(Now::at(50), replica, RedisRequest::ReplAck { offset: 1 }, &mut out);
+        assert_eq!(master.answer_parked(c1, &wait, false), Some(Int(1)));
+        master.apply(Now::at(60), c1, RedisRequest::Incr { key: key("n") }, &mut out);
+        assert_eq!(master.answer_parked(c1, &wait, true), Some(Int(0)), "timed out: no replica has the INCR");
+        let mut alone = RedisState::default();
+        alone.apply(Now::at(0), c1, set("lock", "a", SetCondition::Nx, None), &mut out);
+        assert_eq!(alone.answer_parked(c1, &wait, true), Some(Int(0)), "no replica: 0 at the timeout");
+    }
+
+    #[test]
+    fn a_replica_acknowledges_each_batch_by_its_offset() {
+        let mut replica = RedisState::default();
+        let mut out = Out::default();
+        let ops = vec![ReplOp::Set { key: key("lock"), value: "a".into(), expires_at_ms: None }];
+        replica.apply(Now::at(0), NodeIx(0), RedisRequest::Replicate { ops, offset: 7 }, &mut out);
+        let ack = out.pushes.pop().expect("an ack").1.downcast::<RedisRequest>().unwrap();
+        assert_eq!(*ack, RedisRequest::ReplAck { offset: 7 });
     }
 }

@@ -165,6 +165,9 @@ impl ZkClient {
         };
         // Registered before the request leaves, so that no notification can overtake it.
         let watch = watch_path.as_ref().map(|p| self.shared.register(p));
+        if let ZkOp::RemoveWatches { path } = &op {
+            self.shared.env.router.watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
+        }
         let reply = self.shared.request(ZkRequest::Op { session: self.shared.session, op }).await;
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),

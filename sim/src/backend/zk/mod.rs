@@ -63,6 +63,8 @@ pub enum ZkError {
     NotEmpty,
     NoChildrenForEphemerals,
     SessionExpired,
+    /// `removeWatches` found no watch of this session on the path.
+    NoWatcher,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,12 +87,36 @@ pub struct WatchEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ZkOp {
     Ping,
-    Create { path: String, data: String, mode: CreateMode },
-    Delete { path: String, version: i32 },
-    SetData { path: String, data: String, version: i32 },
-    Exists { path: String, watch: bool },
-    GetData { path: String, watch: bool },
-    GetChildren { path: String, watch: bool },
+    Create {
+        path: String,
+        data: String,
+        mode: CreateMode,
+    },
+    Delete {
+        path: String,
+        version: i32,
+    },
+    SetData {
+        path: String,
+        data: String,
+        version: i32,
+    },
+    Exists {
+        path: String,
+        watch: bool,
+    },
+    GetData {
+        path: String,
+        watch: bool,
+    },
+    GetChildren {
+        path: String,
+        watch: bool,
+    },
+    /// `removeWatches(path, Any)`: drop this session's watches on `path` (ZooKeeper 3.5+).
+    RemoveWatches {
+        path: String,
+    },
     Close,
 }
 
@@ -117,6 +143,7 @@ pub enum ZkReply {
     Exists(Option<Stat>),
     Data { data: String, stat: Stat },
     Children { children: Vec<String>, stat: Stat },
+    WatchesRemoved,
     Closed,
     Error(ZkError),
 }
@@ -234,6 +261,10 @@ impl ZkState {
                 }
                 reply
             }
+            ZkOp::RemoveWatches { path } => match self.watches.remove(&path, session) {
+                true => ZkReply::WatchesRemoved,
+                false => return Err(ZkError::NoWatcher),
+            },
             ZkOp::Close => {
                 let closed = self.sessions.close(session).expect("touched");
                 self.end_session(closed.ephemerals, session, out);

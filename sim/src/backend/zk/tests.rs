@@ -173,3 +173,19 @@ fn closing_a_session_deletes_all_its_ephemerals_in_one_transaction() {
     // /a and /b were zxids 1 and 2; the closeSession that deleted both was 3.
     assert_eq!(stat.czxid, 4);
 }
+
+#[test]
+fn removed_watches_do_not_fire_and_removing_none_is_no_watcher() {
+    let mut z = zk();
+    let mut out = Out::default();
+    let s1 = connect(&mut z, C1, 0);
+    op(&mut z, C1, s1, 0, create("/l", CreateMode::Persistent), &mut out);
+    op(&mut z, C1, s1, 0, ZkOp::GetChildren { path: "/l".into(), watch: true }, &mut out);
+    assert_eq!(op(&mut z, C1, s1, 0, ZkOp::RemoveWatches { path: "/l".into() }, &mut out), ZkReply::WatchesRemoved);
+    op(&mut z, C1, s1, 0, create("/l/a", CreateMode::Persistent), &mut out);
+    assert!(out.pushes.is_empty(), "no notification for a removed watch");
+    assert_eq!(
+        op(&mut z, C1, s1, 0, ZkOp::RemoveWatches { path: "/l".into() }, &mut out),
+        ZkReply::Error(ZkError::NoWatcher)
+    );
+}

@@ -33,6 +33,15 @@ impl Watches {
         fired
     }
 
+    /// `removeWatches(path, WatcherType.Any)`: drop `session`'s watches on `path`; whether it had any.
+    pub fn remove(&mut self, path: &str, session: SessionId) -> bool {
+        let mut removed = false;
+        for sessions in [self.data.get_mut(path), self.child.get_mut(path)].into_iter().flatten() {
+            removed |= sessions.remove(&session);
+        }
+        removed
+    }
+
     /// A closed or expired session's watches go with it.
     pub fn forget(&mut self, session: SessionId) {
         for sessions in self.data.values_mut().chain(self.child.values_mut()) {
