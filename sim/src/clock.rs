@@ -67,6 +67,14 @@ impl Clock {
         (s.mono_at_anchor_ns + s.elapsed_ns(sim_now_ns())).div_euclid(1_000_000)
     }
 
+    /// Wall and monotonic time in milliseconds, read together (one lock).
+    pub fn readings_ms(&self) -> (i64, i64) {
+        let s = self.0.lock().expect("clock lock");
+        let sim_ns = sim_now_ns();
+        let mono_ns = s.mono_at_anchor_ns + s.elapsed_ns(sim_ns);
+        (s.wall_ns(sim_ns).div_euclid(1_000_000), mono_ns.div_euclid(1_000_000))
+    }
+
     /// Wall time in nanoseconds at a given simulated instant.
     pub fn wall_ns_at(&self, sim_ns: u64) -> i64 {
         self.0.lock().expect("clock lock").wall_ns(sim_ns)

@@ -70,7 +70,8 @@ impl Now {
 
     /// `clock` now.
     pub fn of(clock: &Clock) -> Now {
-        Now { wall_ms: clock.now_ms(), mono_ms: clock.monotonic_ms() }
+        let (wall_ms, mono_ms) = clock.readings_ms();
+        Now { wall_ms, mono_ms }
     }
 }
 
@@ -132,25 +133,34 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
     let mut out = Out::default();
     let mut parked: Vec<Parked<B::Request>> = Vec::new();
     loop {
-        let next = parked.iter().map(|p| p.deadline_ns).min();
-        let (reply_to, request) = tokio::select! {
-            biased;
-            got = rpc.next_request::<B::Request>() => got,
-            _ = sleep_until_ns(next.unwrap_or(u64::MAX)), if next.is_some() => {
-                answer_parked(&state, rpc, &mut parked);
-                continue;
-            }
+        let (reply_to, request) = match parked.iter().map(|p| p.deadline_ns).min() {
+            None => rpc.next_request::<B::Request>().await,
+            Some(next) => tokio::select! {
+                biased;
+                got = rpc.next_request::<B::Request>() => got,
+                _ = sleep_until_ns(next) => {
+                    answer_parked(&state, rpc, &mut parked);
+                    continue;
+                }
+            },
         };
-        let wait = state.lock().expect("backend lock").parks(&request);
-        if let Some(wait) = wait {
-            let deadline_ns = sim_now_ns() + clock.real_duration(wait).as_nanos() as u64;
-            parked.push(Parked { reply_to, request, deadline_ns });
-        } else {
-            let reply = state.lock().expect("backend lock").apply(Now::of(clock), reply_to.from, request, &mut out);
-            out.flush(rpc, recorder);
-            rpc.reply(&reply_to, reply);
+        let mut s = state.lock().expect("backend lock");
+        match s.parks(&request) {
+            Some(wait) => {
+                drop(s);
+                let deadline_ns = sim_now_ns() + clock.real_duration(wait).as_nanos() as u64;
+                parked.push(Parked { reply_to, request, deadline_ns });
+            }
+            None => {
+                let reply = s.apply(Now::of(clock), reply_to.from, request, &mut out);
+                drop(s);
+                out.flush(rpc, recorder);
+                rpc.reply(&reply_to, reply);
+            }
         }
-        answer_parked(&state, rpc, &mut parked);
+        if !parked.is_empty() {
+            answer_parked(&state, rpc, &mut parked);
+        }
     }
 }
 
