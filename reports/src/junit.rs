@@ -1,12 +1,8 @@
 //! JUnit XML, the test report format CI systems render: one test case per suite run, failed when its
 //! verdict differs from the expectation, with the reasons and the repro command as the message.
 
-use crate::text::repro_line;
+use crate::text::{escape_xml as escape, repro_line};
 use locksim_scenarios::sweep::ScenarioResult;
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 /// The report for `runs` of suite `name`; `seconds[i]` is how long run `i` took.
 pub fn junit(name: &str, runs: &[ScenarioResult], seconds: &[f64]) -> String {

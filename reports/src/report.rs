@@ -3,7 +3,7 @@
 
 use crate::charts;
 use crate::results::ResultsFile;
-use crate::text::repro_line;
+use crate::text::{escape_markdown, escape_xml as escape, repro_line};
 use locksim_scenarios::sweep::ScenarioResult;
 use std::fmt::Write;
 use std::path::Path;
@@ -43,7 +43,8 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
     let runs = &results.runs;
     let wrong = runs.iter().filter(|r| !r.as_expected).count();
     let seeds: usize = runs.iter().map(|r| r.results.len()).sum();
-    let mut md = format!("# locksim report: {}\n\n", results.name);
+    let md_ = escape_markdown;
+    let mut md = format!("# locksim report: {}\n\n", md_(&results.name));
     let _ = writeln!(md, "{} runs, {seeds} seeds: {} as expected, {wrong} not.\n", runs.len(), runs.len() - wrong);
     for (file, title, _) in charts {
         let _ = writeln!(md, "## {title}\n\n![{title}]({file})\n");
@@ -53,13 +54,13 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
         let _ = writeln!(
             md,
             "| {} | {} | {} | {}..{} | {} | {} | {} |",
-            run.scenario,
-            run.recipe,
-            charts::fault_label(run),
+            md_(&run.scenario),
+            md_(&run.recipe),
+            md_(&charts::fault_label(run)),
             run.seeds.start,
             run.seeds.end,
             run.unsafe_seeds,
-            findings(run),
+            md_(&findings(run)),
             verdict(run)
         );
     }
@@ -67,17 +68,13 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
     if !failing.is_empty() {
         md.push_str("\n## Not as expected\n\n");
         for run in failing {
-            let _ = writeln!(md, "- **{}**: {}", run.scenario, run.reasons.join("; "));
+            let _ = writeln!(md, "- **{}**: {}", md_(&run.scenario), md_(&run.reasons.join("; ")));
             if let Some(seed) = run.example_seed {
-                let _ = writeln!(md, "  `{}`", repro_line(&run.path, seed));
+                let _ = writeln!(md, "  `{}`", repro_line(&run.path, seed).replace('`', "'"));
             }
         }
     }
     md
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// `index.html`: one page, no outside resources.

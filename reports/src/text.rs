@@ -6,6 +6,24 @@ use locksim_scenarios::sweep::{ScenarioResult, Summary};
 use locksim_sim::history::History;
 
 /// The one command that replays a seed.
+/// `text` safe inside HTML, XML and SVG, text or attribute.
+pub fn escape_xml(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// `text` as literal Markdown: HTML and table pipes are neutralised, emphasis and link marks escaped, so
+/// a results file cannot inject markup into `report.md`.
+pub fn escape_markdown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in escape_xml(text).chars() {
+        if matches!(c, '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '#' | '|' | '!') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 pub fn repro_line(path: &str, seed: u64) -> String {
     format!("locksim repro {path} --seed {seed}")
 }
@@ -92,4 +110,17 @@ pub fn trace(h: &History) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_and_xml_escaping_leave_no_markup() {
+        let evil = "<img src=x onerror=alert(1)> | *x* [a](b) `c`";
+        let md = escape_markdown(evil);
+        assert!(!md.contains('<') && !md.contains("](") && !md.contains(" | "), "{md}");
+        assert_eq!(escape_xml("a\"<b>&"), "a&quot;&lt;b&gt;&amp;");
+    }
 }

@@ -102,6 +102,30 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":8:9: reads: expected a share from 0.0 to 1.0",
         ),
         (
+            "path-name.toml",
+            "name = \"t\"",
+            "name = \"../../x\"",
+            ":1:8: name: expected an identifier of letters, digits, '.', '_' and '-'",
+        ),
+        (
+            "fault-after-the-end.toml",
+            "at = \"5s\"",
+            "at = \"20s\"",
+            ":10:6: at: the run lasts 20s; a fault at 20s would never start",
+        ),
+        (
+            "cut-from-itself.toml",
+            "kind = \"pause\"\ntarget = \"holder\"",
+            "kind = \"partition\"\ntarget = \"client-0\"\npeers = [\"client-0\"]",
+            ":13:9: peers: expected at least one node other than the target",
+        ),
+        (
+            "empty-nemesis.toml",
+            "[expect]",
+            "[faults.random]\nkinds = []\nevery = \"2s\"\nduration = \"1s\"\n[expect]",
+            ":15:9: kinds: expected at least one fault kind",
+        ),
+        (
             "reads-exclusive.toml",
             "clients = 3",
             "clients = 3\nreads = 0.5",
@@ -117,6 +141,36 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
         let wanted = format!("{}{expected}", path.display());
         assert!(err.contains(&wanted), "{name}: expected {wanted:?} in {err:?}");
     }
+}
+
+#[test]
+fn an_output_that_cannot_be_written_is_refused_before_the_run() {
+    let nowhere = std::env::temp_dir().join(format!("locksim-no-such-dir-{}/r.json", std::process::id()));
+    let o = locksim(&[
+        "run",
+        "scenarios/catalog/redis-del-gc-pause.toml",
+        "--seeds",
+        "0..2000",
+        "--json",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot write the output there"), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("seeds,"), "nothing was run: {}", stdout(&o));
+    let o = locksim(&["repro", "scenarios/catalog/redis-del-gc-pause.toml", "--seed", "1", "--timeline", "/"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
+    let path = scenario_file(
+        "tiny.toml",
+        &GOOD.replace("duration = \"20s\"", "duration = \"2s\"").replace("at = \"5s\"", "at = \"1s\""),
+    );
+    let top = format!("{}..{}", u64::MAX - 4, u64::MAX);
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", &top, "--jobs", "3"]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    assert!(stdout(&o).contains(": 4 seeds"), "{}", stdout(&o));
 }
 
 #[test]

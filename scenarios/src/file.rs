@@ -66,7 +66,7 @@ pub struct FaultsFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RandomFile {
-    pub kinds: Vec<Spanned<String>>,
+    pub kinds: Spanned<Vec<Spanned<String>>>,
     pub every: Spanned<DurRange>,
     pub duration: DurRange,
     pub target: Option<Spanned<String>>,

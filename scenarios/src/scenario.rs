@@ -91,6 +91,7 @@ impl Scenario {
     pub fn parse(path: &str, text: &str, registry: &Registry) -> Result<Scenario, ScenarioError> {
         let src = Source { path, text };
         let file = src.parse()?;
+        check_name(&src, &file.name)?;
         let (recipe, recipe_params) = recipe(&src, &file.recipe, registry)?;
         let mut backend = Section::new(&src, format!("[backend] of the {} family", recipe.family.name), &file.backend);
         let backend_params = backend.params(recipe.family.params)?;
@@ -99,7 +100,8 @@ impl Scenario {
         let workload = workload(&src, &file, &recipe)?;
         let stock = workload.stock;
         let topo = topology(&recipe, &backend_params, workload.clients);
-        let schedule = file.faults.schedule.iter().map(|t| fault(&src, t, &topo)).collect::<Result<_, _>>()?;
+        let schedule =
+            file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
         let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
         let liveness = file.check.liveness.as_ref().map_or(Ok(Duration::from_secs(30)), |l| {
             let d = l.get_ref().0;
@@ -138,6 +140,23 @@ impl Scenario {
             expect,
         })
     }
+}
+
+/// A scenario's name becomes part of file names (shrunk repros) and reports: an identifier of ASCII
+/// letters, digits, `.`, `_` and `-`, starting with a letter or digit, at most 100 characters.
+fn check_name(src: &Source, name: &toml::Spanned<String>) -> Result<(), ScenarioError> {
+    let n = name.get_ref();
+    let ok = n.len() <= 100
+        && n.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        return Ok(());
+    }
+    let m = format!(
+        "name: expected an identifier of letters, digits, '.', '_' and '-' starting with a letter or digit, at most \
+         100 characters (it names output files), found {n:?}"
+    );
+    Err(src.error(name.span(), m))
 }
 
 fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
@@ -259,11 +278,20 @@ fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Targ
     })
 }
 
-/// One `[[faults.schedule]]` entry: `at`, `kind`, `target`, and the keys its kind takes.
-fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology) -> Result<Fault, ScenarioError> {
+/// One `[[faults.schedule]]` entry: `at`, `kind`, `target`, and the keys its kind takes. A fault that
+/// could never take effect in a run of `run_for` is refused: a fault test must not pass without its fault.
+fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology, run_for: Duration) -> Result<Fault, ScenarioError> {
     let mut s = Section::new(src, "[[faults.schedule]]", table.get_ref());
     let at_v = s.require("at", "when it starts, e.g. \"10s\"")?;
     let at = s.duration("at", &at_v, false)?.1;
+    if at >= run_for {
+        let m = format!(
+            "at: the run lasts {}; a fault at {} would never start",
+            locksim_sim::fault::fmt_duration(run_for),
+            locksim_sim::fault::fmt_duration(at)
+        );
+        return Err(s.error(at_v.span(), m));
+    }
     let kind_v = s.require("kind", "one of the fault kinds, see `locksim list faults`")?;
     let kind = fault_kind(&s, &kind_v)?;
     let target_v = s.require("target", "a node name, \"holder\", \"waiter\" or \"random-client\"")?;
@@ -275,13 +303,26 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology) -> Result<Fault,
     let duration = |s: &mut Section| -> Result<Option<Duration>, ScenarioError> {
         s.take("duration").map(|v| s.duration("duration", &v, false).map(|d| d.1)).transpose()
     };
+    let own_name = match &target {
+        Target::Node(n) => Some(n.clone()),
+        _ => None,
+    };
     let peers = |s: &mut Section| -> Result<Vec<String>, ScenarioError> {
         let Some(v) = s.take("peers") else {
             return Ok(vec![]);
         };
         let items =
             v.get_ref().as_array().ok_or_else(|| s.error(v.span(), "peers: expected an array of node names"))?;
-        items.iter().map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo)).collect()
+        let peers: Vec<String> = items
+            .iter()
+            .map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo))
+            .collect::<Result<_, _>>()?;
+        let cuts_nothing = peers.iter().all(|p| Some(p) == own_name.as_ref());
+        if cuts_nothing {
+            let m = "peers: expected at least one node other than the target (leave `peers` out to cut it off from everyone)";
+            return Err(s.error(v.span(), m));
+        }
+        Ok(peers)
     };
     let (action, keys): (Action, &[&str]) = match kind {
         FaultKind::Pause => {
@@ -342,8 +383,13 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology) -> Result<Fault,
 fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<RandomFaults, ScenarioError> {
     let empty = Table::new();
     let section = Section::new(src, "[faults.random]", &empty);
+    if r.kinds.get_ref().is_empty() {
+        return Err(
+            src.error(r.kinds.span(), "kinds: expected at least one fault kind (an empty nemesis injects nothing)")
+        );
+    }
     let mut kinds = Vec::new();
-    for k in &r.kinds {
+    for k in r.kinds.get_ref() {
         let kind = fault_kind(&section, &Spanned::new(k.span(), toml::Value::String(k.get_ref().clone())))?;
         match kind {
             FaultKind::Restart => {

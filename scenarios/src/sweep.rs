@@ -86,15 +86,14 @@ pub fn sweep(
     jobs: usize,
     progress: &(dyn Fn() + Sync),
 ) -> Result<ScenarioResult, HarnessError> {
+    // Claimed one by one, never past the end: a shared counter that ran on would wrap at u64::MAX.
     let next = AtomicU64::new(seeds.start);
     let results: Mutex<Vec<Result<SeedResult, HarnessError>>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1) {
             scope.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= seeds.end {
-                    return;
-                }
+                let claim = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < seeds.end).then(|| s + 1));
+                let Ok(seed) = claim else { return };
                 let result = run_seed(scenario, seed).map(|run| run.result);
                 results.lock().expect("results lock").push(result);
                 progress();
@@ -109,8 +108,8 @@ pub fn sweep(
 /// Shard `shard` (1-based) of `shards` of a seed range: its contiguous part, possibly empty.
 pub fn shard_of(seeds: Range<u64>, shard: u64, shards: u64) -> Range<u64> {
     let chunk = (seeds.end - seeds.start).div_ceil(shards);
-    let start = (seeds.start + (shard - 1) * chunk).min(seeds.end);
-    start..(start + chunk).min(seeds.end)
+    let start = seeds.start.saturating_add((shard - 1).saturating_mul(chunk)).min(seeds.end);
+    start..start.saturating_add(chunk).min(seeds.end)
 }
 
 /// What a result says about its scenario, besides the seeds.

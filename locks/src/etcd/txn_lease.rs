@@ -1,7 +1,7 @@
-//! `etcd.txn-lease`: the widely copied clientv3 lock of seed 002 — one key, a lease, fail fast.
+//! `etcd.txn-lease`: the widely copied clientv3 Txn + Lease lock from blog posts — one key, a lease, fail fast.
 //! `etcd.txn-lease-wait`: the same, but a loser watches the key and tries again when it is deleted.
 //!
-//! Source: seed 002's code, step by step:
+//! Source: the blog-post recipe's code, step by step:
 //! 1. `Grant` a lease of `ttl` and `KeepAlive` it in the background (the keep-alive channel is only
 //!    drained, so a stopped keep-alive goes unnoticed unless `lost_on = "keepalive"`).
 //! 2. `Txn` If(CreateRevision(lock) = 0) Then(Put(lock, lease, WithLease(lease))) Else(Get(lock)).
@@ -26,7 +26,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
     id: "etcd.txn-lease",
     family: &super::FAMILY,
     summary: "txn create_revision(lock) = 0 then put with a kept-alive lease; fail fast when taken",
-    source: "seed 002: the clientv3 Txn + Lease + KeepAlive lock",
+    source: "the blog-post clientv3 Txn + Lease + KeepAlive lock",
     params: &[TTL, CALL_TIMEOUT, LOST_ON],
     offers_token: true,
     offers_shared: false,
@@ -39,7 +39,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
 pub const WAIT: RecipeSpec = RecipeSpec {
     id: "etcd.txn-lease-wait",
     summary: "the same lock, but a loser watches the key and retries on its deletion (every waiter wakes)",
-    source: "seed 002's suggested improvement: watch and retry",
+    source: "the blog-post recipe's suggested improvement: watch and retry",
     params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON],
     build: build_wait,
     ..FAIL_FAST

@@ -1,6 +1,6 @@
-//! `sql.for-update` (seed 003): the lock is a row, held by a transaction that selected it FOR UPDATE.
+//! `sql.for-update` (the lock-row pattern of the database-lock articles): the lock is a row, held by a transaction that selected it FOR UPDATE.
 //!
-//! Source: seed 003, and PostgreSQL's row locks (§13.3.2):
+//! Source: the common "lock row" recipe (a lock table row taken FOR UPDATE), and PostgreSQL's row locks (§13.3.2):
 //! 1. On the client's connection: `SET lock_timeout`; `BEGIN`; `SELECT * FROM lock_rows WHERE key =
 //!    'lock' FOR UPDATE` — it waits while another transaction holds the row. Then `nextval('fence')` in
 //!    the same transaction: the fencing token.
@@ -25,7 +25,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     id: "sql.for-update",
     family: &super::FAMILY,
     summary: "BEGIN; SELECT … FOR UPDATE holds the row lock until COMMIT",
-    source: "seed 003; PostgreSQL row-level locks",
+    source: "the lock-row recipe; PostgreSQL row-level locks",
     params: &[SOCKET_TIMEOUT, LOCK_TIMEOUT],
     offers_token: true,
     offers_shared: false,

@@ -74,6 +74,42 @@ fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Check, before a long run, that a file can be written at `path`: found only afterwards, a bad path
+/// would throw the run's results away. Leaves an existing file as it was, and no new one behind.
+fn writable_file(path: &std::path::Path) -> anyhow::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot write the output there ({e}); nothing was run", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// [`writable_file`] for an output directory: create it, and check that a file can be written in it.
+fn writable_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("{}: cannot create the output directory ({e}); nothing was run", dir.display()))?;
+    writable_file(&dir.join(".locksim-write-check"))
+}
+
+/// Check every output path a command was given, before it runs anything.
+fn check_outputs<'a>(
+    files: impl IntoIterator<Item = &'a Option<std::path::PathBuf>>,
+    dirs: impl IntoIterator<Item = &'a std::path::Path>,
+) -> anyhow::Result<()> {
+    for path in files.into_iter().flatten() {
+        writable_file(path)?;
+    }
+    for dir in dirs {
+        writable_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// `A..B` (B exclusive) or a single seed `A`.
 fn parse_seeds(text: &str) -> Result<std::ops::Range<u64>, String> {
     locksim_scenarios::suite::parse_seeds(text)

@@ -15,6 +15,7 @@ pub struct Args {
 }
 
 pub fn report(args: Args) -> anyhow::Result<ExitCode> {
+    super::check_outputs([], [args.out.as_path()])?;
     let files = args.results.iter().map(|p| ResultsFile::read(p)).collect::<anyhow::Result<Vec<_>>>()?;
     let merged = ResultsFile::merge(files);
     locksim_reports::report::write(&merged, &args.out)?;

@@ -39,6 +39,7 @@ fn lease(scenario: &locksim_scenarios::Scenario) -> Option<std::time::Duration> 
 
 pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
+    super::check_outputs([&args.timeline, &args.history], [])?;
     let run = run_seed(&scenario, args.seed)?;
     let r = &run.result;
     let mut out = format!("{} ({}) seed {}: {:?}\nfaults:\n", scenario.name, scenario.recipe.id, r.seed, r.verdict);

@@ -57,6 +57,7 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenario = super::load(&args.scenario)?;
+    super::check_outputs([&args.json], [])?;
     let jobs = super::jobs(args.jobs);
     let range = super::shard(args.seeds.clone(), args.shard);
     let seeds = range.end - range.start;

@@ -49,6 +49,7 @@ pub fn shrink(args: Args) -> anyhow::Result<ExitCode> {
     };
     let stem = args.scenario.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("{stem}-seed-{}-shrunk.toml", args.seed)));
+    super::check_outputs([&Some(out.clone())], [])?;
     let (shrunk, line) = shrink_to(&args.scenario, args.seed, kind, &out)?;
     let mut text = format!("{line}\nfaults left:\n");
     for f in &shrunk.scenario.schedule {

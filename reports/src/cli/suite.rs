@@ -77,6 +77,8 @@ fn shrunk(run: &ScenarioResult, dir: &Path) -> Option<String> {
 
 pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
     let suite = Suite::load(&args.suite, &Registry::builtin())?;
+    let shrink_dir = (!args.no_shrink).then_some(args.shrink_dir.as_path());
+    super::check_outputs([&args.junit, &args.json], shrink_dir)?;
     let jobs = super::jobs(args.jobs);
     let ranges: Vec<_> = suite.runs.iter().map(|r| super::shard(r.seeds.clone(), args.shard)).collect();
     let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
