@@ -27,8 +27,9 @@ impl ResultsFile {
     }
 
     /// Several files (shards, or different suites) as one: runs of the same scenario file, name and
-    /// client count are merged and judged again; the order is that of first appearance.
-    pub fn merge(files: Vec<ResultsFile>) -> ResultsFile {
+    /// client count are merged and judged again; the order is that of first appearance. Refused when a
+    /// run's parts do not add up to one sweep (see [`merge`]).
+    pub fn merge(files: Vec<ResultsFile>) -> Result<ResultsFile, String> {
         let name = files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(" + ");
         let mut order: Vec<(String, String, usize)> = Vec::new();
         let mut groups: BTreeMap<(String, String, usize), Vec<ScenarioResult>> = BTreeMap::new();
@@ -39,7 +40,7 @@ impl ResultsFile {
             }
             groups.entry(key).or_default().push(run);
         }
-        let runs = order.into_iter().map(|k| merge(groups.remove(&k).expect("grouped"))).collect();
-        ResultsFile { name, runs }
+        let runs = order.into_iter().map(|k| merge(groups.remove(&k).expect("grouped"))).collect::<Result<_, _>>()?;
+        Ok(ResultsFile { name, runs })
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{locksim, root, stdout};
+use common::{locksim, root, stderr, stdout};
 use std::path::{Path, PathBuf};
 
 /// A fresh directory for one test's files.
@@ -96,9 +96,39 @@ fn two_shards_merged_by_report_give_the_numbers_of_one_unsharded_run() {
         locksim_reports::results::ResultsFile::read(&dir.join("a.json")).unwrap(),
         locksim_reports::results::ResultsFile::read(&dir.join("b.json")).unwrap(),
     ]);
-    merged.write(&dir.join("merged.json")).unwrap();
+    merged.unwrap().write(&dir.join("merged.json")).unwrap();
     assert_eq!(numbers(&dir.join("merged.json")), numbers(&dir.join("all.json")));
     assert!(read(&dir.join("merged/report.md")).contains("redis-nemesis-del"));
+}
+
+#[test]
+fn report_refuses_missing_or_repeated_shards_and_an_empty_shard_runs_nothing_and_passes() {
+    let dir = scratch("missing-shards");
+    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let scenario = "scenarios/catalog/redis-nemesis-del.toml";
+    for shard in ["1/3", "3/3"] {
+        let o = locksim(&[
+            "run",
+            scenario,
+            "--seeds",
+            "0..30",
+            "--shard",
+            shard,
+            "--json",
+            &path(&format!("{}.json", &shard[..1])),
+        ]);
+        assert!(o.status.code().is_some(), "{}", stderr(&o));
+    }
+    let o = locksim(&["report", &path("1.json"), &path("3.json"), "--out", &path("r")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("missing shards of seeds 0..30: 2/3 (seeds 10..20)"), "{}", stderr(&o));
+    let o = locksim(&["report", &path("1.json"), &path("1.json"), "--out", &path("r")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("shard 1/3 of seeds 0..30 is given twice"), "{}", stderr(&o));
+    // 5 seeds into 8 shards: the 8th has none. It runs nothing, says so, and does not fail.
+    let o = locksim(&["run", scenario, "--seeds", "0..5", "--shard", "8/8"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("shard 8/8 of seeds 0..5 has no seeds: nothing to run"), "{}", stdout(&o));
 }
 
 #[test]

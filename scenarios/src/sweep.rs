@@ -38,6 +38,17 @@ pub struct ScenarioResult {
     /// Measurements over all seeds.
     pub summary: Summary,
     pub results: Vec<SeedResult>,
+    /// Which part of a sharded sweep this is (`None`: the whole of `seeds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+}
+
+/// Part `index` (from 1) of `count` of the seed range `of`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+    pub of: Range<u64>,
 }
 
 /// Measurements aggregated over the seeds of a sweep.
@@ -156,16 +167,62 @@ impl Meta {
     }
 }
 
-/// The shards of one scenario's sweep (same scenario, path and expectation), as one sweep: its seeds
-/// the union of theirs, judged again as a whole.
-pub fn merge(parts: Vec<ScenarioResult>) -> ScenarioResult {
+/// The parts of one scenario's sweep (same scenario, path and expectation), as one sweep: its seeds
+/// the union of theirs, judged again as a whole. Refused, naming what is wrong, when the parts cannot
+/// stand for one sweep: shards of one split missing or given twice, or seeds that leave a gap — a
+/// merged result must never claim seeds that were not run. Unsharded runs may overlap (a seed's result
+/// is the same in every run).
+pub fn merge(parts: Vec<ScenarioResult>) -> Result<ScenarioResult, String> {
     let meta = Meta::of_result(&parts[0]);
-    let start = parts.iter().map(|p| p.seeds.start).min().expect("at least one part");
-    let end = parts.iter().map(|p| p.seeds.end).max().expect("at least one part");
+    let name = meta.scenario.clone();
+    check_shards(&name, &parts)?;
+    let mut ranges: Vec<Range<u64>> = parts.iter().map(|p| p.seeds.clone()).filter(|r| !r.is_empty()).collect();
+    ranges.sort_by_key(|r| (r.start, r.end));
+    let (start, mut end) = ranges.first().map_or((0, 0), |r| (r.start, r.end));
+    for r in &ranges[1..] {
+        if r.start > end {
+            return Err(format!(
+                "{name}: seeds {}..{} were not run (the results given cover {})",
+                end,
+                r.start,
+                show(&ranges)
+            ));
+        }
+        end = end.max(r.end);
+    }
     let mut results: Vec<SeedResult> = parts.into_iter().flat_map(|p| p.results).collect();
     results.sort_by_key(|r| r.seed);
     results.dedup_by_key(|r| r.seed);
-    judge(meta, start..end, results)
+    Ok(judge(meta, start..end, results))
+}
+
+fn show(ranges: &[Range<u64>]) -> String {
+    ranges.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ")
+}
+
+/// Shards of one split must all be there, once each.
+fn check_shards(name: &str, parts: &[ScenarioResult]) -> Result<(), String> {
+    let mut splits: std::collections::BTreeMap<(u64, u64, u64), Vec<u64>> = Default::default();
+    for s in parts.iter().filter_map(|p| p.shard.as_ref()) {
+        splits.entry((s.of.start, s.of.end, s.count)).or_default().push(s.index);
+    }
+    for ((start, end, count), mut got) in splits {
+        got.sort_unstable();
+        if let Some(twice) = got.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("{name}: shard {}/{count} of seeds {start}..{end} is given twice", twice[0]));
+        }
+        let missing: Vec<String> = (1..=count)
+            .filter(|i| !got.contains(i))
+            .map(|i| {
+                let seeds = shard_of(start..end, i, count);
+                format!("{i}/{count} (seeds {}..{})", seeds.start, seeds.end)
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!("{name}: missing shards of seeds {start}..{end}: {}", missing.join(", ")));
+        }
+    }
+    Ok(())
 }
 
 /// Compare seed results with the scenario's `[expect]`.
@@ -225,5 +282,6 @@ pub fn judge(meta: Meta, seeds: Range<u64>, results: Vec<SeedResult>) -> Scenari
         unsafe_seeds,
         summary: summarise(&results),
         results,
+        shard: None,
     }
 }

@@ -134,6 +134,16 @@ fn shard(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>) -> std::ops::Ra
     }
 }
 
+/// What a run records of its shard, for `report` to check that every shard came back.
+fn shard_record(seeds: &std::ops::Range<u64>, shard: Option<(u64, u64)>) -> Option<locksim_scenarios::sweep::Shard> {
+    shard.map(|(index, count)| locksim_scenarios::sweep::Shard { index, count, of: seeds.clone() })
+}
+
+/// The line for a shard that got no seeds (more shards than seeds): it runs nothing and fails nothing.
+fn empty_shard(seeds: &std::ops::Range<u64>, shard: Option<(u64, u64)>) -> Option<String> {
+    shard.map(|(i, n)| format!("shard {i}/{n} of seeds {}..{} has no seeds: nothing to run\n", seeds.start, seeds.end))
+}
+
 /// Whether a run passes. A shard sees only some seeds, so it fails only on what no other shard can
 /// change: a violation where none was allowed. Whether an expected finding occurred is judged when
 /// `report` merges the shards.

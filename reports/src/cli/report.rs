@@ -17,7 +17,13 @@ pub struct Args {
 pub fn report(args: Args) -> anyhow::Result<ExitCode> {
     super::check_outputs([], [args.out.as_path()])?;
     let files = args.results.iter().map(|p| ResultsFile::read(p)).collect::<anyhow::Result<Vec<_>>>()?;
-    let merged = ResultsFile::merge(files);
+    let merged = match ResultsFile::merge(files) {
+        Ok(merged) => merged,
+        Err(why) => {
+            eprintln!("locksim: {why}; no report written");
+            return Ok(ExitCode::from(1));
+        }
+    };
     locksim_reports::report::write(&merged, &args.out)?;
     let wrong: Vec<&str> = merged.runs.iter().filter(|r| !r.as_expected).map(|r| r.scenario.as_str()).collect();
     let mut said = format!(

@@ -61,6 +61,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let jobs = super::jobs(args.jobs);
     let range = super::shard(args.seeds.clone(), args.shard);
     let seeds = range.end - range.start;
+    if let (Some(note), true) = (super::empty_shard(&args.seeds, args.shard), range.is_empty()) {
+        super::emit(&note)?;
+        if let Some(path) = &args.json {
+            let mut result = sweep(&scenario, range, jobs, &|| {})?;
+            result.shard = super::shard_record(&args.seeds, args.shard);
+            ResultsFile { name: scenario.name.clone(), runs: vec![result] }.write(path)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
     bar.set_style(
@@ -68,7 +77,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .expect("valid template"),
     );
     let started = Instant::now();
-    let result = sweep(&scenario, range, jobs, &|| bar.inc(1))?;
+    let mut result = sweep(&scenario, range, jobs, &|| bar.inc(1))?;
+    result.shard = super::shard_record(&args.seeds, args.shard);
     let wall = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
 

@@ -92,10 +92,15 @@ pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
     for (run, range) in suite.runs.iter().zip(ranges) {
         bar.set_message(run.scenario.name.clone());
         let run_started = Instant::now();
-        let result = sweep(&run.scenario, range, jobs, &|| bar.inc(1))?;
+        let empty = range.is_empty();
+        let mut result = sweep(&run.scenario, range, jobs, &|| bar.inc(1))?;
+        result.shard = super::shard_record(&run.seeds, args.shard);
         seconds.push(run_started.elapsed().as_secs_f64());
-        let ok = super::shard_ok(&result, args.shard.is_some());
-        let mut said = line(&result, ok);
+        let ok = empty || super::shard_ok(&result, args.shard.is_some());
+        let mut said = match super::empty_shard(&run.seeds, args.shard).filter(|_| empty) {
+            Some(note) => format!("ok   {:<44} {note}", result.scenario).trim_end().to_string(),
+            None => line(&result, ok),
+        };
         if !ok {
             failed += 1;
             if !args.no_shrink {
