@@ -83,6 +83,11 @@ impl Params {
         Params(values)
     }
 
+    /// Whether the recipe or backend declares `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
     fn get(&self, name: &str) -> ParamValue {
         *self.0.get(name).unwrap_or_else(|| panic!("parameter {name} is declared by its recipe or backend"))
     }

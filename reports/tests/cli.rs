@@ -102,6 +102,21 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":8:9: reads: expected a share from 0.0 to 1.0",
         ),
         (
+            "restart-a-running-node.toml",
+            "kind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"",
+            "kind = \"restart\"\ntarget = \"redis-0\"",
+            ":9:1: a `restart` brings back a node left down by an earlier `crash` without `duration`; redis-0 is not down",
+        ),
+        (
+            "missing-duration.toml",
+            "duration = \"8s\"",
+            "",
+            ":10:1: a `pause` fault needs `duration`",
+        ),
+        ("too-large.toml", "clients = 3", "clients = 99999999999999999999", ":7:11: expected a whole number within range"),
+        ("not-a-number.toml", "clients = 3", "clients = \"3\"", ":7:11: invalid type: string \"3\", expected a whole number"),
+        ("zero-ttl.toml", "ttl = \"5s\"", "ttl = \"0ms\"", ":2:1: ttl must be at least 1ms (Redis refuses PX 0"),
+        (
             "path-name.toml",
             "name = \"t\"",
             "name = \"../../x\"",
@@ -162,6 +177,16 @@ fn an_output_that_cannot_be_written_is_refused_before_the_run() {
 }
 
 #[test]
+fn a_fault_test_whose_faults_never_take_effect_fails_and_says_so() {
+    // One buyer, one item: sold out and gone long before the pause is due, so there is no holder to hit.
+    let text = GOOD.replace("kind = \"counter\"\nclients = 3", "kind = \"flash-sale\"\nstock = 1\nclients = 1");
+    let path = scenario_file("no-waiter.toml", &text);
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("every fault of every seed was skipped when due"), "{}", stdout(&o));
+}
+
+#[test]
 fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
     let path = scenario_file(
         "tiny.toml",
@@ -175,7 +200,18 @@ fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
 
 #[test]
 fn a_missing_file_and_bad_arguments_exit_2() {
-    assert_eq!(locksim(&["run", "no/such/file.toml"]).status.code(), Some(2));
+    let o = locksim(&["run", "no/such/file.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o).matches("os error").count(), 1, "the OS error once: {}", stderr(&o));
+    let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--jobs", "0"]);
+    assert_eq!(o.status.code(), Some(2), "--jobs 0 is refused");
+    let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "7"]);
+    assert!(stdout(&o).contains(": 1 seeds"), "one seed: {}", stdout(&o));
+    let binary = scenario_file("latin1.toml", "");
+    std::fs::write(&binary, b"name = \"caf\xe9\"\n").unwrap();
+    let o = locksim(&["run", binary.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("latin1.toml:1:12: expected UTF-8 text"), "{}", stderr(&o));
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "9..3"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("empty"));

@@ -116,7 +116,7 @@ impl Source<'_> {
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
         toml::from_str(self.text)
-            .map_err(|e| self.error(e.span().unwrap_or(0..0), e.message().trim_end().replace('\n', "; ")))
+            .map_err(|e| self.error(e.span().unwrap_or(0..0), plain(e.message().trim_end()).replace('\n', "; ")))
     }
 }
 
@@ -126,12 +126,16 @@ pub struct Section<'a> {
     /// How errors name this table, e.g. "[recipe] of redis.set-nx-px".
     name: String,
     entries: BTreeMap<String, (Range<usize>, Spanned<toml::Value>)>,
+    /// Where the table's first key stands: where a missing key is reported.
+    start: usize,
 }
 
 impl<'a> Section<'a> {
     pub fn new(src: &'a Source<'a>, name: impl Into<String>, table: &Table) -> Section<'a> {
-        let entries = table.iter().map(|(k, v)| (k.get_ref().clone(), (k.span(), v.clone()))).collect();
-        Section { src, name: name.into(), entries }
+        let entries: BTreeMap<String, (Range<usize>, Spanned<toml::Value>)> =
+            table.iter().map(|(k, v)| (k.get_ref().clone(), (k.span(), v.clone()))).collect();
+        let start = entries.values().map(|(k, _)| k.start).min().unwrap_or(0);
+        Section { src, name: name.into(), entries, start }
     }
 
     pub fn take(&mut self, key: &str) -> Option<Spanned<toml::Value>> {
@@ -151,7 +155,7 @@ impl<'a> Section<'a> {
     }
 
     pub fn require(&mut self, key: &str, what: &str) -> Result<Spanned<toml::Value>, ScenarioError> {
-        let (name, start) = (self.name.clone(), self.entries.values().map(|(k, _)| k.start).min().unwrap_or(0));
+        let (name, start) = (self.name.clone(), self.start);
         self.take(key).ok_or_else(|| self.src.error(start..start, format!("{name} needs `{key}` ({what})")))
     }
 
@@ -213,6 +217,16 @@ impl<'a> Section<'a> {
             }
         }
     }
+}
+
+/// serde's messages in a user's words: no Rust type names.
+fn plain(message: &str) -> String {
+    message
+        .replace("number too large to fit in target type", "expected a whole number within range, found a larger one")
+        .replace("expected i64", "expected a whole number")
+        .replace("expected u64", "expected a whole number from 0")
+        .replace("expected f64", "expected a number")
+        .replace("expected usize", "expected a whole number from 0")
 }
 
 #[cfg(test)]

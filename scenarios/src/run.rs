@@ -9,7 +9,7 @@ use crate::scenario::{Scenario, Verdict};
 use crate::workload::{client_program, ClientPlan};
 use locksim_sim::backend::serve;
 use locksim_sim::fault::{fmt_duration, resolve_random_clients, Fault};
-use locksim_sim::history::History;
+use locksim_sim::history::{EventKind, History};
 use locksim_sim::net::Rpc;
 use locksim_sim::resource::ResourceState;
 use locksim_sim::rng::{stream, Stream};
@@ -35,6 +35,13 @@ pub struct SeedResult {
     pub history_hash: String,
     /// The faults this seed ran, written out (the nemesis's draws resolved).
     pub schedule: Vec<String>,
+    /// How many of them were skipped when due (no holder to hit, a node already down).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub faults_skipped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A seed's result and its full history.
@@ -134,6 +141,8 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
         measurements: measure(&history, messages.0, messages.1),
         history_hash: format!("{:016x}", history.hash()),
         schedule: faults.iter().map(describe).collect(),
+        faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
+            as u64,
     };
     SeedRun { result, history, faults }
 }

@@ -64,10 +64,27 @@ pub struct Scenario {
 /// A file that could not be read, or could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    /// The OS error is part of the message, not a source: printed once.
+    #[error("{path}: {}", io_words(error))]
+    Io { path: String, error: std::io::Error },
     #[error(transparent)]
     Invalid(#[from] ScenarioError),
+}
+
+/// An I/O error in words, once.
+fn io_words(e: &std::io::Error) -> String {
+    e.to_string()
+}
+
+/// A file's text; a byte that is not UTF-8 is an error at its line and column.
+pub(crate) fn read_text(path: &Path, shown: &str) -> Result<String, LoadError> {
+    let bytes = std::fs::read(path).map_err(|error| LoadError::Io { path: shown.to_string(), error })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let before = std::str::from_utf8(&e.as_bytes()[..valid]).expect("valid up to here");
+        let src = Source { path: shown, text: before };
+        src.error(valid..valid, "expected UTF-8 text, found a byte that is not").into()
+    })
 }
 
 impl Scenario {
@@ -83,7 +100,7 @@ impl Scenario {
     /// Read and validate a scenario file.
     pub fn load(path: &Path, registry: &Registry) -> Result<Scenario, LoadError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
+        let text = read_text(path, &shown)?;
         Ok(Scenario::parse(&shown, &text, registry)?)
     }
 
@@ -100,8 +117,9 @@ impl Scenario {
         let workload = workload(&src, &file, &recipe)?;
         let stock = workload.stock;
         let topo = topology(&recipe, &backend_params, workload.clients);
-        let schedule =
+        let schedule: Vec<Fault> =
             file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
+        check_restarts(&src, &file.faults.schedule, &schedule)?;
         let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
         let liveness = file.check.liveness.as_ref().map_or(Ok(Duration::from_secs(30)), |l| {
             let d = l.get_ref().0;
@@ -276,6 +294,39 @@ fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Targ
         "random-client" => Target::RandomClient,
         _ => Target::Node(node_name(s, "target", v, topo)?),
     })
+}
+
+/// A `restart` brings back a node that an earlier `crash` without `duration` left down; anything else
+/// would silently crash and restart a running node.
+fn check_restarts(src: &Source, tables: &[Spanned<Table>], schedule: &[Fault]) -> Result<(), ScenarioError> {
+    let mut order: Vec<usize> = (0..schedule.len()).collect();
+    order.sort_by_key(|i| schedule[*i].at);
+    let mut down: std::collections::BTreeSet<&str> = Default::default();
+    for i in order {
+        let (fault, node) = (
+            &schedule[i],
+            match &schedule[i].target {
+                Target::Node(n) => Some(n.as_str()),
+                _ => None,
+            },
+        );
+        match (&fault.action, node) {
+            (Action::Crash { restart_after: None }, Some(n)) => {
+                down.insert(n);
+            }
+            (Action::Restart, Some(n)) if down.remove(n) => {}
+            (Action::Restart, _) => {
+                let m = format!(
+                    "a `restart` brings back a node left down by an earlier `crash` without `duration`; {} is not down at {}",
+                    node.unwrap_or("its target"),
+                    locksim_sim::fault::fmt_duration(fault.at)
+                );
+                return Err(src.error(tables[i].span(), m));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// One `[[faults.schedule]]` entry: `at`, `kind`, `target`, and the keys its kind takes. A fault that

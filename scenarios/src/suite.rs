@@ -84,7 +84,7 @@ impl Suite {
     /// Read a suite and every scenario it names. Errors name the file, line and column at fault.
     pub fn load(path: &Path, registry: &Registry) -> Result<Suite, LoadError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
+        let text = crate::scenario::read_text(path, &shown)?;
         let src = Source { path: &shown, text: &text };
         let file: SuiteFile = toml::from_str(&text)
             .map_err(|e| src.error(e.span().unwrap_or(0..0), e.message().trim_end().replace('\n', "; ")))?;
@@ -98,8 +98,8 @@ impl Suite {
                 parse_seeds(run.seeds.get_ref()).map_err(|m| src.error(run.seeds.span(), format!("seeds: {m}")))?;
             let scenario_path = join(dir, run.scenario.get_ref());
             let mut scenario = match Scenario::load(&scenario_path, registry) {
-                Err(LoadError::Io { source, .. }) => {
-                    let m = format!("scenario: cannot read {}: {source}", scenario_path.display());
+                Err(LoadError::Io { error, .. }) => {
+                    let m = format!("scenario: cannot read {}: {error}", scenario_path.display());
                     return Err(src.error(run.scenario.span(), m).into());
                 }
                 other => other?,

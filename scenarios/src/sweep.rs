@@ -248,7 +248,16 @@ pub fn judge(meta: Meta, seeds: Range<u64>, results: Vec<SeedResult>) -> Scenari
             }
         }
         Verdict::Unsafe => {
-            if first_unsafe.is_none() {
+            // A fault test whose faults never took effect must not pass for the wrong reason, nor fail
+            // without saying why.
+            let never = !results.is_empty()
+                && results.iter().all(|r| !r.schedule.is_empty() && r.faults_skipped == r.schedule.len() as u64);
+            if first_unsafe.is_none() && never {
+                flag(
+                    "expected unsafe, but every seed was safe: every fault of every seed was skipped when due".into(),
+                    None,
+                );
+            } else if first_unsafe.is_none() {
                 flag("expected unsafe, but every seed was safe".into(), None);
             }
         }

@@ -277,13 +277,24 @@ fn released(reply: Result<RedisReply, CallError>) -> Outcome<()> {
     }
 }
 
+/// Redis refuses `PX 0` ("invalid expire time"): a key's TTL must be at least a millisecond.
+fn positive_ttl(recipe: &Params) -> Result<(), String> {
+    for name in ["ttl", "watchdog_timeout"] {
+        if recipe.has(name) && recipe.duration(name).as_millis() == 0 {
+            return Err(format!("{name} must be at least 1ms (Redis refuses PX 0: invalid expire time)"));
+        }
+    }
+    Ok(())
+}
+
 /// A random lock value identifying this acquisition (a UUID in real clients).
 fn lock_value(ctx: &Ctx) -> String {
     format!("{:016x}", ctx.random_u64())
 }
 
 /// A recipe that needs exactly one master.
-fn one_master(_: &Params, backend: &Params) -> Result<(), String> {
+fn one_master(recipe: &Params, backend: &Params) -> Result<(), String> {
+    positive_ttl(recipe)?;
     match backend.int("masters") {
         1 => Ok(()),
         n => Err(format!(

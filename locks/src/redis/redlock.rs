@@ -57,7 +57,8 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     build,
 };
 
-fn at_least_three_masters(_: &Params, backend: &Params) -> Result<(), String> {
+fn at_least_three_masters(recipe: &Params, backend: &Params) -> Result<(), String> {
+    super::positive_ttl(recipe)?;
     match backend.int("masters") {
         n if n >= 3 => Ok(()),
         n => Err(format!("redis.redlock needs at least 3 masters ([backend] masters), got {n}")),

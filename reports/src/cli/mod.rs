@@ -155,6 +155,6 @@ fn shard_ok(result: &locksim_scenarios::sweep::ScenarioResult, sharded: bool) ->
 }
 
 /// Seeds run at once: `--jobs`, or the number of cores.
-fn jobs(jobs: Option<usize>) -> usize {
-    jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+fn jobs(jobs: Option<u16>) -> usize {
+    jobs.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -15,8 +15,8 @@ pub struct Args {
     #[arg(long, default_value = "0..100", value_parser = super::parse_seeds)]
     seeds: std::ops::Range<u64>,
     /// Seeds run at once (default: the number of cores). Results do not depend on it.
-    #[arg(long)]
-    jobs: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    jobs: Option<u16>,
     /// Write every seed's result (findings, measurements, history hash, schedule) to this JSON file,
     /// for `locksim report`.
     #[arg(long)]

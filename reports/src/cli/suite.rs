@@ -22,8 +22,8 @@ pub struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Seeds run at once (default: the number of cores). Results do not depend on it.
-    #[arg(long)]
-    jobs: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    jobs: Option<u16>,
     /// Run only part `i` of `n` of each run's seeds, e.g. `--shard 2/4`; merge with `locksim report`.
     #[arg(long, value_parser = super::parse_shard)]
     shard: Option<(u64, u64)>,
