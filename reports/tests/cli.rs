@@ -187,6 +187,16 @@ fn a_fault_test_whose_faults_never_take_effect_fails_and_says_so() {
 }
 
 #[test]
+fn a_seed_too_big_for_its_event_budget_stops_with_a_clear_error() {
+    let huge = "name = \"huge\"\n[recipe]\nid = \"none\"\n[workload]\nkind = \"flash-sale\"\nstock = 1000000\n\
+                clients = 64\nduration = \"24h\"\nhold = [\"0ms\", \"0ms\"]\nthink = [\"0ms\", \"0ms\"]\n";
+    let path = scenario_file("huge.toml", huge);
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("used up its budget of 2000000 history events"), "{}", stderr(&o));
+}
+
+#[test]
 fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
     let path = scenario_file(
         "tiny.toml",

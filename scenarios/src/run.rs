@@ -82,7 +82,7 @@ pub fn run_seed(scenario: &Scenario, seed: u64) -> Result<SeedRun, HarnessError>
     let (done, result) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new().name(format!("seed-{seed}")).spawn(move || {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| simulate(&scenario, seed)));
-        let _ = done.send(outcome.map_err(|panic| panic_text(&panic)));
+        let _ = done.send(outcome.map_err(|panic| panic_text(&panic)).and_then(|run| run));
     });
     thread.expect("the OS can start a thread");
     match result.recv_timeout(SEED_WALL_LIMIT) {
@@ -102,7 +102,7 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_default()
 }
 
-fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
+fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
     let faults = resolve_schedule(scenario, seed);
     let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
     let (history, messages) = runtime.block_on({
@@ -126,9 +126,17 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
                 world.add_node(&Scenario::client_name(i), client_program(plan.clone()));
             }
             world.run(&faults, scenario.workload.duration).await;
-            (world.recorder().finish(world.names()), (world.net().messages(), world.net().call_timeouts()))
+            if let Some(at) = world.recorder().over_budget_at() {
+                return Err(format!(
+                    "the run used up its budget of {} history events at {:.1} s of simulated time: too big for one \
+                     seed (fewer clients, a shorter duration or more think time)",
+                    locksim_sim::history::EVENT_BUDGET,
+                    at as f64 / 1e9
+                ));
+            }
+            Ok((world.recorder().finish(world.names()), (world.net().messages(), world.net().call_timeouts())))
         }
-    });
+    })?;
     let findings = check(&history, &scenario.check);
     let result = SeedResult {
         seed,
@@ -144,7 +152,7 @@ fn simulate(scenario: &Scenario, seed: u64) -> SeedRun {
         faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
             as u64,
     };
-    SeedRun { result, history, faults }
+    Ok(SeedRun { result, history, faults })
 }
 
 fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {

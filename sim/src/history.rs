@@ -150,6 +150,11 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// The most events one run may record. A seed is milliseconds of work; one that records this many
+/// (millions of acquisitions) would take minutes and gigabytes, so the world stops it and the runner
+/// reports it as too big for one seed.
+pub const EVENT_BUDGET: usize = 2_000_000;
+
 /// Appends events during a run; shared by every node of the world.
 #[derive(Clone, Default)]
 pub struct Recorder(Arc<Mutex<RecorderState>>);
@@ -167,6 +172,9 @@ struct RecorderState {
     holders: std::collections::BTreeSet<NodeIx>,
     /// Who is inside `acquire` now (for `target = "waiter"`).
     waiters: std::collections::BTreeSet<NodeIx>,
+    /// When the run used up its event budget, if it did, and who is told then.
+    over_budget_at: Option<u64>,
+    exhausted: Arc<tokio::sync::Notify>,
 }
 
 impl Recorder {
@@ -189,7 +197,25 @@ impl Recorder {
             }
             _ => {}
         }
+        if s.events.len() >= EVENT_BUDGET {
+            if s.over_budget_at.is_none() {
+                s.over_budget_at = Some(t);
+                s.exhausted.notify_one();
+            }
+            return;
+        }
         s.events.push(Event { t, node, kind });
+    }
+
+    /// When the run used up its event budget ([`EVENT_BUDGET`]), if it has.
+    pub fn over_budget_at(&self) -> Option<u64> {
+        self.0.lock().expect("recorder lock").over_budget_at
+    }
+
+    /// Resolves once the run has used up its event budget.
+    pub async fn exhausted(&self) {
+        let exhausted = self.0.lock().expect("recorder lock").exhausted.clone();
+        exhausted.notified().await
     }
 
     /// A node that crashed believes and waits for nothing any more.

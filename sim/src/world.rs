@@ -147,7 +147,9 @@ impl World {
         steps.sort_by_key(|(at, i, step)| (*at, matches!(step, Step::End), *i));
         let mut hit: BTreeMap<usize, NodeIx> = BTreeMap::new();
         for (at, i, step) in steps.into_iter().filter(|(at, _, _)| *at < run_for) {
-            sleep_until(at).await;
+            if !self.sleep_within_budget(at).await {
+                break;
+            }
             let fault = &schedule[i];
             match step {
                 Step::Start => {
@@ -162,8 +164,22 @@ impl World {
                 }
             }
         }
-        sleep_until(run_for).await;
+        self.sleep_within_budget(run_for).await;
         self.shutdown();
+    }
+
+    /// Sleep until `at`, unless the run uses up its event budget first; false if it has (the run must
+    /// stop: see [`crate::history::EVENT_BUDGET`]). Waiting on the budget adds no timer, so runs within
+    /// it are scheduled exactly as without the check.
+    async fn sleep_within_budget(&self, at: Duration) -> bool {
+        if self.recorder.over_budget_at().is_some() {
+            return false;
+        }
+        tokio::select! {
+            biased;
+            _ = self.recorder.exhausted() => false,
+            _ = sleep_until(at) => true,
+        }
     }
 
     /// Kill every node, so that no task outlives the run (madsim issue #242).
