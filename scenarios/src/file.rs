@@ -116,7 +116,7 @@ impl Source<'_> {
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
         toml::from_str(self.text)
-            .map_err(|e| self.error(e.span().unwrap_or(0..0), plain(e.message().trim_end()).replace('\n', "; ")))
+            .map_err(|e| self.error(e.span().unwrap_or(0..0), toml_message(&e)))
     }
 }
 
@@ -216,6 +216,16 @@ impl<'a> Section<'a> {
                 Err(self.src.error(span, format!("unknown key `{key}` in {}; expected one of: {list}", self.name)))
             }
         }
+    }
+}
+
+/// A TOML or serde error's message in a user's words, never empty.
+pub fn toml_message(e: &toml::de::Error) -> String {
+    let m = plain(e.message().trim()).replace('\n', "; ");
+    if m.is_empty() {
+        "expected a TOML value here (a string, number, boolean, array or table)".to_string()
+    } else {
+        m
     }
 }
 
