@@ -111,7 +111,9 @@ impl Source<'_> {
         let before = &self.text[..span.start.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
         let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        ScenarioError { path: self.path.to_string(), line, col, message: message.into() }
+        // One line, whatever the message quotes from the file (a name with a newline in it).
+        let message = message.into().replace('\r', "\\r").replace('\n', "\\n");
+        ScenarioError { path: self.path.to_string(), line, col, message }
     }
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
