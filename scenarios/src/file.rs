@@ -117,8 +117,7 @@ impl Source<'_> {
     }
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
-        toml::from_str(self.text)
-            .map_err(|e| self.error(e.span().unwrap_or(0..0), toml_message(&e)))
+        toml::from_str(self.text).map_err(|e| self.error(e.span().unwrap_or(0..0), toml_message(&e)))
     }
 }
 
