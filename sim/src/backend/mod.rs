@@ -228,3 +228,50 @@ pub fn listen<M: Any + Send, T: 'static>(rpc: &Rpc, to: &Rc<T>, deliver: fn(&T, 
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::world::{Program, World};
+
+    /// A server that only notes when its clock ticks (monotonic ms).
+    #[derive(Default)]
+    struct Ticks(Vec<i64>);
+
+    impl Backend for Ticks {
+        type Request = ();
+        type Reply = ();
+
+        fn apply(&mut self, _: Now, _: NodeIx, _: (), _: &mut Out) {}
+
+        fn tick_interval(&self) -> Option<Duration> {
+            Some(Duration::from_secs(1))
+        }
+
+        fn tick(&mut self, now: Now, _: &mut Out) {
+            self.0.push(now.mono_ms);
+        }
+    }
+
+    #[test]
+    fn ticks_fall_on_the_interval_boundaries_whenever_the_server_starts() {
+        let ticks = Arc::new(Mutex::new(Ticks::default()));
+        let state = ticks.clone();
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let mut world = World::new(1);
+            let program: Program = Arc::new(move |env| {
+                let state = state.clone();
+                Box::pin(async move {
+                    // Started (or restarted) between two boundaries.
+                    env.clock.sleep(Duration::from_millis(700)).await;
+                    let rpc = Rpc::bind(&env);
+                    serve(state, &rpc, &env.clock, &env.recorder).await
+                })
+            });
+            world.add_node("server", program);
+            world.run(&[], Duration::from_millis(3_500)).await;
+        });
+        // ZooKeeper's session tracker wakes at each bucket boundary, not a full interval after it started.
+        assert_eq!(ticks.lock().unwrap().0, vec![1000, 2000, 3000]);
+    }
+}
