@@ -42,6 +42,11 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// A whole-number parameter from `min` to `max` (inclusive).
+    pub const fn int(name: &'static str, (min, max): (i64, i64), default: i64, doc: &'static str) -> ParamSpec {
+        ParamSpec { name, kind: ParamKind::Int { min, max }, default: ParamValue::Int(default), doc }
+    }
+
     /// A duration parameter with its default in milliseconds.
     pub const fn duration(name: &'static str, default_ms: u64, doc: &'static str) -> ParamSpec {
         ParamSpec { name, kind: ParamKind::Duration, default: ms(default_ms), doc }

@@ -126,18 +126,13 @@ impl RedisServers {
 
 /// `[backend]` keys of the Redis family.
 pub const BACKEND_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "masters",
-        kind: ParamKind::Int { min: 1, max: 9 },
-        default: ParamValue::Int(1),
-        doc: "independent Redis masters (Redlock uses several; other recipes one)",
-    },
-    ParamSpec {
-        name: "replicas",
-        kind: ParamKind::Int { min: 0, max: 1 },
-        default: ParamValue::Int(0),
-        doc: "replicas per master, fed by asynchronous replication; `failover` promotes one",
-    },
+    ParamSpec::int("masters", (1, 9), 1, "independent Redis masters (Redlock uses several; other recipes one)"),
+    ParamSpec::int(
+        "replicas",
+        (0, 1),
+        0,
+        "replicas per master, fed by asynchronous replication; `failover` promotes one",
+    ),
     ParamSpec::duration("replication_lag", 100, "how long a write waits before the master ships it to its replica"),
     ParamSpec {
         name: "persist",

@@ -30,12 +30,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     source: "redis.io Distributed Locks with Redis; redlock-rb, Redlock-py",
     params: &[
         TTL,
-        ParamSpec {
-            name: "retry_count",
-            kind: ParamKind::Int { min: 1, max: 100 },
-            default: ParamValue::Int(3),
-            doc: "rounds of trying every master before giving up",
-        },
+        ParamSpec::int("retry_count", (1, 100), 3, "rounds of trying every master before giving up"),
         ParamSpec::duration("retry_delay", 200, "upper bound of the random sleep between rounds"),
         ParamSpec::duration(
             "instance_timeout",

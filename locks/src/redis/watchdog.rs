@@ -58,12 +58,12 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
             doc: "Redisson's renewal: 3.44+ keeps renewing after a failed command; up to 3.43 it stops for good",
         },
         ParamSpec::duration("command_timeout", 3_000, "Redisson `timeout`: how long one attempt of a renewal waits"),
-        ParamSpec {
-            name: "retry_attempts",
-            kind: ParamKind::Int { min: 0, max: 100 },
-            default: ParamValue::Int(3),
-            doc: "Redisson `retryAttempts`: a renewal is sent again this many times before it fails",
-        },
+        ParamSpec::int(
+            "retry_attempts",
+            (0, 100),
+            3,
+            "Redisson `retryAttempts`: a renewal is sent again this many times before it fails",
+        ),
         ParamSpec::duration("retry_interval", 1_500, "Redisson `retryInterval`: the pause before a retry"),
     ],
     offers_token: true,

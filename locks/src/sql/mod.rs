@@ -10,7 +10,7 @@ mod for_update;
 mod shedlock;
 mod unique_insert;
 
-use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
+use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
 use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, Value};
@@ -45,12 +45,7 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         "silence before the server probes a client's connection (PostgreSQL uses the OS default, 2h)",
     ),
     ParamSpec::duration("tcp_keepalives_interval", 75_000, "time between unanswered keep-alive probes"),
-    ParamSpec {
-        name: "tcp_keepalives_count",
-        kind: ParamKind::Int { min: 1, max: 100 },
-        default: ParamValue::Int(9),
-        doc: "unanswered probes after which the server ends the session",
-    },
+    ParamSpec::int("tcp_keepalives_count", (1, 100), 9, "unanswered probes after which the server ends the session"),
     ParamSpec::duration(
         "idle_in_transaction_session_timeout",
         0,
