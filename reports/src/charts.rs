@@ -43,7 +43,7 @@ fn breaks_the_lock(kind: FindingKind) -> bool {
 
 /// Seeds of `run` that found `kind`.
 fn seeds_with(run: &ScenarioResult, kind: FindingKind) -> u64 {
-    run.results.iter().filter(|r| r.counts.contains_key(&kind)).count() as u64
+    run.seeds_with.get(&kind).copied().unwrap_or(0)
 }
 
 fn svg(width: u32, height: u32, draw: impl FnOnce(&DrawingArea<SVGBackend, plotters::coord::Shift>)) -> String {

@@ -3,7 +3,7 @@
 
 use crate::charts;
 use crate::results::ResultsFile;
-use crate::text::{escape_markdown, escape_xml as escape, repro_line};
+use crate::text::{escape_markdown, escape_xml as escape, kinds_summary as findings, repro_line};
 use locksim_scenarios::sweep::ScenarioResult;
 use std::fmt::Write;
 use std::path::Path;
@@ -18,16 +18,6 @@ pub fn charts(runs: &[ScenarioResult]) -> Vec<(&'static str, &'static str, Strin
         ("throughput.svg", "Throughput", charts::throughput(runs)),
         ("messages.svg", "Messages and notifications", charts::messages(runs)),
     ]
-}
-
-fn findings(run: &ScenarioResult) -> String {
-    let mut per_kind = std::collections::BTreeMap::new();
-    for r in &run.results {
-        for kind in r.counts.keys() {
-            *per_kind.entry(kind.name()).or_insert(0u64) += 1;
-        }
-    }
-    per_kind.iter().map(|(k, n)| format!("{k} in {n}")).collect::<Vec<_>>().join(", ")
 }
 
 fn verdict(run: &ScenarioResult) -> &'static str {

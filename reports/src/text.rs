@@ -30,13 +30,7 @@ pub fn repro_line(path: &str, seed: u64) -> String {
 
 /// `double-holder in 187, unsafe-write in 150`
 pub fn kinds_summary(result: &ScenarioResult) -> String {
-    let mut per_kind = std::collections::BTreeMap::new();
-    for r in &result.results {
-        for kind in r.counts.keys() {
-            *per_kind.entry(*kind).or_insert(0u64) += 1;
-        }
-    }
-    per_kind.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
+    result.seeds_with.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
 }
 
 /// One line of measurements over many seeds.

@@ -3,6 +3,7 @@
 //! Module map:
 //! - [`file`]: the scenario file as written, with positions and precise errors.
 //! - [`scenario`]: the validated [`Scenario`] a run needs.
+//! - [`distribution`]: medians over millions of seeds in bounded memory.
 //! - [`duration`]: `"250ms"`-style durations and ranges.
 //! - [`workload`]: the client program around a recipe, and the only code touching the resource.
 //! - [`checkers`]: pure functions from a history to findings, and the run's measurements.
@@ -15,6 +16,7 @@
 //! and the seed alone (fresh thread, fresh runtime, every node killed before returning).
 
 pub mod checkers;
+pub mod distribution;
 pub mod duration;
 pub mod file;
 pub mod run;

@@ -6,12 +6,13 @@
 //! the shards' results back together into what one unsharded sweep gives.
 
 use crate::checkers::FindingKind;
+use crate::distribution::Distribution;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// The results of one scenario over a range of seeds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,8 +36,13 @@ pub struct ScenarioResult {
     /// The seed that best shows what happened: the first unexpected one, or the first unsafe one.
     pub example_seed: Option<u64>,
     pub unsafe_seeds: u64,
+    /// How many seeds found each kind of finding.
+    #[serde(default)]
+    pub seeds_with: BTreeMap<FindingKind, u64>,
     /// Measurements over all seeds.
     pub summary: Summary,
+    /// Every seed's result, in seed order (empty when the sweep did not keep them: see [`sweep_each`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub results: Vec<SeedResult>,
     /// Which part of a sharded sweep this is (`None`: the whole of `seeds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,55 +71,111 @@ pub struct Summary {
     pub unrecovered: u64,
 }
 
-fn summarise(results: &[SeedResult]) -> Summary {
-    if results.is_empty() {
-        return Summary::default();
-    }
-    let n = results.len() as f64;
-    let m = |r: &SeedResult| r.measurements.clone();
-    let mut p50: Vec<f64> = results.iter().map(|r| m(r).latency_ms_p50).collect();
-    p50.sort_by(f64::total_cmp);
-    let mut recoveries: Vec<f64> = results.iter().flat_map(|r| m(r).recovery_ms).collect();
-    recoveries.sort_by(f64::total_cmp);
-    let acquisitions: u64 = results.iter().map(|r| r.measurements.acquisitions).sum();
-    let messages: u64 = results.iter().map(|r| r.measurements.messages).sum();
-    let round = |x: f64| (x * 10.0).round() / 10.0;
-    Summary {
-        acquisitions_per_seed: round(acquisitions as f64 / n),
-        latency_ms_p50: p50[p50.len() / 2],
-        latency_ms_p99_max: results.iter().map(|r| r.measurements.latency_ms_p99).fold(0.0, f64::max),
-        messages_per_acquisition: if acquisitions == 0 { 0.0 } else { round(messages as f64 / acquisitions as f64) },
-        recovery_ms: (!recoveries.is_empty())
-            .then(|| (recoveries[0], recoveries[recoveries.len() / 2], recoveries[recoveries.len() - 1])),
-        recoveries: recoveries.len() as u64,
-        unrecovered: results.iter().map(|r| r.measurements.unrecovered).sum(),
-    }
-}
-
-/// Run `seeds` of `scenario` on `jobs` threads; `progress` is called once per finished seed.
+/// Run `seeds` of `scenario` on `jobs` threads and keep every seed's result in `results`;
+/// `progress` is called once per finished seed. For a long sweep use [`sweep_each`], which keeps none.
 pub fn sweep(
     scenario: &Scenario,
     seeds: Range<u64>,
     jobs: usize,
     progress: &(dyn Fn() + Sync),
 ) -> Result<ScenarioResult, HarnessError> {
-    // Claimed one by one, never past the end: a shared counter that ran on would wrap at u64::MAX.
-    let next = AtomicU64::new(seeds.start);
-    let results: Mutex<Vec<Result<SeedResult, HarnessError>>> = Mutex::new(Vec::new());
+    let mut results = Vec::new();
+    let mut result = sweep_each(scenario, seeds, jobs, progress, |r| {
+        results.push(r);
+        Ok::<(), HarnessError>(())
+    })?;
+    result.results = results;
+    Ok(result)
+}
+
+/// How many seeds past the oldest unfinished one a job may start: the bound on results waiting to be
+/// handed on in seed order (a seed that runs long holds the others back rather than letting them pile up).
+pub const AHEAD_PER_JOB: u64 = 32;
+
+/// Run `seeds` of `scenario` on `jobs` threads, handing each seed's result to `each` in seed order
+/// (whatever `jobs` is) and keeping only the running judgement: memory stays flat however many seeds
+/// run. The result's `results` is empty. The first failure in seed order — a seed the simulation could
+/// not run, or an error from `each` — stops the sweep and is returned.
+pub fn sweep_each<E: From<HarnessError>>(
+    scenario: &Scenario,
+    seeds: Range<u64>,
+    jobs: usize,
+    progress: &(dyn Fn() + Sync),
+    mut each: impl FnMut(SeedResult) -> Result<(), E>,
+) -> Result<ScenarioResult, E> {
+    let jobs = jobs.max(1);
+    let ahead = AHEAD_PER_JOB * jobs as u64;
+    let flow = Mutex::new(Flow { next_claim: seeds.start, next_out: seeds.start, done: BTreeMap::new(), stop: false });
+    let changed = Condvar::new();
+    let mut judge = Judge::new(Meta::of(scenario), seeds.clone());
     std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1) {
-            scope.spawn(|| loop {
-                let claim = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < seeds.end).then(|| s + 1));
-                let Ok(seed) = claim else { return };
-                let result = run_seed(scenario, seed).map(|run| run.result);
-                results.lock().expect("results lock").push(result);
-                progress();
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                while let Some(seed) = claim(&flow, &changed, seeds.end, ahead) {
+                    let result = run_seed(scenario, seed).map(|run| run.result);
+                    progress();
+                    flow.lock().expect("sweep lock").done.insert(seed, result);
+                    changed.notify_all();
+                }
             });
         }
-    });
-    let mut results = results.into_inner().expect("results lock").into_iter().collect::<Result<Vec<_>, _>>()?;
-    results.sort_by_key(|r| r.seed);
-    Ok(judge(Meta::of(scenario), seeds, results))
+        let outcome = (|| -> Result<(), E> {
+            while let Some(result) = next_in_order(&flow, &changed, seeds.end) {
+                let result = result?;
+                judge.add(&result);
+                each(result)?;
+            }
+            Ok(())
+        })();
+        flow.lock().expect("sweep lock").stop = true;
+        changed.notify_all();
+        outcome
+    })?;
+    Ok(judge.finish())
+}
+
+/// The state the jobs of a sweep share.
+struct Flow {
+    /// The next seed to start.
+    next_claim: u64,
+    /// The next seed to hand on; every seed before it has been.
+    next_out: u64,
+    /// Finished seeds not yet handed on.
+    done: BTreeMap<u64, Result<SeedResult, HarnessError>>,
+    stop: bool,
+}
+
+/// The next seed for a job to run, waiting while it would run too far ahead; `None` when there are no
+/// more. Claimed one by one, never past the end: a counter that ran on would wrap at `u64::MAX`.
+fn claim(flow: &Mutex<Flow>, changed: &Condvar, end: u64, ahead: u64) -> Option<u64> {
+    let mut f = flow.lock().expect("sweep lock");
+    loop {
+        if f.stop || f.next_claim >= end {
+            return None;
+        }
+        if f.next_claim - f.next_out < ahead {
+            f.next_claim += 1;
+            return Some(f.next_claim - 1);
+        }
+        f = changed.wait(f).expect("sweep lock");
+    }
+}
+
+/// The next seed's result in seed order, once it is done; `None` after the last.
+fn next_in_order(flow: &Mutex<Flow>, changed: &Condvar, end: u64) -> Option<Result<SeedResult, HarnessError>> {
+    let mut f = flow.lock().expect("sweep lock");
+    loop {
+        if f.next_out >= end {
+            return None;
+        }
+        let seed = f.next_out;
+        if let Some(result) = f.done.remove(&seed) {
+            f.next_out += 1;
+            changed.notify_all();
+            return Some(result);
+        }
+        f = changed.wait(f).expect("sweep lock");
+    }
 }
 
 /// Shard `shard` (1-based) of `shards` of a seed range: its contiguous part, possibly empty.
@@ -202,7 +264,7 @@ fn show(ranges: &[Range<u64>]) -> String {
 
 /// Shards of one split must all be there, once each.
 fn check_shards(name: &str, parts: &[ScenarioResult]) -> Result<(), String> {
-    let mut splits: std::collections::BTreeMap<(u64, u64, u64), Vec<u64>> = Default::default();
+    let mut splits: BTreeMap<(u64, u64, u64), Vec<u64>> = BTreeMap::new();
     for s in parts.iter().filter_map(|p| p.shard.as_ref()) {
         splits.entry((s.of.start, s.of.end, s.count)).or_default().push(s.index);
     }
@@ -225,72 +287,159 @@ fn check_shards(name: &str, parts: &[ScenarioResult]) -> Result<(), String> {
     Ok(())
 }
 
-/// Compare seed results with the scenario's `[expect]`.
+/// Seed results compared with the scenario's `[expect]` as they come, in memory that does not grow
+/// with the number of seeds (see [`Distribution`] for the medians).
+pub struct Judge {
+    meta: Meta,
+    seeds: Range<u64>,
+    count: u64,
+    unsafe_seeds: u64,
+    first_unsafe: Option<u64>,
+    /// The violations the unsafe seeds found.
+    unsafe_kinds: BTreeSet<FindingKind>,
+    first_with: BTreeMap<FindingKind, u64>,
+    seeds_with: BTreeMap<FindingKind, u64>,
+    /// Every seed so far had faults, and skipped all of them.
+    every_fault_skipped: bool,
+    acquisitions: u64,
+    messages: u64,
+    unrecovered: u64,
+    latency_ms_p99_max: f64,
+    latency_ms_p50: Distribution,
+    recovery_ms: Distribution,
+}
+
+impl Judge {
+    pub fn new(meta: Meta, seeds: Range<u64>) -> Judge {
+        Judge {
+            meta,
+            seeds,
+            count: 0,
+            unsafe_seeds: 0,
+            first_unsafe: None,
+            unsafe_kinds: BTreeSet::new(),
+            first_with: BTreeMap::new(),
+            seeds_with: BTreeMap::new(),
+            every_fault_skipped: true,
+            acquisitions: 0,
+            messages: 0,
+            unrecovered: 0,
+            latency_ms_p99_max: 0.0,
+            latency_ms_p50: Distribution::default(),
+            recovery_ms: Distribution::default(),
+        }
+    }
+
+    /// One seed's result; seeds may come in any order, and each must come once.
+    pub fn add(&mut self, r: &SeedResult) {
+        let earliest = |first: &mut Option<u64>| *first = Some(first.map_or(r.seed, |s| s.min(r.seed)));
+        self.count += 1;
+        if r.verdict == Verdict::Unsafe {
+            self.unsafe_seeds += 1;
+            earliest(&mut self.first_unsafe);
+            self.unsafe_kinds.extend(r.counts.keys().filter(|k| k.is_violation()));
+        }
+        for kind in r.counts.keys() {
+            let first = self.first_with.entry(*kind).or_insert(r.seed);
+            *first = (*first).min(r.seed);
+            *self.seeds_with.entry(*kind).or_insert(0) += 1;
+        }
+        self.every_fault_skipped &= !r.schedule.is_empty() && r.faults_skipped == r.schedule.len() as u64;
+        let m = &r.measurements;
+        self.acquisitions += m.acquisitions;
+        self.messages += m.messages;
+        self.unrecovered += m.unrecovered;
+        self.latency_ms_p99_max = self.latency_ms_p99_max.max(m.latency_ms_p99);
+        self.latency_ms_p50.add(m.latency_ms_p50);
+        m.recovery_ms.iter().for_each(|ms| self.recovery_ms.add(*ms));
+    }
+
+    /// The verdict over every seed added (`results` left empty).
+    pub fn finish(self) -> ScenarioResult {
+        let expect = &self.meta.expect;
+        let mut reasons = Vec::new();
+        let mut unexpected_seed = None;
+        let mut flag = |why: String, seed: Option<u64>| {
+            reasons.push(why);
+            unexpected_seed = unexpected_seed.or(seed);
+        };
+        match expect.verdict {
+            Verdict::Safe => {
+                if let Some(seed) = self.first_unsafe {
+                    let kinds: Vec<&str> = self.unsafe_kinds.iter().map(|k| k.name()).collect();
+                    flag(format!("expected safe, but some seeds found {}", kinds.join(", ")), Some(seed));
+                }
+            }
+            Verdict::Unsafe if self.first_unsafe.is_none() => {
+                // A fault test whose faults never took effect must not pass for the wrong reason, nor
+                // fail without saying why.
+                if self.count > 0 && self.every_fault_skipped {
+                    flag(
+                        "expected unsafe, but every seed was safe: every fault of every seed was skipped when due"
+                            .into(),
+                        None,
+                    );
+                } else {
+                    flag("expected unsafe, but every seed was safe".into(), None);
+                }
+            }
+            Verdict::Unsafe => {}
+        }
+        for kind in &expect.findings {
+            if !self.first_with.contains_key(kind) {
+                flag(format!("expected {}, but no seed found it", kind.name()), None);
+            }
+        }
+        for kind in &expect.absent {
+            if let Some(seed) = self.first_with.get(kind) {
+                flag(format!("expected no {}, but seed {seed} found it", kind.name()), Some(*seed));
+            }
+        }
+        let round = |x: f64| (x * 10.0).round() / 10.0;
+        let summary = if self.count == 0 {
+            Summary::default()
+        } else {
+            let r = &self.recovery_ms;
+            Summary {
+                acquisitions_per_seed: round(self.acquisitions as f64 / self.count as f64),
+                latency_ms_p50: self.latency_ms_p50.median().unwrap_or(0.0),
+                latency_ms_p99_max: self.latency_ms_p99_max,
+                messages_per_acquisition: if self.acquisitions == 0 {
+                    0.0
+                } else {
+                    round(self.messages as f64 / self.acquisitions as f64)
+                },
+                recovery_ms: r.min().zip(r.median()).zip(r.max()).map(|((min, median), max)| (min, median, max)),
+                recoveries: r.len(),
+                unrecovered: self.unrecovered,
+            }
+        };
+        let meta = self.meta;
+        ScenarioResult {
+            as_expected: reasons.is_empty(),
+            reasons,
+            example_seed: unexpected_seed.or(self.first_unsafe),
+            expect: meta.expect,
+            scenario: meta.scenario,
+            path: meta.path,
+            recipe: meta.recipe,
+            fault_kinds: meta.fault_kinds,
+            workload: meta.workload,
+            clients: meta.clients,
+            duration_s: meta.duration_s,
+            seeds: self.seeds,
+            unsafe_seeds: self.unsafe_seeds,
+            seeds_with: self.seeds_with,
+            summary,
+            results: Vec::new(),
+            shard: None,
+        }
+    }
+}
+
+/// Compare seed results with the scenario's `[expect]`, keeping them in the result.
 pub fn judge(meta: Meta, seeds: Range<u64>, results: Vec<SeedResult>) -> ScenarioResult {
-    let expect = &meta.expect;
-    let has = |r: &SeedResult, k: FindingKind| r.counts.contains_key(&k);
-    let first_with = |k: FindingKind| results.iter().find(|r| has(r, k)).map(|r| r.seed);
-    let first_unsafe = results.iter().find(|r| r.verdict == Verdict::Unsafe).map(|r| r.seed);
-    let mut reasons = Vec::new();
-    let mut unexpected_seed = None;
-    let mut flag = |why: String, seed: Option<u64>| {
-        reasons.push(why);
-        unexpected_seed = unexpected_seed.or(seed);
-    };
-    match expect.verdict {
-        Verdict::Safe => {
-            if let Some(seed) = first_unsafe {
-                let kinds = results.iter().filter(|r| r.verdict == Verdict::Unsafe).flat_map(|r| r.counts.keys());
-                let mut kinds: Vec<&str> = kinds.filter(|k| k.is_violation()).map(|k| k.name()).collect();
-                kinds.sort_unstable();
-                kinds.dedup();
-                flag(format!("expected safe, but some seeds found {}", kinds.join(", ")), Some(seed));
-            }
-        }
-        Verdict::Unsafe => {
-            // A fault test whose faults never took effect must not pass for the wrong reason, nor fail
-            // without saying why.
-            let never = !results.is_empty()
-                && results.iter().all(|r| !r.schedule.is_empty() && r.faults_skipped == r.schedule.len() as u64);
-            if first_unsafe.is_none() && never {
-                flag(
-                    "expected unsafe, but every seed was safe: every fault of every seed was skipped when due".into(),
-                    None,
-                );
-            } else if first_unsafe.is_none() {
-                flag("expected unsafe, but every seed was safe".into(), None);
-            }
-        }
-    }
-    for kind in &expect.findings {
-        if first_with(*kind).is_none() {
-            flag(format!("expected {}, but no seed found it", kind.name()), None);
-        }
-    }
-    for kind in &expect.absent {
-        if let Some(seed) = first_with(*kind) {
-            flag(format!("expected no {}, but seed {seed} found it", kind.name()), Some(seed));
-        }
-    }
-    let as_expected = reasons.is_empty();
-    let example_seed = unexpected_seed.or(first_unsafe);
-    let unsafe_seeds = results.iter().filter(|r| r.verdict == Verdict::Unsafe).count() as u64;
-    ScenarioResult {
-        expect: meta.expect.clone(),
-        scenario: meta.scenario,
-        path: meta.path,
-        recipe: meta.recipe,
-        fault_kinds: meta.fault_kinds,
-        workload: meta.workload,
-        clients: meta.clients,
-        duration_s: meta.duration_s,
-        seeds,
-        as_expected,
-        reasons,
-        example_seed,
-        unsafe_seeds,
-        summary: summarise(&results),
-        results,
-        shard: None,
-    }
+    let mut judge = Judge::new(meta, seeds);
+    results.iter().for_each(|r| judge.add(r));
+    ScenarioResult { results, ..judge.finish() }
 }

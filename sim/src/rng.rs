@@ -20,6 +20,8 @@ pub enum Stream {
     Recipe,
     /// Decisions of injected network faults (`loss`, `drop-reply`).
     Network,
+    /// A conformance script: operations and server faults checked against a real server.
+    Conformance,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.

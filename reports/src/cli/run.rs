@@ -1,8 +1,8 @@
 //! `locksim run`: many seeds of one scenario, judged against its `[expect]`.
 
-use locksim_reports::results::ResultsFile;
+use locksim_reports::results::ResultsWriter;
 use locksim_reports::text;
-use locksim_scenarios::sweep::{sweep, ScenarioResult};
+use locksim_scenarios::sweep::{sweep_each, ScenarioResult};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -11,14 +11,15 @@ use std::time::Instant;
 pub struct Args {
     /// The scenario file (see `locksim list scenarios`).
     scenario: PathBuf,
-    /// Seeds to run: `A..B` (B exclusive) or one seed.
+    /// Seeds to run: `A..B` (B exclusive) or one seed. Any number: results are judged as they come
+    /// and not kept, so memory stays flat.
     #[arg(long, default_value = "0..100", value_parser = super::parse_seeds)]
     seeds: std::ops::Range<u64>,
     /// Seeds run at once (default: the number of cores). Results do not depend on it.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     jobs: Option<u16>,
     /// Write every seed's result (findings, measurements, history hash, schedule) to this JSON file,
-    /// for `locksim report`.
+    /// for `locksim report`: one line per seed, written as the seeds finish.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Run only part `i` of `n` of the seeds (a contiguous part), e.g. `--shard 2/4` in a CI matrix;
@@ -61,15 +62,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let jobs = super::jobs(args.jobs);
     let range = super::shard(args.seeds.clone(), args.shard);
     let seeds = range.end - range.start;
-    if let (Some(note), true) = (super::empty_shard(&args.seeds, args.shard), range.is_empty()) {
-        super::emit(&note)?;
-        if let Some(path) = &args.json {
-            let mut result = sweep(&scenario, range, jobs, &|| {})?;
-            result.shard = super::shard_record(&args.seeds, args.shard);
-            ResultsFile { name: scenario.name.clone(), runs: vec![result] }.write(path)?;
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
+    // Seed results go straight to the file as they finish, in seed order: nothing is kept per seed, so
+    // memory stays flat over any number of seeds.
+    let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &scenario.name)).transpose()?;
+    let mut save = |seed| json.as_mut().map_or(Ok(()), |out| out.seed(&seed));
+    let empty = super::empty_shard(&args.seeds, args.shard).filter(|_| range.is_empty());
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
     bar.set_style(
@@ -77,11 +74,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .expect("valid template"),
     );
     let started = Instant::now();
-    let mut result = sweep(&scenario, range, jobs, &|| bar.inc(1))?;
+    let mut result = sweep_each(&scenario, range, jobs, &|| bar.inc(1), &mut save)?;
     result.shard = super::shard_record(&args.seeds, args.shard);
     let wall = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-
+    if let Some(mut out) = json {
+        out.run(&result)?;
+        out.finish()?;
+    }
+    if let Some(note) = empty {
+        super::emit(&note)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     super::emit(&summary(&result, seeds))?;
     let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
     eprintln!(
@@ -89,9 +93,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         seeds as f64 / wall,
         simulated / wall
     );
-    let ok = super::shard_ok(&result, args.shard.is_some());
-    if let Some(path) = &args.json {
-        ResultsFile { name: scenario.name.clone(), runs: vec![result] }.write(path)?;
-    }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if super::shard_ok(&result, args.shard.is_some()) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -2,11 +2,12 @@
 
 use locksim_locks::Registry;
 use locksim_reports::junit::junit;
-use locksim_reports::results::ResultsFile;
+use locksim_reports::results::ResultsWriter;
 use locksim_reports::text;
-use locksim_scenarios::scenario::Verdict;
+use locksim_scenarios::run::run_seed;
+use locksim_scenarios::scenario::{Scenario, Verdict};
 use locksim_scenarios::suite::Suite;
-use locksim_scenarios::sweep::{sweep, ScenarioResult};
+use locksim_scenarios::sweep::{sweep_each, ScenarioResult};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -60,9 +61,10 @@ fn line(run: &ScenarioResult, ok: bool) -> String {
 }
 
 /// Shrink the seed that shows a failing run's unwanted finding; the line naming the shrunk repro.
-fn shrunk(run: &ScenarioResult, dir: &Path) -> Option<String> {
+fn shrunk(scenario: &Scenario, run: &ScenarioResult, dir: &Path) -> Option<String> {
     let seed = run.example_seed?;
-    let bad = run.results.iter().find(|r| r.seed == seed).filter(|r| r.verdict == Verdict::Unsafe)?;
+    // Run again rather than kept: a sweep keeps no seed's result.
+    let bad = run_seed(scenario, seed).ok()?.result;
     let kind = *bad
         .counts
         .keys()
@@ -89,12 +91,18 @@ pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
     );
     let started = Instant::now();
     let (mut results, mut seconds, mut failed) = (Vec::new(), Vec::new(), 0);
+    // Seed results go straight to the file, run after run: nothing is kept per seed.
+    let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &suite.name)).transpose()?;
     for (run, range) in suite.runs.iter().zip(ranges) {
         bar.set_message(run.scenario.name.clone());
         let run_started = Instant::now();
         let empty = range.is_empty();
-        let mut result = sweep(&run.scenario, range, jobs, &|| bar.inc(1))?;
+        let save = |seed| json.as_mut().map_or(Ok(()), |out| out.seed(&seed));
+        let mut result = sweep_each(&run.scenario, range, jobs, &|| bar.inc(1), save)?;
         result.shard = super::shard_record(&run.seeds, args.shard);
+        if let Some(out) = json.as_mut() {
+            out.run(&result)?;
+        }
         seconds.push(run_started.elapsed().as_secs_f64());
         let ok = empty || super::shard_ok(&result, args.shard.is_some());
         let mut said = match super::empty_shard(&run.seeds, args.shard).filter(|_| empty) {
@@ -104,7 +112,7 @@ pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
         if !ok {
             failed += 1;
             if !args.no_shrink {
-                if let Some(shrunk) = shrunk(&result, &args.shrink_dir) {
+                if let Some(shrunk) = shrunk(&run.scenario, &result, &args.shrink_dir) {
                     said.push('\n');
                     said.push_str(&shrunk);
                 }
@@ -121,8 +129,8 @@ pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
         let xml = junit(&suite.name, &results, &seconds);
         std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
-    if let Some(path) = &args.json {
-        ResultsFile { name: suite.name.clone(), runs: results }.write(path)?;
+    if let Some(out) = json {
+        out.finish()?;
     }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
