@@ -7,8 +7,10 @@
 //! - [`charts`]: SVG charts (plotters) of a set of results.
 //! - [`report`]: the comparison report — `index.html` and `report.md` with the charts.
 //! - [`timeline`]: one seed drawn as lanes of waiting, holding and faults.
+//! - [`conform`]: the simulated servers against the real ones on loopback (`locksim conform`).
 
 pub mod charts;
+pub mod conform;
 pub mod junit;
 pub mod report;
 pub mod results;

@@ -1,6 +1,7 @@
 //! The command line (DESIGN §9). Exit codes: 0 every verdict as expected, 1 some verdict differed,
 //! 2 bad input or a harness error.
 
+mod conform;
 mod list;
 mod report;
 mod repro;
@@ -47,6 +48,8 @@ enum Command {
     Suite(suite::Args),
     /// Merge results files (shards, suites) into a comparison report: index.html, report.md, SVG charts.
     Report(report::Args),
+    /// Check the simulated servers against the real ones on loopback: the same operations, the same answers.
+    Conform(conform::Args),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -57,6 +60,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Shrink(args) => shrink::shrink(args),
         Command::Suite(args) => suite::suite(args),
         Command::Report(args) => report::report(args),
+        Command::Conform(args) => conform::conform(args),
     }
 }
 

@@ -19,3 +19,13 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// `locksim` with the environment variable `var` set to `value`.
+pub fn locksim_with_env(args: &[&str], var: &str, value: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locksim"))
+        .args(args)
+        .env(var, value)
+        .current_dir(root())
+        .output()
+        .expect("locksim runs")
+}

@@ -1,0 +1,200 @@
+//! `locksim conform`: the simulated servers against the real ones (see `locksim_reports::conform`).
+
+use locksim_reports::conform::redis::Redis;
+use locksim_reports::conform::servers::Server;
+use locksim_reports::conform::{check, coverage, script, Action, Family, Outcome};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[derive(clap::Args)]
+#[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
+                  stops between them, and plays it on the model and on the real server; the first answer \
+                  that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
+                  The real servers come from Debian packages: run .ci/install-servers once (as root). \
+                  locksim starts each in a temporary directory on a free loopback port and stops it at the \
+                  end.\n\n\
+                  Exit codes: 0 every seed agreed, 1 a mismatch, 2 bad input or a server that would not start.")]
+pub struct Args {
+    /// Which server family to check.
+    #[arg(value_enum, default_value = "all")]
+    family: Which,
+    /// Seeds to play: `A..B` (B exclusive) or one seed. Each takes a few seconds of real time.
+    #[arg(long, default_value = "0..20", value_parser = super::parse_seeds)]
+    seeds: std::ops::Range<u64>,
+    /// Use the server already running at HOST:PORT instead of starting one; scripts that restart or
+    /// stop the server are then skipped. Only with one family.
+    #[arg(long)]
+    server: Option<SocketAddr>,
+    /// Write the counts and every mismatch to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seeds played at once, each on its own server (default: the number of cores). A seed mostly
+    /// waits for its script's times, but a machine too busy to keep them makes seeds inconclusive.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: Option<u16>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Which {
+    /// Every family below.
+    All,
+    /// Redis 7 (`redis-server`).
+    Redis,
+}
+
+/// What one family's run showed, as `--json` writes it.
+#[derive(Serialize)]
+struct Report {
+    family: &'static str,
+    seeds: std::ops::Range<u64>,
+    agreed: u64,
+    inconclusive: Vec<(u64, String)>,
+    skipped: u64,
+    mismatches: Vec<Mismatch>,
+    /// Steps played, by operation kind.
+    coverage: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Serialize)]
+struct Mismatch {
+    seed: u64,
+    step: String,
+    model: String,
+    real: String,
+    /// The shrunk script, one step per line.
+    script: Vec<String>,
+}
+
+pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
+    if args.server.is_some() && args.family == Which::All {
+        anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
+    }
+    super::check_outputs([&args.json], [])?;
+    let mut reports = Vec::new();
+    if matches!(args.family, Which::All | Which::Redis) {
+        reports.push(family(&Redis::default(), &args)?);
+    }
+    let mut bad = 0;
+    for r in &reports {
+        bad += r.mismatches.len();
+        super::emit(&said(r))?;
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&reports)? + "\n";
+        std::fs::write(path, json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
+    // One server per job: a script owns its server (it restarts and stops it).
+    let jobs = if args.server.is_some() { 1 } else { super::jobs(args.jobs.map(|j| j.min(64))) };
+    let bar = indicatif::ProgressBar::new(args.seeds.end - args.seeds.start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds of {msg}, eta {eta}")
+            .expect("valid template"),
+    );
+    bar.set_message(F::NAME);
+    let next = AtomicU64::new(args.seeds.start);
+    let outcomes: Mutex<BTreeMap<u64, Option<Outcome<F::Op>>>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    let mut server = match args.server {
+                        Some(addr) => Server::external(F::server(), addr),
+                        None => Server::start(F::server())?,
+                    };
+                    let end = args.seeds.end;
+                    while let Ok(seed) =
+                        next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then(|| s + 1))
+                    {
+                        let faults = script::<F>(seed).iter().any(|s| !matches!(s.action, Action::Client { .. }));
+                        // A server locksim did not start is not restarted or stopped: such scripts are skipped.
+                        let outcome =
+                            if faults && !server.is_own() { None } else { Some(check(family, &mut server, seed)?) };
+                        outcomes.lock().expect("outcomes lock").insert(seed, outcome);
+                        bar.inc(1);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        lanes.into_iter().map(|l| l.join().expect("a conformance job panicked")).collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    bar.finish_and_clear();
+    let mut report = Report {
+        family: F::NAME,
+        seeds: args.seeds.clone(),
+        agreed: 0,
+        inconclusive: Vec::new(),
+        skipped: 0,
+        mismatches: Vec::new(),
+        coverage: BTreeMap::new(),
+    };
+    for (seed, outcome) in outcomes.into_inner().expect("outcomes lock") {
+        let Some(outcome) = outcome else {
+            report.skipped += 1;
+            continue;
+        };
+        coverage::<F>(&script::<F>(seed), &mut report.coverage);
+        match outcome {
+            Outcome::Agree => report.agreed += 1,
+            Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
+            Outcome::Mismatch { steps, step, model, real } => report.mismatches.push(Mismatch {
+                seed,
+                step: steps[step].to_string(),
+                model,
+                real,
+                script: steps.iter().map(ToString::to_string).collect(),
+            }),
+        }
+    }
+    Ok(report)
+}
+
+/// The lines `conform` prints for one family.
+fn said(r: &Report) -> String {
+    let n = r.seeds.end - r.seeds.start;
+    let mut out = format!(
+        "{}: {n} seeds (seeds {}..{}): {} agreed, {} mismatched, {} inconclusive{}\n",
+        r.family,
+        r.seeds.start,
+        r.seeds.end,
+        r.agreed,
+        r.mismatches.len(),
+        r.inconclusive.len(),
+        if r.skipped > 0 {
+            format!(", {} skipped (they restart or stop the server)", r.skipped)
+        } else {
+            String::new()
+        }
+    );
+    let kinds: Vec<String> = r.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
+    for (seed, why) in &r.inconclusive {
+        out.push_str(&format!(
+            "  seed {seed} inconclusive: {why} (the machine was too busy to keep the script's times)\n"
+        ));
+    }
+    for m in &r.mismatches {
+        out.push_str(&format!(
+            "  MISMATCH seed {}: {}\n    model: {}\n    real:  {}\n    shrunk script ({} steps):\n",
+            m.seed,
+            m.step.trim(),
+            m.model,
+            m.real,
+            m.script.len()
+        ));
+        for line in &m.script {
+            out.push_str(&format!("      {line}\n"));
+        }
+        out.push_str(&format!("    reproduce: locksim conform {} --seeds {}\n", r.family, m.seed));
+    }
+    out
+}

@@ -1,0 +1,281 @@
+//! Real servers on loopback, started by locksim from the Debian packages `.ci/install-servers`
+//! installs: each in its own temporary directory (data, configuration, logs) on a free port, waited for
+//! until it answers, and stopped at the end — on success, on an error, on a panic, and on Ctrl-C or
+//! SIGTERM (a handler kills every server still running and removes its directory). Nothing is written
+//! outside the temporary directory. Or `--server HOST:PORT` points at one already running; locksim then
+//! neither restarts nor stops it, and refuses scripts that would.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Which server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `redis-server` 7.0 (Debian 12 `redis-server`).
+    Redis,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis-server",
+        }
+    }
+
+    /// The Debian package that brings it.
+    pub fn package(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis-server",
+        }
+    }
+
+    /// How long it may take to answer after it starts.
+    fn patience(self) -> Duration {
+        match self {
+            Kind::Redis => Duration::from_secs(20),
+        }
+    }
+}
+
+/// Where a server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addr(pub SocketAddr);
+
+/// One real server.
+pub struct Server {
+    kind: Kind,
+    addr: Addr,
+    /// `None` for a server locksim did not start.
+    own: Option<Own>,
+}
+
+/// What locksim owns of a server it started.
+struct Own {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Server {
+    /// Start a `kind` server in a fresh temporary directory on a free loopback port, and wait until it
+    /// answers.
+    pub fn start(kind: Kind) -> anyhow::Result<Server> {
+        on_interrupt_stop_everything();
+        let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
+        let port = free_port()?;
+        let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
+        let child = launch(kind, dir.path(), port)?;
+        let mut server = Server { kind, addr, own: Some(Own { dir, child }) };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// A server someone else runs at `addr`.
+    pub fn external(kind: Kind, addr: SocketAddr) -> Server {
+        Server { kind, addr: Addr(addr), own: None }
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn addr(&self) -> Addr {
+        self.addr
+    }
+
+    /// Whether locksim runs it (and so can restart and stop it).
+    pub fn is_own(&self) -> bool {
+        self.own.is_some()
+    }
+
+    /// Kill the server (SIGKILL) and start it again on the same port, with its data (`keep`) or
+    /// without; return once it answers.
+    pub fn restart(&mut self, keep: bool) -> anyhow::Result<()> {
+        let kind = self.kind;
+        let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot restart a server locksim did not start"))?;
+        kill(&mut own.child);
+        if !keep {
+            wipe(kind, own.dir.path())?;
+        }
+        own.child = launch(kind, own.dir.path(), self.addr.0.port())?;
+        self.wait_ready()
+    }
+
+    /// Stop the server's process (SIGSTOP) for `d`, then continue it (SIGCONT): a stop-the-world pause.
+    /// The kernel still accepts connections and data meanwhile.
+    pub fn pause(&mut self, d: Duration) -> anyhow::Result<()> {
+        let own = self.own.as_ref().ok_or_else(|| anyhow::anyhow!("cannot stop a server locksim did not start"))?;
+        let pid = own.child.id() as libc::pid_t;
+        signal(pid, libc::SIGSTOP)?;
+        std::thread::sleep(d);
+        signal(pid, libc::SIGCONT)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.kind.patience();
+        loop {
+            if ready(self.kind, self.addr) {
+                return Ok(());
+            }
+            if let Some(own) = &mut self.own {
+                if let Some(status) = own.child.try_wait()? {
+                    anyhow::bail!(
+                        "{} exited ({status}) before it answered: {}",
+                        self.kind.name(),
+                        log_tail(own.dir.path())
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                let log = self.own.as_ref().map_or(String::new(), |o| log_tail(o.dir.path()));
+                anyhow::bail!(
+                    "{} did not answer on {} within {:?}: {log}",
+                    self.kind.name(),
+                    self.addr.0,
+                    self.kind.patience()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(own) = &mut self.own {
+            kill(&mut own.child);
+        }
+    }
+}
+
+/// The program, its arguments and its directory layout for each kind.
+fn launch(kind: Kind, dir: &Path, port: u16) -> anyhow::Result<Child> {
+    let log = std::fs::File::create(dir.join("server.log"))?;
+    let mut cmd = match kind {
+        Kind::Redis => {
+            // Persistence by AOF: Redis write()s the AOF before it replies, so a killed process loses
+            // no acknowledged write (the kernel has it; fsync matters only when the machine dies), as
+            // the model's `persist = true` assumes — and `appendfsync no` keeps a write from waiting
+            // on the disk. No RDB snapshots, no protected mode; `hz 100` so that a `WAIT` times out
+            // within 10 ms of its time rather than 100.
+            let mut cmd = Command::new(binary("redis-server", &["/usr/bin/redis-server"])?);
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
+                .arg(dir)
+                .args(["--appendonly", "yes", "--appendfsync", "no", "--save", "", "--daemonize", "no", "--hz", "100"])
+                .args(["--protected-mode", "no", "--logfile", ""]);
+            cmd
+        }
+    };
+    cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // Its own process group: a Ctrl-C at the terminal reaches locksim, which stops it in order, and
+    // not the server behind its back.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", kind.name()))?;
+    remember(child.id(), dir);
+    Ok(child)
+}
+
+/// Remove a stopped server's data, keeping its configuration and log.
+fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
+    let data: &[&str] = match kind {
+        Kind::Redis => &["appendonlydir", "dump.rdb"],
+    };
+    for name in data {
+        let path = dir.join(name);
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else if path.exists() {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the server answers its simplest request.
+fn ready(kind: Kind, addr: Addr) -> bool {
+    let Ok(stream) = TcpStream::connect_timeout(&addr.0, Duration::from_millis(200)) else { return false };
+    match kind {
+        Kind::Redis => {
+            let mut conn = super::resp::Conn::on(stream);
+            matches!(conn.command(&["PING"]), Ok(super::resp::Value::Simple(s)) if s == "PONG")
+        }
+    }
+}
+
+/// The program `name`: where the environment variable `LOCKSIM_<NAME>` says (e.g.
+/// `LOCKSIM_REDIS_SERVER`, for another build), else on the PATH or at the Debian package's path.
+fn binary(name: &str, known: &[&str]) -> anyhow::Result<PathBuf> {
+    let var = format!("LOCKSIM_{}", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&var) {
+        let path = PathBuf::from(path);
+        return match path.is_file() {
+            true => Ok(path),
+            false => anyhow::bail!("{var}={}: no such program", path.display()),
+        };
+    }
+    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
+    on_path
+        .map(|dir| dir.join(name))
+        .chain(known.iter().map(PathBuf::from))
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow::anyhow!("{name} is not installed: run .ci/install-servers (Debian packages, as root)"))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
+    // SAFETY: kill(2) with a pid of a child this process started and has not reaped.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        anyhow::bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn kill(child: &mut Child) {
+    let _ = signal(child.id() as libc::pid_t, libc::SIGCONT);
+    let _ = child.kill();
+    let _ = child.wait();
+    forget(child.id());
+}
+
+fn log_tail(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    if tail.is_empty() {
+        "(its log is empty)".to_string()
+    } else {
+        format!("its log ends: {}", tail.join(" | "))
+    }
+}
+
+/// Servers running now, for the interrupt handler: process id and directory.
+static RUNNING: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+fn remember(pid: u32, dir: &Path) {
+    RUNNING.lock().expect("servers lock").push((pid, dir.to_path_buf()));
+}
+
+fn forget(pid: u32) {
+    RUNNING.lock().expect("servers lock").retain(|(p, _)| *p != pid);
+}
+
+/// On Ctrl-C or SIGTERM: kill every server still running, remove its directory, exit 130.
+fn on_interrupt_stop_everything() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            for (pid, dir) in RUNNING.lock().expect("servers lock").drain(..) {
+                let _ = signal(pid as libc::pid_t, libc::SIGCONT);
+                let _ = signal(pid as libc::pid_t, libc::SIGKILL);
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            eprintln!("locksim: interrupted; the servers it started are stopped");
+            std::process::exit(130);
+        });
+    });
+}

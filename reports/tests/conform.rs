@@ -1,0 +1,87 @@
+//! Conformance against the real servers (installed by `.ci/install-servers`). Where a server is not
+//! installed these tests say so and pass, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run`
+//! sets it, so that in CI a missing server fails rather than skips.
+
+mod common;
+
+use common::{locksim, stderr, stdout};
+use locksim_reports::conform::redis::Redis;
+use locksim_reports::conform::servers::{Kind, Server};
+use locksim_reports::conform::{check, Action, Outcome};
+use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
+use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::history::NodeIx;
+
+/// The server of `kind`, or `None` (said on stderr) where it is not installed and not required.
+fn server(kind: Kind) -> Option<Server> {
+    match Server::start(kind) {
+        Ok(server) => Some(server),
+        Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
+            None
+        }
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// A planted bug: `SET … NX` overwrites a key that exists.
+struct SetNxOverwrites(RedisState);
+
+impl Backend for SetNxOverwrites {
+    type Request = RedisRequest;
+    type Reply = RedisReply;
+
+    fn apply(&mut self, now: Now, from: NodeIx, mut request: RedisRequest, out: &mut Out) -> RedisReply {
+        if let RedisRequest::Set { condition: c @ SetCondition::Nx, .. } = &mut request {
+            *c = SetCondition::Always;
+        }
+        self.0.apply(now, from, request, out)
+    }
+
+    fn parks(&self, request: &RedisRequest) -> Option<std::time::Duration> {
+        self.0.parks(request)
+    }
+
+    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
+        self.0.answer_parked(from, request, timed_out)
+    }
+}
+
+#[test]
+fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
+    let Some(mut server) = server(Kind::Redis) else { return };
+    let broken = Redis { model: || Box::new(SetNxOverwrites(RedisState::default())) };
+    // The CI seed budget of `.ci/run` starts at seed 0: the bug must show within it.
+    let found = (0..10).find_map(|seed| match check(&broken, &mut server, seed).unwrap() {
+        Outcome::Mismatch { steps, step, model, real } => Some((seed, steps, step, model, real)),
+        _ => None,
+    });
+    let (seed, steps, step, model, real) = found.expect("the planted bug is caught within 10 seeds");
+    let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
+    assert!(shown[step].contains("NX"), "seed {seed}: the mismatch is at a SET NX: {shown:#?}");
+    assert_eq!((model.as_str(), real.as_str()), ("OK", "nil"), "seed {seed}: {shown:#?}");
+    let requests = steps.iter().filter(|s| matches!(s.action, Action::Client { .. })).count();
+    assert!(requests <= 3, "seed {seed}: shrunk to the writes that matter: {shown:#?}");
+}
+
+#[test]
+fn conform_redis_agrees_with_the_real_server_and_says_what_it_played() {
+    if server(Kind::Redis).is_none() {
+        return;
+    }
+    let o = locksim(&["conform", "redis", "--seeds", "0..4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("redis: 4 seeds (seeds 0..4): 4 agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("SET NX") && out.contains("PTTL") && out.contains("restart"), "{out}");
+}
+
+#[test]
+fn a_server_that_will_not_start_is_one_clear_error_and_exit_2() {
+    let o = common::locksim_with_env(&["conform", "redis", "--seeds", "0..1"], "LOCKSIM_REDIS_SERVER", "/nonexistent");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "locksim: LOCKSIM_REDIS_SERVER=/nonexistent: no such program\n");
+    let o = common::locksim_with_env(&["conform", "redis", "--seeds", "0..1"], "LOCKSIM_REDIS_SERVER", "/bin/false");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("redis-server exited (exit status: 1) before it answered"), "{}", stderr(&o));
+}
