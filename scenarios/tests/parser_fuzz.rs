@@ -8,9 +8,11 @@ mod common;
 
 use common::catalog_dir;
 use locksim_locks::Registry;
+use locksim_scenarios::suite::Suite;
 use locksim_scenarios::Scenario;
 use locksim_sim::fault::{Action, Target};
 use locksim_sim::rng::{stream, ChaCha8Rng, Rng, Stream};
+use std::path::Path;
 
 /// Pieces of TOML and values that sit at the edges of what the format allows.
 const TOKENS: &[&str] = &[
@@ -142,5 +144,74 @@ fn mangled_scenarios_never_panic_and_are_refused_with_a_position_or_can_fire() {
             }
         }
     }
+    assert!(accepted > 0 && refused > 0, "the cases exercise both ways: {accepted} accepted, {refused} refused");
+}
+
+/// Suite-file pieces at the edges of what the format allows.
+const SUITE_TOKENS: &[&str] = &[
+    "\n[[run]]\n",
+    "\nseeds = \"5..1\"\n",
+    "\nseeds = \"18446744073709551615\"\n",
+    "\nseeds = \"0..18446744073709551616\"\n",
+    "\nclients = 0\n",
+    "\nclients = 65\n",
+    "\nclients = 1\n",
+    "\nscenario = \"nowhere.toml\"\n",
+    "\nscenario = \"\"\n",
+    "\n[run.expect]\nverdict = \"unsafe\"\n",
+    "\n[run.expect]\nfindings = [\"nope\"]\n",
+    "\nname = 7\n",
+];
+
+#[test]
+fn mangled_suites_never_panic_and_are_refused_with_a_position() {
+    let cases: u64 = std::env::var("LOCKSIM_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).map_or(300, |n: u64| n / 10);
+    let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("suites");
+    let catalog = catalog_dir().display().to_string();
+    // Absolute scenario paths, so the mangled suite can live in a scratch directory.
+    let text = std::fs::read_to_string(suites.join("smoke.toml")).unwrap().replace("../catalog", &catalog);
+    let dir = std::env::temp_dir().join(format!("locksim-suite-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let registry = Registry::builtin();
+    let mut rng = stream(20_261_124, Stream::Workload, 0);
+    let (mut accepted, mut refused) = (0, 0);
+    for case in 0..cases {
+        // Whole lines at line starts (mostly valid TOML, so the checks behind the parser run), or a
+        // mangling as for scenarios.
+        let input = if rng.gen_bool(0.6) {
+            let starts: Vec<usize> = text.match_indices('\n').map(|(i, _)| i + 1).collect();
+            let at = starts[rng.gen_range(0..starts.len())];
+            let token = SUITE_TOKENS[rng.gen_range(0..SUITE_TOKENS.len())];
+            format!("{}{}{}", &text[..at], token.trim_start_matches('\n'), &text[at..])
+        } else {
+            mangle(&mut rng, &text)
+        };
+        let path = dir.join(format!("case-{case}.toml"));
+        std::fs::write(&path, &input).unwrap();
+        let loaded = std::panic::catch_unwind(|| Suite::load(&path, &registry));
+        let loaded = loaded.unwrap_or_else(|_| panic!("the suite parser panicked on case {case}:\n{input}"));
+        match loaded {
+            Ok(suite) => {
+                for run in &suite.runs {
+                    faults_can_fire(&run.scenario).unwrap_or_else(|why| panic!("case {case} accepted {why}"));
+                    assert!(!run.seeds.is_empty(), "case {case}: an empty seed range accepted");
+                }
+                accepted += 1;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                // The suite, or a scenario it names (a mangled path may name another catalog file).
+                let at = |p: &str| is_positioned(&e, p);
+                let shown = path.display().to_string();
+                let positioned =
+                    at(&shown) || e.split(':').next().is_some_and(|file| file.starts_with(&catalog) && at(file));
+                assert!(positioned, "case {case}: {e:?} names no position:\n{input}");
+                assert_eq!(e.lines().count(), 1, "case {case}: one line: {e:?}");
+                refused += 1;
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+    let _ = std::fs::remove_dir(&dir);
     assert!(accepted > 0 && refused > 0, "the cases exercise both ways: {accepted} accepted, {refused} refused");
 }
