@@ -1,5 +1,6 @@
 //! `locksim conform`: the simulated servers against the real ones (see `locksim_reports::conform`).
 
+use locksim_reports::conform::etcd::Etcd;
 use locksim_reports::conform::redis::Redis;
 use locksim_reports::conform::servers::Server;
 use locksim_reports::conform::{check, coverage, script, Action, Family, Outcome};
@@ -45,6 +46,8 @@ enum Which {
     All,
     /// Redis 7 (`redis-server`).
     Redis,
+    /// etcd 3.4 (Debian's `etcd-server`) against the 3.5 model, through its JSON gateway.
+    Etcd,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -78,6 +81,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     let mut reports = Vec::new();
     if matches!(args.family, Which::All | Which::Redis) {
         reports.push(family(&Redis::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Etcd) {
+        reports.push(family(&Etcd::default(), &args)?);
     }
     let mut bad = 0;
     for r in &reports {

@@ -12,6 +12,8 @@
 //! than the margin after the model answered), and a run that missed it — a loaded machine — is
 //! *inconclusive*: played again, and never reported as a mismatch.
 
+pub mod etcd;
+pub mod http;
 pub mod redis;
 pub mod resp;
 pub mod servers;
@@ -20,7 +22,7 @@ use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use servers::{Addr, Server};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The grid of a script's times, in milliseconds.
@@ -72,6 +74,8 @@ pub trait Family {
     type Op: Clone + fmt::Display + Send + Sync;
     /// One client's connection to the real server.
     type Conn: Send;
+    /// What the clients of one real run share (etcd: where the revisions start, the lease ids).
+    type Shared: Send + Sync;
 
     /// The real server this family is checked against.
     fn server() -> servers::Kind;
@@ -82,8 +86,8 @@ pub trait Family {
     /// The model's answers to a script's client steps, in step order (server steps get none).
     fn model(&self, steps: &[Step<Self::Op>]) -> Vec<Answer>;
     /// Prepare the real server for a fresh script (empty it).
-    fn reset(server: &Server) -> anyhow::Result<()>;
-    fn connect(addr: &Addr) -> anyhow::Result<Self::Conn>;
+    fn reset(server: &Server) -> anyhow::Result<Self::Shared>;
+    fn connect(addr: &Addr, shared: &Arc<Self::Shared>) -> anyhow::Result<Self::Conn>;
     /// Send `op` and normalise the answer as [`Family::model`] does.
     fn send(conn: &mut Self::Conn, op: &Self::Op) -> anyhow::Result<String>;
     /// The server restarted: the connection is gone, open a new one before the next request.
@@ -187,14 +191,14 @@ enum Played {
 
 /// Play `steps` on the real server: a thread per client, server faults on this thread.
 fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer]) -> anyhow::Result<Played> {
-    F::reset(server)?;
+    let shared = Arc::new(F::reset(server)?);
     let clients = steps.iter().filter_map(|s| match s.action {
         Action::Client { client, .. } => Some(client + 1),
         _ => None,
     });
     let clients = clients.max().unwrap_or(0);
     let addr = server.addr();
-    let mut conns = (0..clients).map(|_| F::connect(&addr)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut conns = (0..clients).map(|_| F::connect(&addr, &shared)).collect::<anyhow::Result<Vec<_>>>()?;
     // Restarts so far: a client that sees a new one reconnects before its next request.
     let restarts = AtomicUsize::new(0);
     // Each client step's index among client steps, so answers line up with the model's.

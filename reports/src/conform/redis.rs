@@ -13,6 +13,7 @@ use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::fmt;
+use std::sync::Arc;
 
 /// The Lua the lock libraries send for the two scripts the model names (redis-py's and Redisson's
 /// compare-and-delete, and the compare-and-pexpire of `Lock.extend`).
@@ -175,6 +176,7 @@ impl Family for Redis {
     const NAME: &'static str = "redis";
     type Op = Op;
     type Conn = Client;
+    type Shared = ();
 
     fn server() -> Kind {
         Kind::Redis
@@ -277,14 +279,14 @@ impl Family for Redis {
     }
 
     fn reset(server: &Server) -> anyhow::Result<()> {
-        let mut c = Self::connect(&server.addr())?;
+        let mut c = Self::connect(&server.addr(), &Arc::new(()))?;
         match c.conn()?.command(&["FLUSHALL"])? {
             resp::Value::Simple(ok) if ok == "OK" => Ok(()),
             other => anyhow::bail!("FLUSHALL answered {other:?}"),
         }
     }
 
-    fn connect(addr: &Addr) -> anyhow::Result<Client> {
+    fn connect(addr: &Addr, _: &Arc<()>) -> anyhow::Result<Client> {
         Ok(Client { addr: *addr, conn: None })
     }
 

@@ -16,26 +16,22 @@ use std::time::{Duration, Instant};
 pub enum Kind {
     /// `redis-server` 7.0 (Debian 12 `redis-server`).
     Redis,
+    /// `etcd` 3.4, one member (Debian 12 `etcd-server`).
+    Etcd,
 }
 
 impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Redis => "redis-server",
-        }
-    }
-
-    /// The Debian package that brings it.
-    pub fn package(self) -> &'static str {
-        match self {
-            Kind::Redis => "redis-server",
+            Kind::Etcd => "etcd",
         }
     }
 
     /// How long it may take to answer after it starts.
     fn patience(self) -> Duration {
         match self {
-            Kind::Redis => Duration::from_secs(20),
+            Kind::Redis | Kind::Etcd => Duration::from_secs(30),
         }
     }
 }
@@ -48,6 +44,8 @@ pub struct Addr(pub SocketAddr);
 pub struct Server {
     kind: Kind,
     addr: Addr,
+    /// A second port some servers need (etcd's peer port), kept across restarts.
+    peer_port: u16,
     /// `None` for a server locksim did not start.
     own: Option<Own>,
 }
@@ -64,17 +62,17 @@ impl Server {
     pub fn start(kind: Kind) -> anyhow::Result<Server> {
         on_interrupt_stop_everything();
         let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
-        let port = free_port()?;
+        let (port, peer_port) = (free_port()?, free_port()?);
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
-        let child = launch(kind, dir.path(), port)?;
-        let mut server = Server { kind, addr, own: Some(Own { dir, child }) };
+        let child = launch(kind, dir.path(), port, peer_port)?;
+        let mut server = Server { kind, addr, peer_port, own: Some(Own { dir, child }) };
         server.wait_ready()?;
         Ok(server)
     }
 
     /// A server someone else runs at `addr`.
     pub fn external(kind: Kind, addr: SocketAddr) -> Server {
-        Server { kind, addr: Addr(addr), own: None }
+        Server { kind, addr: Addr(addr), peer_port: 0, own: None }
     }
 
     pub fn kind(&self) -> Kind {
@@ -99,7 +97,7 @@ impl Server {
         if !keep {
             wipe(kind, own.dir.path())?;
         }
-        own.child = launch(kind, own.dir.path(), self.addr.0.port())?;
+        own.child = launch(kind, own.dir.path(), self.addr.0.port(), self.peer_port)?;
         self.wait_ready()
     }
 
@@ -151,7 +149,7 @@ impl Drop for Server {
 }
 
 /// The program, its arguments and its directory layout for each kind.
-fn launch(kind: Kind, dir: &Path, port: u16) -> anyhow::Result<Child> {
+fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Child> {
     let log = std::fs::File::create(dir.join("server.log"))?;
     let mut cmd = match kind {
         Kind::Redis => {
@@ -165,6 +163,16 @@ fn launch(kind: Kind, dir: &Path, port: u16) -> anyhow::Result<Child> {
                 .arg(dir)
                 .args(["--appendonly", "yes", "--appendfsync", "no", "--save", "", "--daemonize", "no", "--hz", "100"])
                 .args(["--protected-mode", "no", "--logfile", ""]);
+            cmd
+        }
+        Kind::Etcd => {
+            let (client, peer) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{peer_port}"));
+            let mut cmd = Command::new(binary("etcd", &["/usr/bin/etcd"])?);
+            cmd.args(["--name", "locksim", "--data-dir"])
+                .arg(dir.join("data"))
+                .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &format!("locksim={peer}")]);
             cmd
         }
     };
@@ -181,6 +189,7 @@ fn launch(kind: Kind, dir: &Path, port: u16) -> anyhow::Result<Child> {
 fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
     let data: &[&str] = match kind {
         Kind::Redis => &["appendonlydir", "dump.rdb"],
+        Kind::Etcd => &["data"],
     };
     for name in data {
         let path = dir.join(name);
@@ -201,6 +210,8 @@ fn ready(kind: Kind, addr: Addr) -> bool {
             let mut conn = super::resp::Conn::on(stream);
             matches!(conn.command(&["PING"]), Ok(super::resp::Value::Simple(s)) if s == "PONG")
         }
+        // A read needs a leader: the server is up and serving.
+        Kind::Etcd => super::http::post(addr.0, "/v3/kv/range", r#"{"key":"AA=="}"#).is_ok(),
     }
 }
 

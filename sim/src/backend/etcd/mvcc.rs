@@ -37,13 +37,20 @@ impl Store {
         self.keys.get(key)
     }
 
-    /// The keys `r` selects, sorted and limited as it asks, and how many matched before the limit.
+    /// The keys `r` selects, filtered, sorted and limited as it asks, and the count etcd answers with:
+    /// every key in the range, before the `max_create_revision` filter and the limit — etcd's
+    /// `v3_server` `Range` prunes the store's answer but keeps the store's `rr.Count` (found by
+    /// `locksim conform etcd`, seed 8).
     pub fn range(&self, r: &Range) -> (Vec<KeyValue>, usize) {
-        let mut kvs: Vec<KeyValue> = self
+        let in_range: Vec<&KeyValue> = self
             .keys
             .range(r.key.clone()..)
             .take_while(|(k, _)| matches(&r.key, r.prefix, k))
             .map(|(_, kv)| kv)
+            .collect();
+        let count = in_range.len();
+        let mut kvs: Vec<KeyValue> = in_range
+            .into_iter()
             .filter(|kv| r.max_create_revision == 0 || kv.create_revision <= r.max_create_revision)
             .cloned()
             .collect();
@@ -58,7 +65,6 @@ impl Store {
                 kvs.reverse();
             }
         }
-        let count = kvs.len();
         if r.limit > 0 {
             kvs.truncate(r.limit);
         }

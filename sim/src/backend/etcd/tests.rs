@@ -135,6 +135,9 @@ fn ranges_sort_limit_and_bound_by_create_revision() {
     assert_eq!(keys(&mut e, Range::first_created("m/")), (vec!["m/c".to_string()], 3));
     assert_eq!(keys(&mut e, Range::last_created_by("m/", 3)).0, ["m/a"]);
     assert_eq!(keys(&mut e, Range::last_created_by("m/", 1)).0, Vec::<String>::new());
+    // The count is of every key in the range: etcd prunes by create revision after counting.
+    assert_eq!(keys(&mut e, Range::last_created_by("m/", 1)).1, 3);
+    assert_eq!(keys(&mut e, Range::last_created_by("m/", 2)), (vec!["m/c".to_string()], 3));
 }
 
 #[test]

@@ -1,0 +1,771 @@
+//! etcd: the simulated server (`locksim_sim::backend::etcd::EtcdState`, etcd 3.5) against `etcd` 3.4
+//! from Debian 12, through its JSON gateway (`/v3/...`, the gRPC API as JSON over HTTP/1.1).
+//!
+//! Scripts use what the recipes use — put (with a lease), range (a key or a prefix, sorted, limited,
+//! bounded by `max_create_revision`), delete, `Txn` comparing create/mod revision, version or value,
+//! lease grant, keep-alive, revoke and time-to-live, and watches from a revision — from two or three
+//! clients, with restarts (the data directory kept) and stops of the server between them. What 3.4 and
+//! 3.5 share is all a script asks; where they differ the model follows 3.5 (README: "How we know the
+//! models are right").
+//!
+//! The real server keeps its revision across scripts, so a script's revisions are counted from where
+//! the server stood at its start: the model's revision 1 is the real server's revision then. Leases are
+//! named by the order they were granted in (`L0`, `L1`, …): the real server draws their ids at random.
+//!
+//! Lease expiry is checked every 500 ms by both, but the real lessor's ticks are not on the script's
+//! grid: a script sends nothing from when a lease may expire until 700 ms after (its window), nor a
+//! time-to-live on a whole second of remaining time.
+
+use super::servers::{Addr, Kind, Server};
+use super::{http, Action, Answer, Family, Step, MARGIN_MS, SLOT_MS};
+use locksim_sim::backend::etcd::{
+    Cmp, Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, Event, EventType, KeyValue, Op as KvOp, OpResult,
+    Range, SortOrder, SortTarget, Target, WatchResponse,
+};
+use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::history::NodeIx;
+use locksim_sim::rng::{ChaCha8Rng, Rng};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// A script step: a request with leases named by grant order and revisions counted from the script's
+/// start.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Put {
+        key: String,
+        value: String,
+        lease: Option<usize>,
+    },
+    Range(Range),
+    Delete {
+        key: String,
+        prefix: bool,
+    },
+    /// One compare; on success a put, on failure a range of the compared key (the recipes' shape).
+    Txn {
+        compare: Compare,
+        put: (String, String, Option<usize>),
+    },
+    Grant {
+        ttl_s: i64,
+    },
+    KeepAlive {
+        lease: usize,
+    },
+    Revoke {
+        lease: usize,
+    },
+    TimeToLive {
+        lease: usize,
+    },
+    /// Watch a key or prefix from a revision (0: from now on).
+    Watch {
+        key: String,
+        prefix: bool,
+        start_revision: i64,
+    },
+    /// The events the client's watch has delivered since it last asked.
+    Events,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lease = |l: &Option<usize>| l.map_or(String::new(), |l| format!(" lease L{l}"));
+        match self {
+            Op::Put { key, value, lease: l } => write!(f, "put {key}={value}{}", lease(l)),
+            Op::Range(r) => {
+                write!(f, "range {}{}", r.key, if r.prefix { "*" } else { "" })?;
+                if let Some((target, order)) = r.sort {
+                    write!(f, " sort {target:?} {order:?}")?;
+                }
+                if r.limit > 0 {
+                    write!(f, " limit {}", r.limit)?;
+                }
+                if r.max_create_revision > 0 {
+                    write!(f, " max_create_revision {}", r.max_create_revision)?;
+                }
+                Ok(())
+            }
+            Op::Delete { key, prefix } => write!(f, "delete {key}{}", if *prefix { "*" } else { "" }),
+            Op::Txn { compare, put: (key, value, l) } => {
+                write!(
+                    f,
+                    "txn if {} {:?} {:?} then put {key}={value}{} else range {}",
+                    compare.key,
+                    compare.cmp,
+                    compare.target,
+                    lease(l),
+                    compare.key
+                )
+            }
+            Op::Grant { ttl_s } => write!(f, "lease grant ttl {ttl_s}"),
+            Op::KeepAlive { lease } => write!(f, "lease keep-alive L{lease}"),
+            Op::Revoke { lease } => write!(f, "lease revoke L{lease}"),
+            Op::TimeToLive { lease } => write!(f, "lease time-to-live L{lease}"),
+            Op::Watch { key, prefix, start_revision } => {
+                write!(f, "watch {key}{} from revision {start_revision}", if *prefix { "*" } else { "" })
+            }
+            Op::Events => write!(f, "watch events"),
+        }
+    }
+}
+
+/// The etcd family, with the model it is checked against (a test swaps in a broken one).
+pub struct Etcd {
+    pub model: fn() -> Box<dyn EtcdModel>,
+}
+
+impl Default for Etcd {
+    fn default() -> Self {
+        Etcd { model: || Box::new(EtcdState::default()) }
+    }
+}
+
+/// What the conformance run needs of an etcd model.
+pub trait EtcdModel {
+    fn apply(&mut self, now: Now, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply;
+    fn tick(&mut self, now: Now, out: &mut Out);
+    fn recover(&mut self, now_ms: i64);
+}
+
+impl EtcdModel for EtcdState {
+    fn apply(&mut self, now: Now, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply {
+        Backend::apply(self, now, from, request, out)
+    }
+
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        Backend::tick(self, now, out)
+    }
+
+    fn recover(&mut self, now_ms: i64) {
+        EtcdState::recover(self, now_ms)
+    }
+}
+
+const KEYS: [&str; 5] = ["k0", "k1", "q/a", "q/b", "q/c"];
+const VALUES: [&str; 3] = ["a", "b", "c"];
+/// The lessor's period.
+const EXPIRY_CHECK_MS: u64 = 500;
+/// From when a lease may expire to when both servers have surely revoked it.
+const EXPIRY_WINDOW_MS: u64 = EXPIRY_CHECK_MS + 200;
+
+/// What the script generator knows of a lease.
+struct LeaseClock {
+    ttl_s: i64,
+    /// When it may be revoked by expiry, as `(from, to)`; `None`: gone.
+    window: Option<(u64, u64)>,
+    /// When it expires, if that is known to the millisecond (not since a restart).
+    expiry_ms: Option<u64>,
+}
+
+impl LeaseClock {
+    /// Granted or renewed at `t`.
+    fn renewed(&mut self, t: u64) {
+        let e = t + self.ttl_s as u64 * 1000;
+        self.window = Some((e - (SLOT_MS - MARGIN_MS / 2), e + EXPIRY_WINDOW_MS));
+        self.expiry_ms = Some(e);
+    }
+}
+
+/// The times a script keeps free of requests: around lease expiries.
+struct Windows(Vec<(u64, u64)>);
+
+impl Windows {
+    /// The first time after the window `t` falls in, if it does.
+    fn hit(&self, t: u64) -> Option<u64> {
+        self.0.iter().find(|(from, to)| (*from..=*to).contains(&t)).map(|(_, to)| to + SLOT_MS)
+    }
+}
+
+fn pick<'a>(rng: &mut ChaCha8Rng, from: &[&'a str]) -> &'a str {
+    from[rng.gen_range(0..from.len())]
+}
+
+/// A draw from the request kinds, given the leases granted so far and the revision reached.
+fn request(rng: &mut ChaCha8Rng, leases: &[LeaseClock], revision: i64, watching: bool) -> Op {
+    let key = pick(rng, &KEYS).to_string();
+    let value = pick(rng, &VALUES).to_string();
+    let lease =
+        |rng: &mut ChaCha8Rng| (!leases.is_empty() && rng.gen_bool(0.5)).then(|| rng.gen_range(0..leases.len()));
+    let some_lease = |rng: &mut ChaCha8Rng| rng.gen_range(0..leases.len().max(1));
+    let revision_near = |rng: &mut ChaCha8Rng| rng.gen_range(1..=revision.max(1) + 1);
+    match rng.gen_range(0..24) {
+        0..=3 => Op::Put { key, value, lease: lease(rng) },
+        4..=7 => {
+            let prefix = rng.gen_bool(0.6);
+            let key = if prefix { "q/".to_string() } else { key };
+            let targets = [SortTarget::Key, SortTarget::Create, SortTarget::Mod];
+            let sort = (prefix && rng.gen_bool(0.7)).then(|| {
+                let order = if rng.gen_bool(0.5) { SortOrder::Ascend } else { SortOrder::Descend };
+                (targets[rng.gen_range(0..3)], order)
+            });
+            let limit = if prefix && rng.gen_bool(0.5) { 1 } else { 0 };
+            let max_create_revision = if prefix && rng.gen_bool(0.3) { revision_near(rng) } else { 0 };
+            Op::Range(Range { key, prefix, sort, limit, max_create_revision })
+        }
+        8 | 9 => {
+            let prefix = rng.gen_bool(0.2);
+            Op::Delete { key: if prefix { "q/".into() } else { key }, prefix }
+        }
+        10..=13 => {
+            let (cmp, target) = match rng.gen_range(0..5) {
+                0 => (Cmp::Equal, Target::CreateRevision(0)),
+                1 => (Cmp::Less, Target::CreateRevision(revision_near(rng))),
+                2 => (Cmp::Equal, Target::ModRevision(revision_near(rng))),
+                3 => (Cmp::Greater, Target::Version(rng.gen_range(0..3))),
+                _ => (Cmp::Equal, Target::Value(pick(rng, &VALUES).to_string())),
+            };
+            Op::Txn { compare: Compare { key: key.clone(), cmp, target }, put: (key, value, lease(rng)) }
+        }
+        14 | 15 => Op::Grant { ttl_s: rng.gen_range(1..=4) },
+        16 | 17 if !leases.is_empty() => Op::KeepAlive { lease: some_lease(rng) },
+        18 if !leases.is_empty() => Op::Revoke { lease: some_lease(rng) },
+        19 if !leases.is_empty() => Op::TimeToLive { lease: some_lease(rng) },
+        20 | 21 if !watching => {
+            let prefix = rng.gen_bool(0.5);
+            let key = if prefix { "q/".to_string() } else { key };
+            let start_revision = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(2..=revision.max(2) + 1) };
+            Op::Watch { key, prefix, start_revision }
+        }
+        22 | 23 if watching => Op::Events,
+        _ => Op::Range(Range::key(&key)),
+    }
+}
+
+impl Family for Etcd {
+    const NAME: &'static str = "etcd";
+    type Op = Op;
+    type Conn = Client;
+    type Shared = Run;
+
+    fn server() -> Kind {
+        Kind::Etcd
+    }
+
+    fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {
+        let clients = rng.gen_range(2..=3);
+        let mut steps = Vec::new();
+        let mut leases: Vec<LeaseClock> = Vec::new();
+        let mut watching = vec![false; clients];
+        // An upper bound on the revision reached (every step a write), for drawing revisions.
+        let mut revision = 1;
+        let mut t = 0;
+        for _ in 0..rng.gen_range(12..=30) {
+            t += SLOT_MS * rng.gen_range(1..=3);
+            let windows = Windows(leases.iter().filter_map(|l| l.window).collect());
+            while let Some(after) = windows.hit(t) {
+                t = after.next_multiple_of(SLOT_MS);
+            }
+            // Leases whose window has passed without a renewal are gone.
+            for l in &mut leases {
+                if l.window.is_some_and(|(_, to)| to < t) {
+                    (l.window, l.expiry_ms) = (None, None);
+                }
+            }
+            match rng.gen_range(0..30) {
+                0 => {
+                    // A restart renews every lease from when the server is back (the real one adds
+                    // its election timeout): keep clear of that whole stretch.
+                    steps.push(Step { at_ms: t, action: Action::Restart { keep: true } });
+                    watching.iter_mut().for_each(|w| *w = false);
+                    let back = t + 30 * SLOT_MS;
+                    for l in leases.iter_mut() {
+                        if let Some(window) = &mut l.window {
+                            // From t + ttl (the model) to back + ttl + 1 s (the real one, slowest).
+                            let ttl = l.ttl_s as u64 * 1000;
+                            *window = (t + ttl - SLOT_MS, back + 1000 + ttl + EXPIRY_WINDOW_MS);
+                            l.expiry_ms = None;
+                        }
+                    }
+                    t = back;
+                }
+                1 => {
+                    let ms = SLOT_MS * rng.gen_range(2..=8);
+                    steps.push(Step { at_ms: t, action: Action::Stop { ms } });
+                    t += ms;
+                    // A lease due while the server is stopped is revoked once it continues.
+                    for window in leases.iter_mut().filter_map(|l| l.window.as_mut()) {
+                        if window.0 < t {
+                            window.1 = window.1.max(t + EXPIRY_WINDOW_MS);
+                        }
+                    }
+                }
+                _ => {
+                    let client = rng.gen_range(0..clients);
+                    let mut op = request(rng, &leases, revision, watching[client]);
+                    if let Op::TimeToLive { lease } = op {
+                        // A remaining time of whole seconds reads either side of a second, and one
+                        // not known to the millisecond is not compared.
+                        let l = &leases[lease];
+                        if l.window.is_some() && l.expiry_ms.is_none_or(|e| e.saturating_sub(t) % 1000 == 0) {
+                            op = Op::Range(Range::key("k0"));
+                        }
+                    }
+                    match &op {
+                        Op::Grant { ttl_s } => {
+                            let mut l = LeaseClock { ttl_s: (*ttl_s).max(2), window: None, expiry_ms: None };
+                            l.renewed(t);
+                            leases.push(l);
+                        }
+                        Op::KeepAlive { lease } => {
+                            let l = &mut leases[*lease];
+                            if l.window.is_some() {
+                                l.renewed(t);
+                            }
+                        }
+                        Op::Revoke { lease } => (leases[*lease].window, leases[*lease].expiry_ms) = (None, None),
+                        Op::Watch { .. } => watching[client] = true,
+                        _ => {}
+                    }
+                    revision += 1;
+                    steps.push(Step { at_ms: t, action: Action::Client { client, op } });
+                }
+            }
+        }
+        steps
+    }
+
+    fn kind(op: &Op) -> &'static str {
+        match op {
+            Op::Put { lease: Some(_), .. } => "put with lease",
+            Op::Put { .. } => "put",
+            Op::Range(r) if r.max_create_revision > 0 => "range max_create_revision",
+            Op::Range(r) if r.sort.is_some() => "range sorted",
+            Op::Range(r) if r.prefix => "range prefix",
+            Op::Range(_) => "range",
+            Op::Delete { .. } => "delete",
+            Op::Txn { compare, .. } => match compare.target {
+                Target::CreateRevision(_) => "txn create_revision",
+                Target::ModRevision(_) => "txn mod_revision",
+                Target::Version(_) => "txn version",
+                Target::Value(_) => "txn value",
+            },
+            Op::Grant { .. } => "lease grant",
+            Op::KeepAlive { .. } => "lease keep-alive",
+            Op::Revoke { .. } => "lease revoke",
+            Op::TimeToLive { .. } => "lease time-to-live",
+            Op::Watch { start_revision: 0, .. } => "watch",
+            Op::Watch { .. } => "watch from revision",
+            Op::Events => "watch events",
+        }
+    }
+
+    fn model(&self, steps: &[Step<Op>]) -> Vec<Answer> {
+        let mut server = (self.model)();
+        let mut ids: Vec<i64> = Vec::new();
+        let mut delivered: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut out = Out::default();
+        let mut stop = (0, 0);
+        let mut next_tick = EXPIRY_CHECK_MS;
+        let mut answers = Vec::new();
+        for s in steps {
+            match &s.action {
+                Action::Stop { ms } => stop = (s.at_ms, s.at_ms + ms),
+                Action::Restart { .. } => {
+                    advance(server.as_mut(), &mut next_tick, stop, s.at_ms, &mut out);
+                    server.recover(s.at_ms as i64);
+                }
+                Action::Client { client, op } => {
+                    let at = if (stop.0..stop.1).contains(&s.at_ms) { stop.1 } else { s.at_ms };
+                    advance(server.as_mut(), &mut next_tick, stop, at, &mut out);
+                    collect(&mut out, &ids, &mut delivered);
+                    let text = match op {
+                        Op::Events => delivered.remove(client).unwrap_or_default().join(" | "),
+                        _ => {
+                            let request = to_model(op, &ids, *client);
+                            let reply = server.apply(Now::at(at as i64), NodeIx(*client as u32), request, &mut out);
+                            if let EtcdReply::LeaseGranted { id, .. } = reply {
+                                ids.push(id);
+                            }
+                            show(&reply, &|id| ids.iter().position(|i| *i == id))
+                        }
+                    };
+                    collect(&mut out, &ids, &mut delivered);
+                    answers.push(Answer { text, at_ms: at });
+                }
+            }
+        }
+        answers
+    }
+
+    fn reset(server: &Server) -> anyhow::Result<Run> {
+        let addr = server.addr().0;
+        // Revoke what earlier scripts left, and delete every key.
+        let leases: Value = serde_json::from_str(&http::post(addr, "/v3/lease/leases", "{}")?)?;
+        for l in leases["leases"].as_array().into_iter().flatten() {
+            let _ = http::post(addr, "/v3/lease/revoke", &json!({"ID": l["ID"]}).to_string());
+        }
+        http::post(addr, "/v3/kv/deleterange", &json!({"key": b64("\0"), "range_end": b64("\0")}).to_string())?;
+        let answer: Value =
+            serde_json::from_str(&http::post(addr, "/v3/kv/range", &json!({"key": b64("k0")}).to_string())?)?;
+        // The model starts at revision 1.
+        Ok(Run { offset: int(&answer["header"]["revision"]) - 1, leases: Mutex::new(Vec::new()) })
+    }
+
+    fn connect(addr: &Addr, run: &Arc<Run>) -> anyhow::Result<Client> {
+        Ok(Client { addr: *addr, run: run.clone(), watch: None })
+    }
+
+    fn send(client: &mut Client, op: &Op) -> anyhow::Result<String> {
+        client.send(op)
+    }
+
+    fn reconnect(_client: &mut Client) {}
+}
+
+/// The lessor's ticks up to `at`; a tick due while the server is stopped happens when it continues.
+fn advance(server: &mut dyn EtcdModel, next_tick: &mut u64, stop: (u64, u64), at: u64, out: &mut Out) {
+    while *next_tick <= at {
+        let when = if (stop.0..stop.1).contains(next_tick) { stop.1 } else { *next_tick };
+        if when > at {
+            break;
+        }
+        server.tick(Now::at(when as i64), out);
+        *next_tick += EXPIRY_CHECK_MS;
+    }
+}
+
+/// Pushed watch events, as text, per client.
+fn collect(out: &mut Out, ids: &[i64], delivered: &mut BTreeMap<usize, Vec<String>>) {
+    out.events.clear();
+    for (node, push) in out.pushes.drain(..) {
+        if let Ok(response) = push.downcast::<WatchResponse>() {
+            let lease = |id| ids.iter().position(|i| *i == id);
+            let list = delivered.entry(node.0 as usize).or_default();
+            list.extend(response.events.iter().map(|e| show_event(e, &lease)));
+        }
+    }
+}
+
+/// The request a step stands for, in the model's lease ids.
+fn to_model(op: &Op, ids: &[i64], client: usize) -> EtcdRequest {
+    let lease = |l: &Option<usize>| l.map_or(0, |l| ids.get(l).copied().unwrap_or(-1));
+    let id = |l: &usize| ids.get(*l).copied().unwrap_or(-1);
+    match op {
+        Op::Put { key, value, lease: l } => {
+            EtcdRequest::Op(KvOp::Put { key: key.clone(), value: value.clone(), lease: lease(l) })
+        }
+        Op::Range(r) => EtcdRequest::Op(KvOp::Range(r.clone())),
+        Op::Delete { key, prefix } => EtcdRequest::Op(KvOp::Delete { key: key.clone(), prefix: *prefix }),
+        Op::Txn { compare, put: (key, value, l) } => EtcdRequest::Txn {
+            compare: vec![compare.clone()],
+            success: vec![KvOp::Put { key: key.clone(), value: value.clone(), lease: lease(l) }],
+            failure: vec![KvOp::Range(Range::key(&compare.key))],
+        },
+        Op::Grant { ttl_s } => EtcdRequest::LeaseGrant { ttl_s: *ttl_s },
+        Op::KeepAlive { lease } => EtcdRequest::LeaseKeepAlive { id: id(lease) },
+        Op::Revoke { lease } => EtcdRequest::LeaseRevoke { id: id(lease) },
+        Op::TimeToLive { lease } => EtcdRequest::LeaseTimeToLive { id: id(lease) },
+        Op::Watch { key, prefix, start_revision } => EtcdRequest::Watch {
+            id: client as u64,
+            connection: 0,
+            key: key.clone(),
+            prefix: *prefix,
+            start_revision: *start_revision,
+        },
+        Op::Events => unreachable!("answered from the delivered events"),
+    }
+}
+
+fn show_kv(kv: &KeyValue, lease: &dyn Fn(i64) -> Option<usize>) -> String {
+    let l = if kv.lease == 0 {
+        String::new()
+    } else {
+        lease(kv.lease).map_or(" lease ?".into(), |l| format!(" lease L{l}"))
+    };
+    format!("{}={} c{} m{} v{}{l}", kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version)
+}
+
+fn show_event(e: &Event, lease: &dyn Fn(i64) -> Option<usize>) -> String {
+    match e.kind {
+        EventType::Put => format!("PUT {}", show_kv(&e.kv, lease)),
+        EventType::Delete => format!("DELETE {} m{}", e.kv.key, e.kv.mod_revision),
+    }
+}
+
+fn show_result(r: &OpResult, lease: &dyn Fn(i64) -> Option<usize>) -> String {
+    match r {
+        OpResult::Range { kvs, count } => {
+            let kvs: Vec<String> = kvs.iter().map(|kv| show_kv(kv, lease)).collect();
+            format!("count {count} [{}]", kvs.join(", "))
+        }
+        OpResult::Put => "put".into(),
+        OpResult::Delete { deleted } => format!("deleted {deleted}"),
+    }
+}
+
+/// An answer as text, leases by grant order.
+fn show(reply: &EtcdReply, lease: &dyn Fn(i64) -> Option<usize>) -> String {
+    let name = |id| lease(id).map_or("L?".into(), |l| format!("L{l}"));
+    match reply {
+        EtcdReply::Op { revision, result } => format!("rev {revision} {}", show_result(result, lease)),
+        EtcdReply::Txn { revision, succeeded, results } => {
+            let results: Vec<String> = results.iter().map(|r| show_result(r, lease)).collect();
+            format!("rev {revision} {} {}", if *succeeded { "succeeded" } else { "failed" }, results.join("; "))
+        }
+        EtcdReply::LeaseGranted { id, ttl_s } => format!("{} ttl {ttl_s}", name(*id)),
+        EtcdReply::KeepAlive { ttl_s, .. } => format!("ttl {ttl_s}"),
+        EtcdReply::LeaseRevoked { revision } => format!("revoked, rev {revision}"),
+        EtcdReply::TimeToLive { ttl_s: -1, .. } => "gone".into(),
+        EtcdReply::TimeToLive { ttl_s, granted_ttl_s, .. } => format!("ttl {ttl_s} of {granted_ttl_s}"),
+        EtcdReply::WatchCreated { .. } => "created".into(),
+        EtcdReply::WatchCanceled => "canceled".into(),
+        EtcdReply::Error(EtcdError::LeaseNotFound) => "error lease not found".into(),
+    }
+}
+
+/// What the clients of one real run share: where the script's revisions start, and the leases.
+pub struct Run {
+    /// Real revision = script revision + offset.
+    offset: i64,
+    /// The real ids of the leases granted so far, in grant order.
+    leases: Mutex<Vec<i64>>,
+}
+
+/// One client of the real server: requests by the gateway, and its watch's stream.
+pub struct Client {
+    addr: Addr,
+    run: Arc<Run>,
+    watch: Option<Watch>,
+}
+
+/// A watch stream, read by its own thread into `events`; dropping it closes the stream.
+struct Watch {
+    events: Arc<Mutex<Vec<String>>>,
+    _closer: http::Closer,
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn unb64(v: &Value) -> String {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap_or("")).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A JSON integer as the gateway writes it (int64 as a string; absent when zero).
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The end of a prefix range: the prefix with its last byte plus one.
+fn range_end(prefix: &str) -> String {
+    let mut bytes = prefix.as_bytes().to_vec();
+    *bytes.last_mut().expect("a prefix") += 1;
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl Client {
+    fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        match http::post(self.addr.0, path, &body.to_string()) {
+            Ok(text) => Ok(serde_json::from_str(&text)?),
+            Err(e) if e.to_string().contains("lease not found") => Ok(json!({"error": "lease not found"})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn lease_id(&self, lease: usize) -> String {
+        self.run.leases.lock().expect("leases lock").get(lease).map_or("-1".into(), |id| id.to_string())
+    }
+
+    fn lease_name(&self) -> impl Fn(i64) -> Option<usize> + '_ {
+        |id| self.run.leases.lock().expect("leases lock").iter().position(|i| *i == id)
+    }
+
+    fn kv(&self, v: &Value) -> KeyValue {
+        let rev = |v: &Value| match int(v) {
+            0 => 0,
+            r => r - self.run.offset,
+        };
+        KeyValue {
+            key: unb64(&v["key"]),
+            value: unb64(&v["value"]),
+            create_revision: rev(&v["create_revision"]),
+            mod_revision: rev(&v["mod_revision"]),
+            version: int(&v["version"]),
+            lease: int(&v["lease"]),
+        }
+    }
+
+    fn range_json(&self, r: &Range) -> Value {
+        let mut body = json!({"key": b64(&r.key)});
+        if r.prefix {
+            body["range_end"] = json!(b64(&range_end(&r.key)));
+        }
+        if let Some((target, order)) = r.sort {
+            body["sort_target"] = json!(match target {
+                SortTarget::Key => "KEY",
+                SortTarget::Create => "CREATE",
+                SortTarget::Mod => "MOD",
+            });
+            body["sort_order"] = json!(match order {
+                SortOrder::Ascend => "ASCEND",
+                SortOrder::Descend => "DESCEND",
+            });
+        }
+        if r.limit > 0 {
+            body["limit"] = json!(r.limit.to_string());
+        }
+        if r.max_create_revision > 0 {
+            body["max_create_revision"] = json!((r.max_create_revision + self.run.offset).to_string());
+        }
+        body
+    }
+
+    fn put_json(&self, key: &str, value: &str, lease: &Option<usize>) -> Value {
+        let mut body = json!({"key": b64(key), "value": b64(value)});
+        if let Some(l) = lease {
+            body["lease"] = json!(self.lease_id(*l));
+        }
+        body
+    }
+
+    fn range_result(&self, v: &Value) -> OpResult {
+        let kvs = v["kvs"].as_array().into_iter().flatten().map(|kv| self.kv(kv)).collect();
+        OpResult::Range { kvs, count: int(&v["count"]) as usize }
+    }
+
+    fn revision(&self, v: &Value) -> i64 {
+        int(&v["header"]["revision"]) - self.run.offset
+    }
+
+    fn send(&mut self, op: &Op) -> anyhow::Result<String> {
+        let reply = match op {
+            Op::Events => {
+                let events = self.watch.as_ref().map(|w| std::mem::take(&mut *w.events.lock().expect("events lock")));
+                return Ok(events.unwrap_or_default().join(" | "));
+            }
+            Op::Watch { key, prefix, start_revision } => return self.watch(key, *prefix, *start_revision),
+            Op::Put { key, value, lease } => {
+                let v = self.post("/v3/kv/put", self.put_json(key, value, lease))?;
+                match v.get("error") {
+                    Some(_) => EtcdReply::Error(EtcdError::LeaseNotFound),
+                    None => EtcdReply::Op { revision: self.revision(&v), result: OpResult::Put },
+                }
+            }
+            Op::Range(r) => {
+                let v = self.post("/v3/kv/range", self.range_json(r))?;
+                EtcdReply::Op { revision: self.revision(&v), result: self.range_result(&v) }
+            }
+            Op::Delete { key, prefix } => {
+                let mut body = json!({"key": b64(key)});
+                if *prefix {
+                    body["range_end"] = json!(b64(&range_end(key)));
+                }
+                let v = self.post("/v3/kv/deleterange", body)?;
+                EtcdReply::Op {
+                    revision: self.revision(&v),
+                    result: OpResult::Delete { deleted: int(&v["deleted"]) as usize },
+                }
+            }
+            Op::Txn { compare, put: (key, value, lease) } => {
+                let (target, field, constant) = match &compare.target {
+                    Target::Value(v) => ("VALUE", "value", json!(b64(v))),
+                    Target::Version(n) => ("VERSION", "version", json!(n.to_string())),
+                    Target::CreateRevision(r) => ("CREATE", "create_revision", json!(self.real_revision(*r))),
+                    Target::ModRevision(r) => ("MOD", "mod_revision", json!(self.real_revision(*r))),
+                };
+                let result = match compare.cmp {
+                    Cmp::Equal => "EQUAL",
+                    Cmp::NotEqual => "NOT_EQUAL",
+                    Cmp::Less => "LESS",
+                    Cmp::Greater => "GREATER",
+                };
+                let mut cmp = json!({"key": b64(&compare.key), "result": result, "target": target});
+                cmp[field] = constant;
+                let body = json!({
+                    "compare": [cmp],
+                    "success": [{"request_put": self.put_json(key, value, lease)}],
+                    "failure": [{"request_range": self.range_json(&Range::key(&compare.key))}],
+                });
+                let v = self.post("/v3/kv/txn", body)?;
+                if v.get("error").is_some() {
+                    EtcdReply::Error(EtcdError::LeaseNotFound)
+                } else {
+                    let results = v["responses"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|r| match r.get("response_range") {
+                            Some(range) => self.range_result(range),
+                            None => OpResult::Put,
+                        })
+                        .collect();
+                    EtcdReply::Txn { revision: self.revision(&v), succeeded: v["succeeded"] == json!(true), results }
+                }
+            }
+            Op::Grant { ttl_s } => {
+                let v = self.post("/v3/lease/grant", json!({"TTL": ttl_s.to_string()}))?;
+                let id = int(&v["ID"]);
+                self.run.leases.lock().expect("leases lock").push(id);
+                EtcdReply::LeaseGranted { id, ttl_s: int(&v["TTL"]) }
+            }
+            Op::KeepAlive { lease } => {
+                let v = self.post("/v3/lease/keepalive", json!({"ID": self.lease_id(*lease)}))?;
+                EtcdReply::KeepAlive { id: 0, ttl_s: int(&v["result"]["TTL"]) }
+            }
+            Op::Revoke { lease } => {
+                let v = self.post("/v3/lease/revoke", json!({"ID": self.lease_id(*lease)}))?;
+                match v.get("error") {
+                    Some(_) => EtcdReply::Error(EtcdError::LeaseNotFound),
+                    None => EtcdReply::LeaseRevoked { revision: self.revision(&v) },
+                }
+            }
+            Op::TimeToLive { lease } => {
+                let v = self.post("/v3/lease/timetolive", json!({"ID": self.lease_id(*lease)}))?;
+                EtcdReply::TimeToLive { id: 0, ttl_s: int(&v["TTL"]), granted_ttl_s: int(&v["grantedTTL"]) }
+            }
+        };
+        Ok(show(&reply, &self.lease_name()))
+    }
+
+    fn real_revision(&self, r: i64) -> String {
+        (if r > 0 { r + self.run.offset } else { r }).to_string()
+    }
+
+    /// Open the client's watch stream; answered once the server says it is created.
+    fn watch(&mut self, key: &str, prefix: bool, start_revision: i64) -> anyhow::Result<String> {
+        let mut create = json!({"key": b64(key)});
+        if prefix {
+            create["range_end"] = json!(b64(&range_end(key)));
+        }
+        if start_revision > 0 {
+            create["start_revision"] = json!((start_revision + self.run.offset).to_string());
+        }
+        let (closer, mut lines) = http::open(self.addr.0, "/v3/watch", &json!({"create_request": create}).to_string())?;
+        let created: Value = serde_json::from_str(&lines.next_line()?.unwrap_or_default())?;
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let (sink, run) = (events.clone(), self.run.clone());
+        let reader = Client { addr: self.addr, run: self.run.clone(), watch: None };
+        // The first message may already carry events (a watch from a past revision).
+        let mut pending = vec![created];
+        std::thread::spawn(move || {
+            let name = |id| run.leases.lock().expect("leases lock").iter().position(|i| *i == id);
+            loop {
+                for message in pending.drain(..) {
+                    for e in message["result"]["events"].as_array().into_iter().flatten() {
+                        let kind = if e["type"] == json!("DELETE") { EventType::Delete } else { EventType::Put };
+                        let event = Event { kind, kv: reader.kv(&e["kv"]) };
+                        sink.lock().expect("events lock").push(show_event(&event, &name));
+                    }
+                }
+                match lines.next_line() {
+                    Ok(Some(line)) => pending.extend(serde_json::from_str::<Value>(&line).ok()),
+                    _ => return,
+                }
+            }
+        });
+        self.watch = Some(Watch { events, _closer: closer });
+        Ok("created".into())
+    }
+}
