@@ -5,9 +5,11 @@
 mod common;
 
 use common::{locksim, stderr, stdout};
+use locksim_reports::conform::etcd::{Etcd, EtcdModel};
 use locksim_reports::conform::redis::Redis;
 use locksim_reports::conform::servers::{Kind, Server};
 use locksim_reports::conform::{check, Action, Outcome};
+use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, EtcdState, Op as KvOp};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
 use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
@@ -84,4 +86,47 @@ fn a_server_that_will_not_start_is_one_clear_error_and_exit_2() {
     let o = common::locksim_with_env(&["conform", "redis", "--seeds", "0..1"], "LOCKSIM_REDIS_SERVER", "/bin/false");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("redis-server exited (exit status: 1) before it answered"), "{}", stderr(&o));
+}
+
+/// A planted bug: a range ignores its limit (the `Mutex` recipe finds the key ahead of it by limit 1).
+struct RangeIgnoresLimit(EtcdState);
+
+impl EtcdModel for RangeIgnoresLimit {
+    fn apply(&mut self, now: Now, from: NodeIx, mut request: EtcdRequest, out: &mut Out) -> EtcdReply {
+        if let EtcdRequest::Op(KvOp::Range(r)) = &mut request {
+            r.limit = 0;
+        }
+        EtcdModel::apply(&mut self.0, now, from, request, out)
+    }
+
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        EtcdModel::tick(&mut self.0, now, out)
+    }
+
+    fn recover(&mut self, now_ms: i64) {
+        EtcdModel::recover(&mut self.0, now_ms)
+    }
+}
+
+#[test]
+fn an_etcd_range_that_ignores_its_limit_is_caught() {
+    let Some(mut server) = server(Kind::Etcd) else { return };
+    let broken = Etcd { model: || Box::new(RangeIgnoresLimit(EtcdState::default())) };
+    let found = (0..10).find_map(|seed| match check(&broken, &mut server, seed).unwrap() {
+        Outcome::Mismatch { steps, step, .. } => Some((seed, steps, step)),
+        _ => None,
+    });
+    let (seed, steps, step) = found.expect("the planted bug is caught within 10 seeds");
+    let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
+    assert!(shown[step].contains("limit 1"), "seed {seed}: the mismatch is at a limited range: {shown:#?}");
+}
+
+#[test]
+fn conform_etcd_agrees_with_the_real_server() {
+    if server(Kind::Etcd).is_none() {
+        return;
+    }
+    let o = locksim(&["conform", "etcd", "--seeds", "0..3"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("etcd: 3 seeds (seeds 0..3): 3 agreed, 0 mismatched"), "{}", stdout(&o));
 }

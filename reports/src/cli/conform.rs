@@ -168,8 +168,9 @@ fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
 fn said(r: &Report) -> String {
     let n = r.seeds.end - r.seeds.start;
     let mut out = format!(
-        "{}: {n} seeds (seeds {}..{}): {} agreed, {} mismatched, {} inconclusive{}\n",
+        "{}: {n} seed{} (seeds {}..{}): {} agreed, {} mismatched, {} inconclusive{}\n",
         r.family,
+        if n == 1 { "" } else { "s" },
         r.seeds.start,
         r.seeds.end,
         r.agreed,

@@ -267,16 +267,16 @@ impl Family for Etcd {
             }
             match rng.gen_range(0..30) {
                 0 => {
-                    // A restart renews every lease from when the server is back (the real one adds
-                    // its election timeout): keep clear of that whole stretch.
+                    // A restart renews every lease, plus the election timeout, from when the server
+                    // leads again: at the restart for the model, some time before `back` for the real
+                    // one. Keep clear of that whole stretch.
                     steps.push(Step { at_ms: t, action: Action::Restart { keep: true } });
                     watching.iter_mut().for_each(|w| *w = false);
                     let back = t + 30 * SLOT_MS;
                     for l in leases.iter_mut() {
                         if let Some(window) = &mut l.window {
-                            // From t + ttl (the model) to back + ttl + 1 s (the real one, slowest).
-                            let ttl = l.ttl_s as u64 * 1000;
-                            *window = (t + ttl - SLOT_MS, back + 1000 + ttl + EXPIRY_WINDOW_MS);
+                            let due = 1000 + l.ttl_s as u64 * 1000;
+                            *window = (t + due - SLOT_MS, back + due + EXPIRY_WINDOW_MS);
                             l.expiry_ms = None;
                         }
                     }

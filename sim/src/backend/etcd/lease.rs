@@ -44,11 +44,11 @@ impl Leases {
         Some(lease.ttl_s)
     }
 
-    /// Every lease gets a full TTL from now (a restarted server, like a new leader, must not expire
-    /// leases whose keep-alives it could not have heard).
-    pub fn renew_all(&mut self, now_ms: i64) {
+    /// Every lease gets a full TTL from `from_ms` (a restarted server, like a new leader, must not
+    /// expire leases whose keep-alives it could not have heard).
+    pub fn renew_all(&mut self, from_ms: i64) {
         for lease in self.leases.values_mut() {
-            lease.expiry_ms = now_ms + lease.ttl_s * 1000;
+            lease.expiry_ms = from_ms + lease.ttl_s * 1000;
         }
     }
 

@@ -15,11 +15,11 @@
 //!   full TTL by a keep-alive (whose answer carries the TTL; 0 for a lease that is gone), revoked on
 //!   request or when the server's clock passes their expiry (checked every 500 ms): either way every key
 //!   attached to them is deleted in one revision.
-//! - Watches on a key or a prefix from a start revision (past revisions are replayed); each change's
-//!   events go to every matching watcher in revision order, and each one delivered is recorded in the
-//!   history as `Notify` (the herd count).
+//! - Watches on a key or a prefix from a start revision (past revisions are replayed; a future one
+//!   holds back every change before it); each change's events go to every matching watcher in revision
+//!   order, and each one delivered is recorded in the history as `Notify` (the herd count).
 //! - Durability: the store and the leases survive a restart (the WAL), and every lease gets a full TTL
-//!   from the restart, as a new leader grants.
+//!   plus the election timeout from the restart, as a new leader grants (`lessor.Promote`).
 
 pub mod client;
 mod lease;
@@ -237,11 +237,17 @@ pub struct EtcdState {
 /// How often the lessor looks for expired leases.
 const EXPIRY_CHECK: Duration = Duration::from_millis(500);
 
+/// etcd's default `--election-timeout`, which a new leader adds to every lease.
+const ELECTION_TIMEOUT_MS: i64 = 1000;
+
 impl EtcdState {
-    /// After a restart: the store and leases come back from the WAL; every lease gets a full TTL.
-    /// Watches lived in the old process's memory: they are gone, and clients resume them.
+    /// After a restart: the store and leases come back from the WAL. When the member is leader again
+    /// and has applied its term's first (empty) entry, etcd's `applyEntryNormal` calls
+    /// `lessor.Promote(ElectionTimeout())`: every lease gets its TTL plus the election timeout (1 s by
+    /// default) from then. Watches lived in the old process's memory: they are gone, and clients
+    /// resume them.
     pub fn recover(&mut self, now_ms: i64) {
-        self.leases.renew_all(now_ms);
+        self.leases.renew_all(now_ms + ELECTION_TIMEOUT_MS);
         self.watchers = watch::Watchers::default();
     }
 
@@ -308,7 +314,8 @@ impl EtcdState {
     fn send(&self, events: Vec<Event>, revision: i64, only: Option<(NodeIx, WatchId)>, out: &mut Out) {
         let mut batches: std::collections::BTreeMap<(NodeIx, WatchId), Vec<Event>> = Default::default();
         for event in events {
-            for watcher in self.watchers.of(&event.kv.key).into_iter().filter(|w| only.is_none_or(|o| o == *w)) {
+            let watchers = self.watchers.of(&event.kv.key, event.kv.mod_revision);
+            for watcher in watchers.into_iter().filter(|w| only.is_none_or(|o| o == *w)) {
                 let kind = match event.kind {
                     EventType::Put => "PUT",
                     EventType::Delete => "DELETE",
@@ -372,8 +379,9 @@ impl EtcdState {
                 None => EtcdReply::TimeToLive { id, ttl_s: -1, granted_ttl_s: 0 },
             },
             EtcdRequest::Watch { id, connection, key, prefix, start_revision } => {
-                self.watchers.add(from, connection, id, watch::Watcher { key, prefix });
                 let revision = self.store.revision();
+                let min_revision = if start_revision > 0 { start_revision } else { revision + 1 };
+                self.watchers.add(from, connection, id, watch::Watcher { key, prefix, min_revision });
                 if start_revision > 0 && start_revision <= revision {
                     self.send(self.store.events_since(start_revision).to_vec(), revision, Some((from, id)), out);
                 }

@@ -264,3 +264,35 @@ fn revoking_a_lease_deletes_its_keys_in_one_revision() {
     assert!(get(&mut e, "a").is_none() && get(&mut e, "b").is_none());
     assert_eq!(at(&mut e, EtcdRequest::LeaseRevoke { id }), EtcdReply::Error(EtcdError::LeaseNotFound));
 }
+
+#[test]
+fn a_restarted_server_gives_every_lease_its_ttl_plus_the_election_timeout() {
+    let mut e = EtcdState::default();
+    let EtcdReply::LeaseGranted { id, .. } = at(&mut e, EtcdRequest::LeaseGrant { ttl_s: 2 }) else { panic!() };
+    e.recover(1500);
+    // Due at 1500 + 1000 (Promote's extension) + 2000 = 4500 ms: alive before, revoked by that tick.
+    let mut out = Out::default();
+    e.tick(Now::at(4000), &mut out);
+    let ttl = |e: &mut EtcdState, now, out: &mut Out| apply(e, now, C1, EtcdRequest::LeaseTimeToLive { id }, out);
+    assert_eq!(ttl(&mut e, 4400, &mut out), EtcdReply::TimeToLive { id, ttl_s: 0, granted_ttl_s: 2 });
+    e.tick(Now::at(4500), &mut out);
+    assert_eq!(ttl(&mut e, 4600, &mut out), EtcdReply::TimeToLive { id, ttl_s: -1, granted_ttl_s: 0 });
+}
+
+#[test]
+fn a_watch_from_a_future_revision_hears_nothing_before_it() {
+    let mut e = EtcdState::default();
+    let mut out = Out::default();
+    let watch = EtcdRequest::Watch { id: 1, connection: 7, key: "k".into(), prefix: false, start_revision: 4 };
+    apply(&mut e, 0, C2, watch, &mut out);
+    apply(&mut e, 0, C1, EtcdRequest::Op(put("k", "a", 0)), &mut out); // revision 2
+    apply(&mut e, 0, C1, EtcdRequest::Op(put("k", "b", 0)), &mut out); // revision 3
+    assert!(out.pushes.is_empty(), "revisions 2 and 3 come before its start");
+    apply(&mut e, 0, C1, EtcdRequest::Op(put("k", "c", 0)), &mut out); // revision 4
+    let revisions: Vec<i64> = out
+        .pushes
+        .drain(..)
+        .flat_map(|(_, m)| m.downcast::<WatchResponse>().unwrap().events.into_iter().map(|ev| ev.kv.mod_revision))
+        .collect();
+    assert_eq!(revisions, [4], "from its start revision on");
+}

@@ -15,6 +15,9 @@ use std::collections::BTreeMap;
 pub struct Watcher {
     pub key: String,
     pub prefix: bool,
+    /// The first revision it is sent: its start revision, even one still in the future (etcd's
+    /// `watcherGroup` skips a watcher while `w.minRev > rev`).
+    pub min_revision: i64,
 }
 
 #[derive(Debug, Default)]
@@ -36,8 +39,9 @@ impl Watchers {
         self.by_client.remove(&(node, id));
     }
 
-    /// The watchers of `key`, in (node, id) order.
-    pub fn of(&self, key: &str) -> Vec<(NodeIx, WatchId)> {
-        self.by_client.iter().filter(|(_, w)| matches(&w.key, w.prefix, key)).map(|(k, _)| *k).collect()
+    /// The watchers of a change to `key` at `revision`, in (node, id) order.
+    pub fn of(&self, key: &str, revision: i64) -> Vec<(NodeIx, WatchId)> {
+        let wants = |w: &Watcher| matches(&w.key, w.prefix, key) && w.min_revision <= revision;
+        self.by_client.iter().filter(|(_, w)| wants(w)).map(|(k, _)| *k).collect()
     }
 }
