@@ -8,11 +8,21 @@ use common::{locksim, stderr, stdout};
 use locksim_reports::conform::etcd::{Etcd, EtcdModel};
 use locksim_reports::conform::redis::Redis;
 use locksim_reports::conform::servers::{Kind, Server};
+use locksim_reports::conform::zk::{Zk, ZkModel, TICK_MS};
 use locksim_reports::conform::{check, Action, Outcome};
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, EtcdState, Op as KvOp};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
+use locksim_sim::backend::zk::{CreateMode, ZkOp, ZkReply, ZkRequest, ZkState};
 use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
+use std::time::Duration;
+
+/// The tests that play scripts take turns: a script keeps time, and a busy machine makes it inconclusive.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The server of `kind`, or `None` (said on stderr) where it is not installed and not required.
 fn server(kind: Kind) -> Option<Server> {
@@ -51,6 +61,7 @@ impl Backend for SetNxOverwrites {
 
 #[test]
 fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
+    let _turn = turn();
     let Some(mut server) = server(Kind::Redis) else { return };
     let broken = Redis { model: || Box::new(SetNxOverwrites(RedisState::default())) };
     // The CI seed budget of `.ci/run` starts at seed 0: the bug must show within it.
@@ -68,13 +79,15 @@ fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
 
 #[test]
 fn conform_redis_agrees_with_the_real_server_and_says_what_it_played() {
+    let _turn = turn();
     if server(Kind::Redis).is_none() {
         return;
     }
     let o = locksim(&["conform", "redis", "--seeds", "0..4"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("redis: 4 seeds (seeds 0..4): 4 agreed, 0 mismatched"), "{out}");
+    // A seed may be inconclusive on a busy machine; none may mismatch.
+    assert!(out.contains("redis: 4 seeds (seeds 0..4): ") && out.contains(" agreed, 0 mismatched"), "{out}");
     assert!(out.contains("SET NX") && out.contains("PTTL") && out.contains("restart"), "{out}");
 }
 
@@ -110,6 +123,7 @@ impl EtcdModel for RangeIgnoresLimit {
 
 #[test]
 fn an_etcd_range_that_ignores_its_limit_is_caught() {
+    let _turn = turn();
     let Some(mut server) = server(Kind::Etcd) else { return };
     let broken = Etcd { model: || Box::new(RangeIgnoresLimit(EtcdState::default())) };
     let found = (0..10).find_map(|seed| match check(&broken, &mut server, seed).unwrap() {
@@ -123,10 +137,59 @@ fn an_etcd_range_that_ignores_its_limit_is_caught() {
 
 #[test]
 fn conform_etcd_agrees_with_the_real_server() {
+    let _turn = turn();
     if server(Kind::Etcd).is_none() {
         return;
     }
     let o = locksim(&["conform", "etcd", "--seeds", "0..3"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("etcd: 3 seeds (seeds 0..3): 3 agreed, 0 mismatched"), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("etcd: 3 seeds (seeds 0..3): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+}
+
+/// A planted bug: an ephemeral node is created persistent, so it outlives its session.
+struct EphemeralOutlivesSession(ZkState);
+
+impl ZkModel for EphemeralOutlivesSession {
+    fn apply(&mut self, now: Now, from: NodeIx, mut request: ZkRequest, out: &mut Out) -> ZkReply {
+        if let ZkRequest::Op { op: ZkOp::Create { mode: mode @ CreateMode::Ephemeral, .. }, .. } = &mut request {
+            *mode = CreateMode::Persistent;
+        }
+        ZkModel::apply(&mut self.0, now, from, request, out)
+    }
+
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        ZkModel::tick(&mut self.0, now, out)
+    }
+
+    fn recover(&mut self, now_ms: i64) {
+        ZkModel::recover(&mut self.0, now_ms)
+    }
+}
+
+#[test]
+fn an_ephemeral_that_outlives_its_session_is_caught() {
+    let _turn = turn();
+    let Some(mut server) = server(Kind::ZooKeeper) else { return };
+    let broken = Zk { model: || Box::new(EphemeralOutlivesSession(ZkState::new(Duration::from_millis(TICK_MS)))) };
+    let found = (0..10).find_map(|seed| match check(&broken, &mut server, seed).unwrap() {
+        Outcome::Mismatch { steps, step, model, real } => Some((seed, steps, step, model, real)),
+        _ => None,
+    });
+    let (seed, steps, _, model, real) = found.expect("the planted bug is caught within 10 seeds");
+    let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
+    assert!(shown.iter().any(|s| s.contains("Ephemeral")), "seed {seed}: an ephemeral create is in it: {shown:#?}");
+    assert_ne!(model, real);
+}
+
+#[test]
+fn conform_zk_agrees_with_the_real_server() {
+    let _turn = turn();
+    if server(Kind::ZooKeeper).is_none() {
+        return;
+    }
+    let o = locksim(&["conform", "zk", "--seeds", "0..3"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("zk: 3 seeds (seeds 0..3): ") && out.contains(" agreed, 0 mismatched"), "{out}");
 }

@@ -3,6 +3,7 @@
 use locksim_reports::conform::etcd::Etcd;
 use locksim_reports::conform::redis::Redis;
 use locksim_reports::conform::servers::Server;
+use locksim_reports::conform::zk::Zk;
 use locksim_reports::conform::{check, coverage, script, Action, Family, Outcome};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -48,6 +49,8 @@ enum Which {
     Redis,
     /// etcd 3.4 (Debian's `etcd-server`) against the 3.5 model, through its JSON gateway.
     Etcd,
+    /// ZooKeeper 3.8 (Debian's `zookeeper`), on its wire protocol.
+    Zk,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -81,6 +84,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     let mut reports = Vec::new();
     if matches!(args.family, Which::All | Which::Redis) {
         reports.push(family(&Redis::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Zk) {
+        reports.push(family(&Zk::default(), &args)?);
     }
     if matches!(args.family, Which::All | Which::Etcd) {
         reports.push(family(&Etcd::default(), &args)?);

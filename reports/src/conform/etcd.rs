@@ -17,7 +17,7 @@
 //! time-to-live on a whole second of remaining time.
 
 use super::servers::{Addr, Kind, Server};
-use super::{http, Action, Answer, Family, Step, MARGIN_MS, SLOT_MS};
+use super::{http, ticks, Action, Answer, Family, Step, MARGIN_MS, SLOT_MS};
 use locksim_sim::backend::etcd::{
     Cmp, Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, Event, EventType, KeyValue, Op as KvOp, OpResult,
     Range, SortOrder, SortTarget, Target, WatchResponse,
@@ -170,13 +170,78 @@ impl LeaseClock {
     }
 }
 
-/// The times a script keeps free of requests: around lease expiries.
-struct Windows(Vec<(u64, u64)>);
+/// How long a script leaves a restarting server before it speaks again.
+const RESTART_GAP_MS: u64 = 30 * SLOT_MS;
 
-impl Windows {
-    /// The first time after the window `t` falls in, if it does.
+/// The leases of a script over its time: what the generator draws by, and what a shrunk script is
+/// checked against.
+#[derive(Default)]
+struct Leases(Vec<LeaseClock>);
+
+impl Leases {
+    /// The end of the expiry window `t` falls in, if any.
     fn hit(&self, t: u64) -> Option<u64> {
-        self.0.iter().find(|(from, to)| (*from..=*to).contains(&t)).map(|(_, to)| to + SLOT_MS)
+        self.0.iter().filter_map(|l| l.window).find(|(from, to)| (*from..=*to).contains(&t)).map(|(_, to)| to)
+    }
+
+    /// Forget the leases whose window has passed without a renewal: both servers have revoked them.
+    fn expire(&mut self, t: u64) {
+        for l in &mut self.0 {
+            if l.window.is_some_and(|(_, to)| to < t) {
+                (l.window, l.expiry_ms) = (None, None);
+            }
+        }
+    }
+
+    /// A restart at `t` renews every lease, plus the election timeout, from when the server leads
+    /// again: at the restart for the model, some time before the script speaks again for the real one.
+    fn restarted(&mut self, t: u64) {
+        for l in &mut self.0 {
+            if let Some(window) = &mut l.window {
+                let due = 1000 + l.ttl_s as u64 * 1000;
+                *window = (t + due - SLOT_MS, t + RESTART_GAP_MS + due + EXPIRY_WINDOW_MS);
+                l.expiry_ms = None;
+            }
+        }
+    }
+
+    /// A lease due while the server is stopped (until `until`) is revoked once it continues.
+    fn stopped(&mut self, until: u64) {
+        for window in self.0.iter_mut().filter_map(|l| l.window.as_mut()) {
+            if window.0 < until {
+                window.1 = window.1.max(until + EXPIRY_WINDOW_MS);
+            }
+        }
+    }
+
+    /// Whether a time-to-live of `lease` at `t` can be compared: a remaining time of whole seconds
+    /// reads either side of a second, and one not known to the millisecond is not compared.
+    fn comparable(&self, lease: usize, t: u64) -> bool {
+        self.0
+            .get(lease)
+            .is_none_or(|l| l.window.is_none() || l.expiry_ms.is_some_and(|e| e.saturating_sub(t) % 1000 != 0))
+    }
+
+    /// `op` is sent at `t`.
+    fn sent(&mut self, op: &Op, t: u64) {
+        match op {
+            Op::Grant { ttl_s } => {
+                let mut l = LeaseClock { ttl_s: (*ttl_s).max(2), window: None, expiry_ms: None };
+                l.renewed(t);
+                self.0.push(l);
+            }
+            Op::KeepAlive { lease } => {
+                if let Some(l) = self.0.get_mut(*lease).filter(|l| l.window.is_some()) {
+                    l.renewed(t);
+                }
+            }
+            Op::Revoke { lease } => {
+                if let Some(l) = self.0.get_mut(*lease) {
+                    (l.window, l.expiry_ms) = (None, None);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -248,78 +313,38 @@ impl Family for Etcd {
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {
         let clients = rng.gen_range(2..=3);
         let mut steps = Vec::new();
-        let mut leases: Vec<LeaseClock> = Vec::new();
+        let mut leases = Leases::default();
         let mut watching = vec![false; clients];
         // An upper bound on the revision reached (every step a write), for drawing revisions.
         let mut revision = 1;
         let mut t = 0;
         for _ in 0..rng.gen_range(12..=30) {
             t += SLOT_MS * rng.gen_range(1..=3);
-            let windows = Windows(leases.iter().filter_map(|l| l.window).collect());
-            while let Some(after) = windows.hit(t) {
-                t = after.next_multiple_of(SLOT_MS);
+            while let Some(end) = leases.hit(t) {
+                t = (end + SLOT_MS).next_multiple_of(SLOT_MS);
             }
-            // Leases whose window has passed without a renewal are gone.
-            for l in &mut leases {
-                if l.window.is_some_and(|(_, to)| to < t) {
-                    (l.window, l.expiry_ms) = (None, None);
-                }
-            }
+            leases.expire(t);
             match rng.gen_range(0..30) {
                 0 => {
-                    // A restart renews every lease, plus the election timeout, from when the server
-                    // leads again: at the restart for the model, some time before `back` for the real
-                    // one. Keep clear of that whole stretch.
                     steps.push(Step { at_ms: t, action: Action::Restart { keep: true } });
                     watching.iter_mut().for_each(|w| *w = false);
-                    let back = t + 30 * SLOT_MS;
-                    for l in leases.iter_mut() {
-                        if let Some(window) = &mut l.window {
-                            let due = 1000 + l.ttl_s as u64 * 1000;
-                            *window = (t + due - SLOT_MS, back + due + EXPIRY_WINDOW_MS);
-                            l.expiry_ms = None;
-                        }
-                    }
-                    t = back;
+                    leases.restarted(t);
+                    t += RESTART_GAP_MS;
                 }
                 1 => {
                     let ms = SLOT_MS * rng.gen_range(2..=8);
                     steps.push(Step { at_ms: t, action: Action::Stop { ms } });
                     t += ms;
-                    // A lease due while the server is stopped is revoked once it continues.
-                    for window in leases.iter_mut().filter_map(|l| l.window.as_mut()) {
-                        if window.0 < t {
-                            window.1 = window.1.max(t + EXPIRY_WINDOW_MS);
-                        }
-                    }
+                    leases.stopped(t);
                 }
                 _ => {
                     let client = rng.gen_range(0..clients);
-                    let mut op = request(rng, &leases, revision, watching[client]);
-                    if let Op::TimeToLive { lease } = op {
-                        // A remaining time of whole seconds reads either side of a second, and one
-                        // not known to the millisecond is not compared.
-                        let l = &leases[lease];
-                        if l.window.is_some() && l.expiry_ms.is_none_or(|e| e.saturating_sub(t) % 1000 == 0) {
-                            op = Op::Range(Range::key("k0"));
-                        }
+                    let mut op = request(rng, &leases.0, revision, watching[client]);
+                    if matches!(op, Op::TimeToLive { lease } if !leases.comparable(lease, t)) {
+                        op = Op::Range(Range::key("k0"));
                     }
-                    match &op {
-                        Op::Grant { ttl_s } => {
-                            let mut l = LeaseClock { ttl_s: (*ttl_s).max(2), window: None, expiry_ms: None };
-                            l.renewed(t);
-                            leases.push(l);
-                        }
-                        Op::KeepAlive { lease } => {
-                            let l = &mut leases[*lease];
-                            if l.window.is_some() {
-                                l.renewed(t);
-                            }
-                        }
-                        Op::Revoke { lease } => (leases[*lease].window, leases[*lease].expiry_ms) = (None, None),
-                        Op::Watch { .. } => watching[client] = true,
-                        _ => {}
-                    }
+                    leases.sent(&op, t);
+                    watching[client] |= matches!(op, Op::Watch { .. });
                     revision += 1;
                     steps.push(Step { at_ms: t, action: Action::Client { client, op } });
                 }
@@ -365,12 +390,15 @@ impl Family for Etcd {
             match &s.action {
                 Action::Stop { ms } => stop = (s.at_ms, s.at_ms + ms),
                 Action::Restart { .. } => {
-                    advance(server.as_mut(), &mut next_tick, stop, s.at_ms, &mut out);
+                    next_tick = ticks(EXPIRY_CHECK_MS, next_tick, stop, s.at_ms, |at| {
+                        server.tick(Now::at(at as i64), &mut out)
+                    });
                     server.recover(s.at_ms as i64);
                 }
                 Action::Client { client, op } => {
                     let at = if (stop.0..stop.1).contains(&s.at_ms) { stop.1 } else { s.at_ms };
-                    advance(server.as_mut(), &mut next_tick, stop, at, &mut out);
+                    next_tick =
+                        ticks(EXPIRY_CHECK_MS, next_tick, stop, at, |t| server.tick(Now::at(t as i64), &mut out));
                     collect(&mut out, &ids, &mut delivered);
                     let text = match op {
                         Op::Events => delivered.remove(client).unwrap_or_default().join(" | "),
@@ -405,7 +433,7 @@ impl Family for Etcd {
         Ok(Run { offset: int(&answer["header"]["revision"]) - 1, leases: Mutex::new(Vec::new()) })
     }
 
-    fn connect(addr: &Addr, run: &Arc<Run>) -> anyhow::Result<Client> {
+    fn connect(addr: &Addr, run: &Arc<Run>, _: usize) -> anyhow::Result<Client> {
         Ok(Client { addr: *addr, run: run.clone(), watch: None })
     }
 
@@ -414,17 +442,37 @@ impl Family for Etcd {
     }
 
     fn reconnect(_client: &mut Client) {}
-}
 
-/// The lessor's ticks up to `at`; a tick due while the server is stopped happens when it continues.
-fn advance(server: &mut dyn EtcdModel, next_tick: &mut u64, stop: (u64, u64), at: u64, out: &mut Out) {
-    while *next_tick <= at {
-        let when = if (stop.0..stop.1).contains(next_tick) { stop.1 } else { *next_tick };
-        if when > at {
-            break;
-        }
-        server.tick(Now::at(when as i64), out);
-        *next_tick += EXPIRY_CHECK_MS;
+    /// Nothing is sent where a lease may be expiring, no time-to-live is asked where it cannot be
+    /// compared, and a client watches once per life of the server (the real client keeps one stream).
+    fn valid(steps: &[Step<Op>]) -> bool {
+        let mut leases = Leases::default();
+        let mut watching = std::collections::BTreeSet::new();
+        steps.iter().all(|s| {
+            if leases.hit(s.at_ms).is_some() {
+                return false;
+            }
+            leases.expire(s.at_ms);
+            match &s.action {
+                Action::Restart { .. } => {
+                    watching.clear();
+                    leases.restarted(s.at_ms);
+                }
+                Action::Stop { ms } => leases.stopped(s.at_ms + ms),
+                Action::Client { client, op } => {
+                    let fine = match op {
+                        Op::Watch { .. } => watching.insert(*client),
+                        Op::TimeToLive { lease } => leases.comparable(*lease, s.at_ms),
+                        _ => true,
+                    };
+                    if !fine {
+                        return false;
+                    }
+                    leases.sent(op, s.at_ms);
+                }
+            }
+            true
+        })
     }
 }
 
@@ -744,7 +792,9 @@ impl Client {
         }
         let (closer, mut lines) = http::open(self.addr.0, "/v3/watch", &json!({"create_request": create}).to_string())?;
         let created: Value = serde_json::from_str(&lines.next_line()?.unwrap_or_default())?;
-        let events = Arc::new(Mutex::new(Vec::new()));
+        // What the previous stream (ended by a restart) delivered and nobody asked for yet.
+        let undrained = self.watch.take().map(|w| std::mem::take(&mut *w.events.lock().expect("events lock")));
+        let events = Arc::new(Mutex::new(undrained.unwrap_or_default()));
         let (sink, run) = (events.clone(), self.run.clone());
         let reader = Client { addr: self.addr, run: self.run.clone(), watch: None };
         // The first message may already carry events (a watch from a past revision).
@@ -767,5 +817,76 @@ impl Client {
         });
         self.watch = Some(Watch { events, _closer: closer });
         Ok("created".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conform::{coverage, script};
+
+    #[test]
+    fn scripts_keep_their_rules_and_play_every_kind() {
+        let mut counts = BTreeMap::new();
+        for seed in 0..300 {
+            let steps = script::<Etcd>(seed);
+            assert!(Etcd::valid(&steps), "seed {seed}: one watch per client per server life");
+            assert!(steps.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "seed {seed}: one step at a time");
+            assert!(steps.iter().all(|s| s.at_ms % SLOT_MS == 0), "seed {seed}: on the grid");
+            coverage::<Etcd>(&steps, &mut counts);
+        }
+        for kind in [
+            "put",
+            "put with lease",
+            "range",
+            "range prefix",
+            "range sorted",
+            "range max_create_revision",
+            "delete",
+            "txn create_revision",
+            "txn mod_revision",
+            "txn version",
+            "txn value",
+            "lease grant",
+            "lease keep-alive",
+            "lease revoke",
+            "lease time-to-live",
+            "watch",
+            "watch from revision",
+            "watch events",
+            "stop",
+            "restart (data kept)",
+        ] {
+            assert!(counts.get(kind).copied().unwrap_or(0) >= 5, "{kind}: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn the_model_revokes_an_expired_lease_and_tells_the_watcher() {
+        let steps = vec![
+            Step {
+                at_ms: 0,
+                action: Action::Client {
+                    client: 0,
+                    op: Op::Watch { key: "q/".into(), prefix: true, start_revision: 0 },
+                },
+            },
+            Step { at_ms: 100, action: Action::Client { client: 1, op: Op::Grant { ttl_s: 1 } } },
+            Step {
+                at_ms: 200,
+                action: Action::Client {
+                    client: 1,
+                    op: Op::Put { key: "q/a".into(), value: "a".into(), lease: Some(0) },
+                },
+            },
+            Step { at_ms: 3000, action: Action::Client { client: 0, op: Op::Events } },
+            Step { at_ms: 3100, action: Action::Client { client: 1, op: Op::TimeToLive { lease: 0 } } },
+        ];
+        let answers: Vec<String> = Etcd::default().model(&steps).into_iter().map(|a| a.text).collect();
+        // Granted 2 s (the minimum) at 100 ms, revoked by the lessor's tick at 2500 ms.
+        assert_eq!(
+            answers,
+            ["created", "L0 ttl 2", "rev 2 put", "PUT q/a=a c2 m2 v1 lease L0 | DELETE q/a m3", "gone"]
+        );
     }
 }

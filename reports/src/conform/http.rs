@@ -14,6 +14,7 @@ enum Framing {
 fn request(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<(TcpStream, BufReader<TcpStream>, Framing)> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(super::ANSWER_TIMEOUT))?;
     write!(
         stream,
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
@@ -49,7 +50,8 @@ fn request(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<(TcpStre
 
 /// POST `body` to `path` and return the whole answer.
 pub fn post(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<String> {
-    let mut lines = open(addr, path, body)?.1;
+    let (_stream, reader, framing) = request(addr, path, body)?;
+    let mut lines = Lines { reader, framing, buffer: Vec::new(), done: false };
     let mut all = String::new();
     while let Some(line) = lines.next_line()? {
         all.push_str(&line);
@@ -60,6 +62,8 @@ pub fn post(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<String>
 /// POST `body` to `path`: the socket (to shut down) and the answer's lines as they come.
 pub fn open(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<(Closer, Lines)> {
     let (stream, reader, framing) = request(addr, path, body)?;
+    // A stream may rightly stay quiet for as long as nothing changes.
+    stream.set_read_timeout(None)?;
     Ok((Closer(stream), Lines { reader, framing, buffer: Vec::new(), done: false }))
 }
 

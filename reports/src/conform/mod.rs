@@ -14,9 +14,11 @@
 
 pub mod etcd;
 pub mod http;
+pub mod jute;
 pub mod redis;
 pub mod resp;
 pub mod servers;
+pub mod zk;
 
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use servers::{Addr, Server};
@@ -30,6 +32,10 @@ pub const SLOT_MS: u64 = 100;
 
 /// How late (real against model) a step may be sent or answered and still be compared.
 pub const MARGIN_MS: u64 = 40;
+
+/// How long a real server may take to answer before the request counts as unanswered: far beyond any
+/// wait a script asks for, so that a server that never answers ends the step instead of the run.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What happens at one step of a script.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,11 +93,17 @@ pub trait Family {
     fn model(&self, steps: &[Step<Self::Op>]) -> Vec<Answer>;
     /// Prepare the real server for a fresh script (empty it).
     fn reset(server: &Server) -> anyhow::Result<Self::Shared>;
-    fn connect(addr: &Addr, shared: &Arc<Self::Shared>) -> anyhow::Result<Self::Conn>;
+    /// Client number `client`'s connection (opened now, or when first used).
+    fn connect(addr: &Addr, shared: &Arc<Self::Shared>, client: usize) -> anyhow::Result<Self::Conn>;
     /// Send `op` and normalise the answer as [`Family::model`] does.
     fn send(conn: &mut Self::Conn, op: &Self::Op) -> anyhow::Result<String>;
     /// The server restarted: the connection is gone, open a new one before the next request.
     fn reconnect(conn: &mut Self::Conn);
+    /// Whether a script keeps the rules scripts are drawn by (the shrinker removes steps; a script
+    /// that breaks a rule could differ for a reason that is not the model's).
+    fn valid(_steps: &[Step<Self::Op>]) -> bool {
+        true
+    }
 }
 
 /// What playing one seed showed.
@@ -148,6 +160,10 @@ fn compare<F: Family>(family: &F, server: &mut Server, steps: &[Step<F::Op>]) ->
     Ok(Outcome::Inconclusive(last))
 }
 
+/// Replays a shrink may make: each takes the script's real time (seconds), so a long script stops
+/// shrinking here, with what it has.
+const SHRINK_TRIES: usize = 40;
+
 /// Cut the steps after the mismatch, then remove steps, a chunk at a time and then one by one, while
 /// the script still shows a mismatch. Every try replays the script on the real server, so the cut
 /// (usually most of the script) comes first.
@@ -164,11 +180,17 @@ fn shrink<F: Family>(
         }
     }
     let mut chunk = steps.len() / 2;
+    let mut tries = 0;
     while chunk >= 1 {
         let mut start = 0;
-        while start < steps.len() {
+        while start < steps.len() && tries < SHRINK_TRIES {
             let mut fewer = steps.clone();
             fewer.drain(start..(start + chunk).min(steps.len()));
+            if !F::valid(&fewer) {
+                start += chunk;
+                continue;
+            }
+            tries += 1;
             match compare(family, server, &fewer)? {
                 shows @ Outcome::Mismatch { .. } => {
                     steps = fewer;
@@ -198,7 +220,7 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
     });
     let clients = clients.max().unwrap_or(0);
     let addr = server.addr();
-    let mut conns = (0..clients).map(|_| F::connect(&addr, &shared)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut conns = (0..clients).map(|c| F::connect(&addr, &shared, c)).collect::<anyhow::Result<Vec<_>>>()?;
     // Restarts so far: a client that sees a new one reconnects before its next request.
     let restarts = AtomicUsize::new(0);
     // Each client step's index among client steps, so answers line up with the model's.
@@ -296,4 +318,19 @@ pub fn coverage<F: Family>(steps: &[Step<F::Op>], counts: &mut std::collections:
         };
         *counts.entry(kind).or_insert(0) += 1;
     }
+}
+
+/// A model server's periodic ticks (every `period` ms of script time) from `next` up to `at`, calling
+/// `tick` with each one's time; a tick due while the server is stopped (`stop`: from, to) happens when
+/// it continues. Returns the next tick still due.
+pub fn ticks(period: u64, mut next: u64, stop: (u64, u64), at: u64, mut tick: impl FnMut(u64)) -> u64 {
+    while next <= at {
+        let when = if (stop.0..stop.1).contains(&next) { stop.1 } else { next };
+        if when > at {
+            break;
+        }
+        tick(when);
+        next += period;
+    }
+    next
 }

@@ -279,14 +279,14 @@ impl Family for Redis {
     }
 
     fn reset(server: &Server) -> anyhow::Result<()> {
-        let mut c = Self::connect(&server.addr(), &Arc::new(()))?;
+        let mut c = Self::connect(&server.addr(), &Arc::new(()), 0)?;
         match c.conn()?.command(&["FLUSHALL"])? {
             resp::Value::Simple(ok) if ok == "OK" => Ok(()),
             other => anyhow::bail!("FLUSHALL answered {other:?}"),
         }
     }
 
-    fn connect(addr: &Addr, _: &Arc<()>) -> anyhow::Result<Client> {
+    fn connect(addr: &Addr, _: &Arc<()>, _: usize) -> anyhow::Result<Client> {
         Ok(Client { addr: *addr, conn: None })
     }
 

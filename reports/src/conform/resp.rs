@@ -24,6 +24,7 @@ pub struct Conn {
 impl Conn {
     pub fn on(stream: TcpStream) -> Conn {
         let _ = stream.set_nodelay(true);
+        let _ = stream.set_read_timeout(Some(super::ANSWER_TIMEOUT));
         let writer = stream.try_clone().expect("a TCP stream clones");
         Conn { reader: BufReader::new(stream), writer }
     }

@@ -18,6 +18,8 @@ pub enum Kind {
     Redis,
     /// `etcd` 3.4, one member (Debian 12 `etcd-server`).
     Etcd,
+    /// ZooKeeper 3.8, standalone (Debian 12 `zookeeper`), tickTime 200 ms.
+    ZooKeeper,
 }
 
 impl Kind {
@@ -25,13 +27,14 @@ impl Kind {
         match self {
             Kind::Redis => "redis-server",
             Kind::Etcd => "etcd",
+            Kind::ZooKeeper => "zookeeper",
         }
     }
 
     /// How long it may take to answer after it starts.
     fn patience(self) -> Duration {
         match self {
-            Kind::Redis | Kind::Etcd => Duration::from_secs(30),
+            Kind::Redis | Kind::Etcd | Kind::ZooKeeper => Duration::from_secs(30),
         }
     }
 }
@@ -175,6 +178,32 @@ fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<C
                 .args(["--initial-cluster", &format!("locksim={peer}")]);
             cmd
         }
+        Kind::ZooKeeper => {
+            // Standalone, as Debian's zkServer.sh runs it, from a zoo.cfg of our own: no admin server,
+            // only `ruok` and `srvr` of the four-letter words, and no logging (slf4j finds no binding
+            // on the class path, so nothing is written outside the directory).
+            let jar =
+                ["/usr/share/java/zookeeper.jar"].into_iter().find(|p| Path::new(p).is_file()).ok_or_else(|| {
+                    anyhow::anyhow!("zookeeper is not installed: run .ci/install-servers (Debian packages, as root)")
+                })?;
+            let cfg = dir.join("zoo.cfg");
+            let data = dir.join("data");
+            std::fs::create_dir_all(&data)?;
+            std::fs::write(
+                &cfg,
+                format!(
+                    "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                     admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n",
+                    super::zk::TICK_MS,
+                    data.display()
+                ),
+            )?;
+            let mut cmd = Command::new(binary("java", &["/usr/bin/java"])?);
+            cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", jar])
+                .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+                .arg(&cfg);
+            cmd
+        }
     };
     cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Its own process group: a Ctrl-C at the terminal reaches locksim, which stops it in order, and
@@ -189,7 +218,7 @@ fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<C
 fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
     let data: &[&str] = match kind {
         Kind::Redis => &["appendonlydir", "dump.rdb"],
-        Kind::Etcd => &["data"],
+        Kind::Etcd | Kind::ZooKeeper => &["data"],
     };
     for name in data {
         let path = dir.join(name);
@@ -212,6 +241,8 @@ fn ready(kind: Kind, addr: Addr) -> bool {
         }
         // A read needs a leader: the server is up and serving.
         Kind::Etcd => super::http::post(addr.0, "/v3/kv/range", r#"{"key":"AA=="}"#).is_ok(),
+        // A session: the server has loaded its data and serves.
+        Kind::ZooKeeper => matches!(super::jute::Conn::connect(addr.0, 4000, None), Ok(Ok(_))),
     }
 }
 

@@ -6,7 +6,8 @@
 //! - `create` fails with NoNode without a parent, NodeExists if taken, NoChildrenForEphemerals under an
 //!   ephemeral. Sequential modes append the parent's cversion as 10 zero-padded digits (`lock-0000000007`);
 //!   cversion counts creates of children (a delete moves only the parent's pzxid), so the suffix keeps
-//!   counting and restarts from 0 if the parent is recreated.
+//!   counting and restarts from 0 if the parent is recreated. Clients are told `cversion * 2 -
+//!   numChildren`, the count of creates and deletes (`copy_stat`).
 //! - `delete` takes a version (-1: any) and fails with BadVersion or NotEmpty; `setData` takes a version
 //!   too, counts the node's version up and fires its data watches (NodeDataChanged).
 //! - `exists` and `getData` leave a data watch, `getChildren` a child watch; a watch fires once. A watch
@@ -29,7 +30,7 @@ use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
 use std::time::Duration;
 
-pub use tree::parent;
+pub use tree::{copy_stat, parent};
 
 pub type SessionId = u64;
 
@@ -227,7 +228,7 @@ impl ZkState {
                 self.fire(&path, EventType::NodeCreated, out);
                 self.fire(parent(&path), EventType::NodeChildrenChanged, out);
                 let stat = *self.tree.stat(&path).expect("just created");
-                ZkReply::Created { path, stat }
+                ZkReply::Created { path, stat: copy_stat(&stat) }
             }
             ZkOp::Delete { path, version } => {
                 self.delete(&path, version, out)?;
@@ -237,17 +238,17 @@ impl ZkState {
                 let stat = self.tree.set_data(&path, &data, version, self.zxid + 1)?;
                 self.zxid += 1;
                 self.fire(&path, EventType::NodeDataChanged, out);
-                ZkReply::DataSet(stat)
+                ZkReply::DataSet(copy_stat(&stat))
             }
             ZkOp::Exists { path, watch } => {
                 if watch {
                     self.watches.watch_data(&path, session);
                 }
-                ZkReply::Exists(self.tree.stat(&path).copied())
+                ZkReply::Exists(self.tree.stat(&path).map(copy_stat))
             }
             ZkOp::GetData { path, watch } => {
                 let (data, stat) = self.tree.data(&path).ok_or(ZkError::NoNode)?;
-                let reply = ZkReply::Data { data: data.to_string(), stat: *stat };
+                let reply = ZkReply::Data { data: data.to_string(), stat: copy_stat(stat) };
                 if watch {
                     self.watches.watch_data(&path, session);
                 }
@@ -255,7 +256,7 @@ impl ZkState {
             }
             ZkOp::GetChildren { path, watch } => {
                 let (children, stat) = self.tree.children(&path).ok_or(ZkError::NoNode)?;
-                let reply = ZkReply::Children { children, stat: *stat };
+                let reply = ZkReply::Children { children, stat: copy_stat(stat) };
                 if watch {
                     self.watches.watch_children(&path, session);
                 }
