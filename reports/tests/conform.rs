@@ -193,3 +193,13 @@ fn conform_zk_agrees_with_the_real_server() {
     let out = stdout(&o);
     assert!(out.contains("zk: 3 seeds (seeds 0..3): ") && out.contains(" agreed, 0 mismatched"), "{out}");
 }
+
+#[test]
+fn a_server_given_by_address_must_answer_there() {
+    let o = locksim(&["conform", "redis", "--server", "127.0.0.1:1", "--seeds", "0..1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "locksim: no redis-server answers at 127.0.0.1:1\n");
+    let o = locksim(&["conform", "--server", "127.0.0.1:1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("name its family"), "{}", stderr(&o));
+}

@@ -126,9 +126,19 @@ pub fn script<F: Family>(seed: u64) -> Vec<Step<F::Op>> {
     F::script(&mut stream(seed, Stream::Conformance, 0))
 }
 
+/// The script of `seed` as it is played on `server`: without its restarts and stops on a server
+/// locksim did not start (and so may not restart or stop).
+pub fn script_for<F: Family>(server: &Server, seed: u64) -> Vec<Step<F::Op>> {
+    let mut steps = script::<F>(seed);
+    if !server.is_own() {
+        steps.retain(|s| matches!(s.action, Action::Client { .. }));
+    }
+    steps
+}
+
 /// Play `seed` on the model and on `server`, and shrink a mismatch to the fewest steps that still show it.
 pub fn check<F: Family>(family: &F, server: &mut Server, seed: u64) -> anyhow::Result<Outcome<F::Op>> {
-    let steps = script::<F>(seed);
+    let steps = script_for::<F>(server, seed);
     let first = compare(family, server, &steps)?;
     let Outcome::Mismatch { .. } = first else { return Ok(first) };
     shrink(family, server, steps, first)

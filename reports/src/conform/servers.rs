@@ -3,7 +3,7 @@
 //! until it answers, and stopped at the end — on success, on an error, on a panic, and on Ctrl-C or
 //! SIGTERM (a handler kills every server still running and removes its directory). Nothing is written
 //! outside the temporary directory. Or `--server HOST:PORT` points at one already running; locksim then
-//! neither restarts nor stops it, and refuses scripts that would.
+//! neither restarts nor stops it: scripts are played without their restarts and stops.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -73,9 +73,12 @@ impl Server {
         Ok(server)
     }
 
-    /// A server someone else runs at `addr`.
-    pub fn external(kind: Kind, addr: SocketAddr) -> Server {
-        Server { kind, addr: Addr(addr), peer_port: 0, own: None }
+    /// A server someone else runs at `addr`, if it answers there.
+    pub fn external(kind: Kind, addr: SocketAddr) -> anyhow::Result<Server> {
+        if !ready(kind, Addr(addr)) {
+            anyhow::bail!("no {} answers at {addr}", kind.name());
+        }
+        Ok(Server { kind, addr: Addr(addr), peer_port: 0, own: None })
     }
 
     pub fn kind(&self) -> Kind {
