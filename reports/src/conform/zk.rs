@@ -31,50 +31,27 @@ pub const TICK_MS: u64 = 200;
 /// How long the script leaves a restarting server before it speaks again (a JVM start).
 const RESTART_GAP_MS: u64 = 2500;
 
+/// A script step: a request of the client's session as the model names it, or one of the client-side
+/// steps recipes take (open a session, create with parents, release the first child, read the events).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// Open a new session asking for `timeout_ms`.
     Connect {
         timeout_ms: i64,
     },
-    Create {
+    Request(ZkOp),
+    /// Curator's `creatingParentsIfNeeded`: each missing ancestor (persistent), then the node.
+    CreateWithParents {
         path: String,
         data: String,
         mode: CreateMode,
-        parents: bool,
-    },
-    Delete {
-        path: String,
-        version: i32,
     },
     /// `getChildren(parent)`, then delete the first child in name order (a lock's release).
     DeleteFirstChild {
         parent: String,
     },
-    SetData {
-        path: String,
-        data: String,
-        version: i32,
-    },
-    Exists {
-        path: String,
-        watch: bool,
-    },
-    GetData {
-        path: String,
-        watch: bool,
-    },
-    GetChildren {
-        path: String,
-        watch: bool,
-    },
-    RemoveWatches {
-        path: String,
-    },
-    Ping,
     /// A ping, then the watch events delivered since the client last asked.
     Events,
-    Close,
 }
 
 impl fmt::Display for Op {
@@ -82,19 +59,20 @@ impl fmt::Display for Op {
         let w = |watch: &bool| if *watch { " watch" } else { "" };
         match self {
             Op::Connect { timeout_ms } => write!(f, "connect, timeout {timeout_ms} ms"),
-            Op::Create { path, data, mode, parents } => {
-                write!(f, "create {path} {data:?} {mode:?}{}", if *parents { " with parents" } else { "" })
-            }
-            Op::Delete { path, version } => write!(f, "delete {path} version {version}"),
+            Op::CreateWithParents { path, data, mode } => write!(f, "create {path} {data:?} {mode:?} with parents"),
             Op::DeleteFirstChild { parent } => write!(f, "delete the first child of {parent}"),
-            Op::SetData { path, data, version } => write!(f, "setData {path} {data:?} version {version}"),
-            Op::Exists { path, watch } => write!(f, "exists {path}{}", w(watch)),
-            Op::GetData { path, watch } => write!(f, "getData {path}{}", w(watch)),
-            Op::GetChildren { path, watch } => write!(f, "getChildren {path}{}", w(watch)),
-            Op::RemoveWatches { path } => write!(f, "removeWatches {path}"),
-            Op::Ping => write!(f, "ping"),
             Op::Events => write!(f, "watch events"),
-            Op::Close => write!(f, "close session"),
+            Op::Request(op) => match op {
+                ZkOp::Create { path, data, mode } => write!(f, "create {path} {data:?} {mode:?}"),
+                ZkOp::Delete { path, version } => write!(f, "delete {path} version {version}"),
+                ZkOp::SetData { path, data, version } => write!(f, "setData {path} {data:?} version {version}"),
+                ZkOp::Exists { path, watch } => write!(f, "exists {path}{}", w(watch)),
+                ZkOp::GetData { path, watch } => write!(f, "getData {path}{}", w(watch)),
+                ZkOp::GetChildren { path, watch } => write!(f, "getChildren {path}{}", w(watch)),
+                ZkOp::RemoveWatches { path } => write!(f, "removeWatches {path}"),
+                ZkOp::Ping => write!(f, "ping"),
+                ZkOp::Close => write!(f, "close session"),
+            },
         }
     }
 }
@@ -188,7 +166,7 @@ impl Sessions {
     fn sent(&mut self, client: usize, op: &Op, t: u64) {
         let s = &mut self.0[client];
         *s = match (op, *s) {
-            (Op::Close, _) => Session::None,
+            (Op::Request(ZkOp::Close), _) => Session::None,
             (Op::Connect { timeout_ms }, _) => Session::Live { last: t, timeout: *timeout_ms as u64, slack: 0 },
             (_, Session::Live { timeout, .. }) => Session::Live { last: t, timeout, slack: 0 },
             (_, Session::None) => Session::None,
@@ -210,28 +188,35 @@ fn op(rng: &mut ChaCha8Rng) -> Op {
     let data = DATA[rng.gen_range(0..DATA.len())].to_string();
     let watch = rng.gen_bool(0.5);
     let version = rng.gen_range(-1..=2);
-    match rng.gen_range(0..26) {
+    Op::Request(match rng.gen_range(0..26) {
         0..=5 => {
-            let modes = [CreateMode::Persistent, CreateMode::Ephemeral];
             let parents = path == "/s/a/x" && rng.gen_bool(0.5);
-            Op::Create { path, data, mode: modes[rng.gen_range(0..2)], parents }
+            let mode = [CreateMode::Persistent, CreateMode::Ephemeral][rng.gen_range(0..2)];
+            if parents {
+                return Op::CreateWithParents { path, data, mode };
+            }
+            ZkOp::Create { path, data, mode }
         }
         6..=8 => {
-            let modes = [CreateMode::PersistentSequential, CreateMode::EphemeralSequential];
             let parents = rng.gen_bool(0.5);
-            Op::Create { path: format!("{QUEUE}/n-"), data, mode: modes[rng.gen_range(0..2)], parents }
+            let mode = [CreateMode::PersistentSequential, CreateMode::EphemeralSequential][rng.gen_range(0..2)];
+            let path = format!("{QUEUE}/n-");
+            if parents {
+                return Op::CreateWithParents { path, data, mode };
+            }
+            ZkOp::Create { path, data, mode }
         }
-        9 | 10 => Op::Delete { path, version },
-        11 => Op::DeleteFirstChild { parent: QUEUE.into() },
-        12 | 13 => Op::SetData { path, data, version },
-        14 | 15 => Op::Exists { path, watch },
-        16 | 17 => Op::GetData { path, watch },
-        18 | 19 => Op::GetChildren { path: if rng.gen_bool(0.5) { QUEUE.into() } else { path }, watch },
-        20 => Op::RemoveWatches { path },
-        21 => Op::Ping,
-        22..=24 => Op::Events,
-        _ => Op::Close,
-    }
+        9 | 10 => ZkOp::Delete { path, version },
+        11 => return Op::DeleteFirstChild { parent: QUEUE.into() },
+        12 | 13 => ZkOp::SetData { path, data, version },
+        14 | 15 => ZkOp::Exists { path, watch },
+        16 | 17 => ZkOp::GetData { path, watch },
+        18 | 19 => ZkOp::GetChildren { path: if rng.gen_bool(0.5) { QUEUE.into() } else { path }, watch },
+        20 => ZkOp::RemoveWatches { path },
+        21 => ZkOp::Ping,
+        22..=24 => return Op::Events,
+        _ => ZkOp::Close,
+    })
 }
 
 impl Family for Zk {
@@ -264,8 +249,9 @@ impl Family for Zk {
                     t += RESTART_GAP_MS;
                     for client in 0..clients {
                         if let Session::Live { .. } = sessions.0[client] {
-                            sessions.sent(client, &Op::Ping, t);
-                            steps.push(Step { at_ms: t, action: Action::Client { client, op: Op::Ping } });
+                            let ping = Op::Request(ZkOp::Ping);
+                            sessions.sent(client, &ping, t);
+                            steps.push(Step { at_ms: t, action: Action::Client { client, op: ping } });
                             t += SLOT_MS;
                         }
                     }
@@ -315,24 +301,26 @@ impl Family for Zk {
     fn kind(op: &Op) -> &'static str {
         match op {
             Op::Connect { .. } => "connect",
-            Op::Create { parents: true, .. } => "create with parents",
-            Op::Create { mode: CreateMode::Persistent, .. } => "create persistent",
-            Op::Create { mode: CreateMode::Ephemeral, .. } => "create ephemeral",
-            Op::Create { .. } => "create sequential",
-            Op::Delete { version: -1, .. } => "delete",
-            Op::Delete { .. } => "delete with version",
+            Op::CreateWithParents { .. } => "create with parents",
             Op::DeleteFirstChild { .. } => "delete the first child",
-            Op::SetData { .. } => "setData",
-            Op::Exists { watch: true, .. } => "exists with watch",
-            Op::Exists { .. } => "exists",
-            Op::GetData { watch: true, .. } => "getData with watch",
-            Op::GetData { .. } => "getData",
-            Op::GetChildren { watch: true, .. } => "getChildren with watch",
-            Op::GetChildren { .. } => "getChildren",
-            Op::RemoveWatches { .. } => "removeWatches",
-            Op::Ping => "ping",
             Op::Events => "watch events",
-            Op::Close => "close session",
+            Op::Request(op) => match op {
+                ZkOp::Create { mode: CreateMode::Persistent, .. } => "create persistent",
+                ZkOp::Create { mode: CreateMode::Ephemeral, .. } => "create ephemeral",
+                ZkOp::Create { .. } => "create sequential",
+                ZkOp::Delete { version: -1, .. } => "delete",
+                ZkOp::Delete { .. } => "delete with version",
+                ZkOp::SetData { .. } => "setData",
+                ZkOp::Exists { watch: true, .. } => "exists with watch",
+                ZkOp::Exists { .. } => "exists",
+                ZkOp::GetData { watch: true, .. } => "getData with watch",
+                ZkOp::GetData { .. } => "getData",
+                ZkOp::GetChildren { watch: true, .. } => "getChildren with watch",
+                ZkOp::GetChildren { .. } => "getChildren",
+                ZkOp::RemoveWatches { .. } => "removeWatches",
+                ZkOp::Ping => "ping",
+                ZkOp::Close => "close session",
+            },
         }
     }
 
@@ -510,18 +498,16 @@ impl ModelRun {
         }
         let reply = match op {
             Op::Connect { .. } => unreachable!("answered above"),
-            Op::Create { path, data, mode, parents } => {
-                if *parents {
-                    for ancestor in ancestors(path) {
-                        let create = ZkOp::Create { path: ancestor, data: String::new(), mode: CreateMode::Persistent };
-                        if let e @ ZkReply::Error(ZkError::SessionExpired) = self.op(at, client, create) {
-                            return self.names.reply(&e);
-                        }
+            Op::Request(op) => self.op(at, client, op.clone()),
+            Op::CreateWithParents { path, data, mode } => {
+                for ancestor in ancestors(path) {
+                    let create = ZkOp::Create { path: ancestor, data: String::new(), mode: CreateMode::Persistent };
+                    if let e @ ZkReply::Error(ZkError::SessionExpired) = self.op(at, client, create) {
+                        return self.names.reply(&e);
                     }
                 }
                 self.op(at, client, ZkOp::Create { path: path.clone(), data: data.clone(), mode: *mode })
             }
-            Op::Delete { path, version } => self.op(at, client, ZkOp::Delete { path: path.clone(), version: *version }),
             Op::DeleteFirstChild { parent } => {
                 match self.op(at, client, ZkOp::GetChildren { path: parent.clone(), watch: false }) {
                     ZkReply::Children { mut children, .. } if !children.is_empty() => {
@@ -534,16 +520,6 @@ impl ModelRun {
                     other => other,
                 }
             }
-            Op::SetData { path, data, version } => {
-                self.op(at, client, ZkOp::SetData { path: path.clone(), data: data.clone(), version: *version })
-            }
-            Op::Exists { path, watch } => self.op(at, client, ZkOp::Exists { path: path.clone(), watch: *watch }),
-            Op::GetData { path, watch } => self.op(at, client, ZkOp::GetData { path: path.clone(), watch: *watch }),
-            Op::GetChildren { path, watch } => {
-                self.op(at, client, ZkOp::GetChildren { path: path.clone(), watch: *watch })
-            }
-            Op::RemoveWatches { path } => self.op(at, client, ZkOp::RemoveWatches { path: path.clone() }),
-            Op::Ping => self.op(at, client, ZkOp::Ping),
             Op::Events => match self.op(at, client, ZkOp::Ping) {
                 ZkReply::Pong => {
                     self.collect();
@@ -551,7 +527,6 @@ impl ModelRun {
                 }
                 other => other,
             },
-            Op::Close => self.op(at, client, ZkOp::Close),
         };
         self.names.reply(&reply)
     }
@@ -699,22 +674,21 @@ impl Client {
                 self.reattach = false;
                 Ok(said)
             }
-            Op::Create { path, data, mode, parents } => {
-                if *parents {
-                    for ancestor in ancestors(path) {
-                        if let Err(e) = self.create(&ancestor, "", CreateMode::Persistent)? {
-                            if e == "error SessionExpired" {
-                                return Ok(e);
-                            }
+            Op::CreateWithParents { path, data, mode } => {
+                for ancestor in ancestors(path) {
+                    if let Err(e) = self.create(&ancestor, "", CreateMode::Persistent)? {
+                        if e == "error SessionExpired" {
+                            return Ok(e);
                         }
                     }
                 }
-                Ok(match self.create(path, data, *mode)? {
-                    Ok((path, stat)) => format!("created {path} {}", self.names().stat(&stat)),
-                    Err(e) => e,
-                })
+                self.send(&Op::Request(ZkOp::Create { path: path.clone(), data: data.clone(), mode: *mode }))
             }
-            Op::Delete { path, version } => {
+            Op::Request(ZkOp::Create { path, data, mode }) => Ok(match self.create(path, data, *mode)? {
+                Ok((path, stat)) => format!("created {path} {}", self.names().stat(&stat)),
+                Err(e) => e,
+            }),
+            Op::Request(ZkOp::Delete { path, version }) => {
                 Ok(match self.call(jute::DELETE, || Body::default().str(path).int(*version))? {
                     Ok(_) => "deleted".into(),
                     Err(e) => e,
@@ -732,14 +706,14 @@ impl Client {
                 Ok(_) => Ok("no children".into()),
                 Err(e) => Ok(e),
             },
-            Op::SetData { path, data, version } => {
+            Op::Request(ZkOp::SetData { path, data, version }) => {
                 self.stat_answer(jute::SET_DATA, || Body::default().str(path).str(data).int(*version), "set")
             }
-            Op::Exists { path, watch } => {
+            Op::Request(ZkOp::Exists { path, watch }) => {
                 let said = self.stat_answer(jute::EXISTS, || Body::default().str(path).bool(*watch), "exists")?;
                 Ok(if said == "error NoNode" { "no node".into() } else { said })
             }
-            Op::GetData { path, watch } => {
+            Op::Request(ZkOp::GetData { path, watch }) => {
                 Ok(match self.call(jute::GET_DATA, || Body::default().str(path).bool(*watch))? {
                     Ok(body) => {
                         let mut r = jute::reader(&body);
@@ -750,18 +724,18 @@ impl Client {
                     Err(e) => e,
                 })
             }
-            Op::GetChildren { path, watch } => Ok(match self.children(path, *watch)? {
+            Op::Request(ZkOp::GetChildren { path, watch }) => Ok(match self.children(path, *watch)? {
                 Ok((children, stat)) => format!("children [{}] {}", children.join(", "), self.names().stat(&stat)),
                 Err(e) => e,
             }),
             // `removeWatches(path, WatcherType.Any)`: type 3.
-            Op::RemoveWatches { path } => {
+            Op::Request(ZkOp::RemoveWatches { path }) => {
                 Ok(match self.call(jute::REMOVE_WATCHES, || Body::default().str(path).int(3))? {
                     Ok(_) => "watches removed".into(),
                     Err(e) => e,
                 })
             }
-            Op::Ping => Ok(match self.call(jute::PING, Body::default)? {
+            Op::Request(ZkOp::Ping) => Ok(match self.call(jute::PING, Body::default)? {
                 Ok(_) => "pong".into(),
                 Err(e) => e,
             }),
@@ -777,7 +751,7 @@ impl Client {
                 }
                 Err(e) => e,
             }),
-            Op::Close => {
+            Op::Request(ZkOp::Close) => {
                 let said = match self.call(jute::CLOSE_SESSION, Body::default)? {
                     Ok(_) => "closed".into(),
                     Err(e) => e,
@@ -792,6 +766,10 @@ impl Client {
 mod tests {
     use super::*;
     use crate::conform::{coverage, script};
+
+    fn ping() -> Op {
+        Op::Request(ZkOp::Ping)
+    }
 
     #[test]
     fn scripts_keep_to_the_grid_and_play_every_kind() {
@@ -834,10 +812,10 @@ mod tests {
     fn a_step_near_a_sessions_expiry_makes_a_script_invalid() {
         let client = |at_ms, op| Step { at_ms, action: Action::Client { client: 0, op } };
         let connect = client(0, Op::Connect { timeout_ms: 3000 });
-        assert!(Zk::valid(&[connect.clone(), client(2800, Op::Ping), client(5600, Op::Ping)]));
-        assert!(!Zk::valid(&[connect.clone(), client(3000, Op::Ping)]), "at its timeout");
-        assert!(!Zk::valid(&[connect.clone(), client(3300, Op::Ping)]), "within a tick after");
-        assert!(Zk::valid(&[connect, client(3700, Op::Ping)]), "well after: expired, and said so alike");
+        assert!(Zk::valid(&[connect.clone(), client(2800, ping()), client(5600, ping())]));
+        assert!(!Zk::valid(&[connect.clone(), client(3000, ping())]), "at its timeout");
+        assert!(!Zk::valid(&[connect.clone(), client(3300, ping())]), "within a tick after");
+        assert!(Zk::valid(&[connect, client(3700, ping())]), "well after: expired, and said so alike");
     }
 
     #[test]
@@ -849,13 +827,13 @@ mod tests {
             client(
                 200,
                 0,
-                Op::Create { path: "/s".into(), data: "".into(), mode: CreateMode::Ephemeral, parents: false },
+                Op::Request(ZkOp::Create { path: "/s".into(), data: "".into(), mode: CreateMode::Ephemeral }),
             ),
-            client(300, 1, Op::Exists { path: "/s".into(), watch: true }),
-            client(2500, 1, Op::Ping),
+            client(300, 1, Op::Request(ZkOp::Exists { path: "/s".into(), watch: true })),
+            client(2500, 1, ping()),
             // Client 0 was last heard at 200 ms: expired by the tick at 3400 ms (200 + 3000, next tick).
             client(3700, 1, Op::Events),
-            client(3800, 0, Op::Ping),
+            client(3800, 0, ping()),
         ];
         let answers: Vec<String> = Zk::default().model(&steps).into_iter().map(|a| a.text).collect();
         assert_eq!(answers[0], "connected, timeout 3000 ms");
