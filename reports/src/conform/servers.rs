@@ -121,7 +121,7 @@ impl Server {
         let deadline = Instant::now() + self.kind.patience();
         loop {
             if ready(self.kind, self.addr) {
-                return Ok(());
+                return warm_up(self.kind, self.addr);
             }
             if let Some(own) = &mut self.own {
                 if let Some(status) = own.child.try_wait()? {
@@ -245,8 +245,31 @@ fn ready(kind: Kind, addr: Addr) -> bool {
         // A read needs a leader: the server is up and serving.
         Kind::Etcd => super::http::post(addr.0, "/v3/kv/range", r#"{"key":"AA=="}"#).is_ok(),
         // A session: the server has loaded its data and serves.
-        Kind::ZooKeeper => matches!(super::jute::Conn::connect(addr.0, 4000, None), Ok(Ok(_))),
+        Kind::ZooKeeper => match super::jute::Conn::connect(addr.0, 4000, None) {
+            Ok(Ok(mut conn)) => conn.call(super::jute::CLOSE_SESSION, super::jute::Body::default()).is_ok(),
+            _ => false,
+        },
     }
+}
+
+/// Run a freshly started JVM's request paths a few hundred times, so that a script's first requests
+/// after a (re)start are not answered late by a cold JIT (which would make the seed inconclusive).
+fn warm_up(kind: Kind, addr: Addr) -> anyhow::Result<()> {
+    use super::jute::{Body, Conn, CLOSE_SESSION, CREATE2, DELETE, EXISTS, GET_CHILDREN2, PING};
+    if kind != Kind::ZooKeeper {
+        return Ok(());
+    }
+    let Ok(mut conn) = Conn::connect(addr.0, 4000, None)? else { anyhow::bail!("ZooKeeper refused a session") };
+    let path = "/locksim-warm-up";
+    for _ in 0..100 {
+        conn.call(CREATE2, Body::default().str(path).str("").open_acl().int(0))?;
+        conn.call(EXISTS, Body::default().str(path).bool(true))?;
+        conn.call(GET_CHILDREN2, Body::default().str("/").bool(false))?;
+        conn.call(DELETE, Body::default().str(path).int(-1))?;
+        conn.call(PING, Body::default())?;
+    }
+    conn.call(CLOSE_SESSION, Body::default())?;
+    Ok(())
 }
 
 /// The program `name`: where the environment variable `LOCKSIM_<NAME>` says (e.g.
