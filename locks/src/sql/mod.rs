@@ -214,6 +214,8 @@ impl Db {
 fn outcome(result: Result<SqlResult, ClientError>) -> Result<SqlResult, Outcome<()>> {
     match result {
         Ok(SqlResult::Error(e)) => Err(Outcome::Fail(format!("{e:?}"))),
+        // pgjdbc (42.7) raises an error when COMMIT is answered ROLLBACK.
+        Ok(SqlResult::RolledBack) => Err(Outcome::Fail("the transaction had failed: COMMIT rolled it back".into())),
         Ok(result) => Ok(result),
         Err(ClientError::ReadTimeout) => Err(Outcome::Unknown("socket read timeout".into())),
         Err(ClientError::Closed) => Err(Outcome::Fail("connection closed".into())),

@@ -3,6 +3,7 @@
 use locksim_reports::conform::etcd::Etcd;
 use locksim_reports::conform::redis::Redis;
 use locksim_reports::conform::servers::Server;
+use locksim_reports::conform::sql::Sql;
 use locksim_reports::conform::zk::Zk;
 use locksim_reports::conform::{check, coverage, script_for, Family, Outcome};
 use serde::Serialize;
@@ -52,6 +53,8 @@ enum Which {
     Etcd,
     /// ZooKeeper 3.8 (Debian's `zookeeper`), on its wire protocol.
     Zk,
+    /// PostgreSQL 15 (Debian's `postgresql-15`), on its wire protocol.
+    Sql,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -92,6 +95,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.family, Which::All | Which::Etcd) {
         reports.push(family(&Etcd::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Sql) {
+        reports.push(family(&Sql::default(), &args)?);
     }
     let mut bad = 0;
     for r in &reports {

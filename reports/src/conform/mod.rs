@@ -11,13 +11,20 @@
 //! time. The real run checks that for every step (sent no later than the margin, answered no later
 //! than the margin after the model answered), and a run that missed it — a loaded machine — is
 //! *inconclusive*: played again, and never reported as a mismatch.
+//!
+//! When an answer comes is compared too, where it says something a loaded machine cannot: a real answer
+//! a slot or more *before* the model's (the model made a request wait that the server did not), or a
+//! slot or more *after* it at the same step in both plays (the server made it wait and the model did
+//! not; a busy machine is rarely late twice at one step by a whole slot).
 
 pub mod etcd;
 pub mod http;
 pub mod jute;
+pub mod pgwire;
 pub mod redis;
 pub mod resp;
 pub mod servers;
+pub mod sql;
 pub mod zk;
 
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
@@ -93,6 +100,9 @@ pub trait Family {
     fn model(&self, steps: &[Step<Self::Op>]) -> Vec<Answer>;
     /// Prepare the real server for a fresh script (empty it).
     fn reset(server: &Server) -> anyhow::Result<Self::Shared>;
+    /// The script starts now: at `epoch_ms` on the wall clock the real server reads (PostgreSQL's
+    /// `now()` is written relative to it).
+    fn started(_shared: &Self::Shared, _epoch_ms: i64) {}
     /// Client number `client`'s connection (opened now, or when first used).
     fn connect(addr: &Addr, shared: &Arc<Self::Shared>, client: usize) -> anyhow::Result<Self::Conn>;
     /// Send `op` and normalise the answer as [`Family::model`] does.
@@ -145,29 +155,38 @@ pub fn check<F: Family>(family: &F, server: &mut Server, seed: u64) -> anyhow::R
 }
 
 /// Play `steps` on both sides; an inconclusive real run is played once more.
-fn compare<F: Family>(family: &F, server: &mut Server, steps: &[Step<F::Op>]) -> anyhow::Result<Outcome<F::Op>> {
+pub fn compare<F: Family>(family: &F, server: &mut Server, steps: &[Step<F::Op>]) -> anyhow::Result<Outcome<F::Op>> {
     let model = family.model(steps);
-    let mut last = String::new();
+    let clients: Vec<usize> =
+        steps.iter().enumerate().filter(|(_, s)| matches!(s.action, Action::Client { .. })).map(|(i, _)| i).collect();
+    let differ = |k: usize, real: &Real, timed: bool| {
+        let (m, r) = (&model[k], real);
+        let (model, real) = match timed {
+            true => (format!("{} (at {} ms)", m.text, m.at_ms), format!("{} (at {} ms)", r.text, r.at_ms)),
+            false => (m.text.clone(), r.text.clone()),
+        };
+        Outcome::Mismatch { steps: steps.to_vec(), step: clients[k], model, real }
+    };
+    let mut plays = Vec::new();
     for _ in 0..2 {
-        match play::<F>(server, steps, &model)? {
-            Played::Answers(real) => {
-                let clients = steps.iter().enumerate().filter(|(_, s)| matches!(s.action, Action::Client { .. }));
-                for ((step, _), (m, r)) in clients.zip(model.iter().zip(&real)) {
-                    if m.text != *r {
-                        return Ok(Outcome::Mismatch {
-                            steps: steps.to_vec(),
-                            step,
-                            model: m.text.clone(),
-                            real: r.clone(),
-                        });
-                    }
-                }
-                return Ok(Outcome::Agree);
-            }
-            Played::Late(why) => last = why,
+        let played = play::<F>(server, steps, &model)?;
+        // Nothing makes a real answer early but the model.
+        if let Some(k) = (0..model.len()).find(|k| played.answers[*k].at_ms + SLOT_MS <= model[*k].at_ms) {
+            return Ok(differ(k, &played.answers[k], true));
         }
+        if played.late.is_none() {
+            return Ok(match (0..model.len()).find(|k| model[*k].text != played.answers[*k].text) {
+                Some(k) => differ(k, &played.answers[k], false),
+                None => Outcome::Agree,
+            });
+        }
+        plays.push(played);
     }
-    Ok(Outcome::Inconclusive(last))
+    let waited = |p: &Played, k: usize| p.answers[k].at_ms >= model[k].at_ms + SLOT_MS;
+    if let Some(k) = (0..model.len()).find(|k| plays.iter().all(|p| waited(p, *k))) {
+        return Ok(differ(k, &plays[1].answers[k], true));
+    }
+    Ok(Outcome::Inconclusive(plays.pop().and_then(|p| p.late).unwrap_or_default()))
 }
 
 /// Replays a shrink may make: each takes the script's real time (seconds), so a long script stops
@@ -214,11 +233,18 @@ fn shrink<F: Family>(
     Ok(found)
 }
 
-enum Played {
+/// A real run of a script.
+struct Played {
     /// The real answers to the client steps, in step order.
-    Answers(Vec<String>),
-    /// A step missed its time by more than the margin.
-    Late(String),
+    answers: Vec<Real>,
+    /// A step that missed its time by more than the margin, if any.
+    late: Option<String>,
+}
+
+/// A real answer, and when it came (script time, rounded down to the millisecond).
+struct Real {
+    text: String,
+    at_ms: u64,
 }
 
 /// Play `steps` on the real server: a thread per client, server faults on this thread.
@@ -242,9 +268,11 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
             n - 1
         }));
     }
-    let answers: Vec<Mutex<Option<Result<String, String>>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let answers: Vec<Mutex<Option<Real>>> = (0..n).map(|_| Mutex::new(None)).collect();
     let late: Mutex<Option<String>> = Mutex::new(None);
     let start = Instant::now() + Duration::from_millis(SLOT_MS);
+    let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    F::started(&shared, (epoch + Duration::from_millis(SLOT_MS)).as_millis() as i64);
     let at = |ms: u64| start + Duration::from_millis(ms);
     let miss = |what: String| {
         late.lock().expect("late lock").get_or_insert(what);
@@ -267,7 +295,7 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
                         F::reconnect(conn);
                     }
                     let sent = Instant::now();
-                    let answer = F::send(conn, op).map_err(|e| format!("{e:#}"));
+                    let text = F::send(conn, op).unwrap_or_else(|e| format!("no answer: {e:#}"));
                     let answered = Instant::now();
                     if sent > at(s.at_ms) + Duration::from_millis(MARGIN_MS) {
                         miss(format!("step {i} sent {} ms late", (sent - at(s.at_ms)).as_millis()));
@@ -275,7 +303,8 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
                     if answered > at(model[k].at_ms) + Duration::from_millis(MARGIN_MS) {
                         miss(format!("step {i} answered {} ms late", (answered - at(model[k].at_ms)).as_millis()));
                     }
-                    *answers[k].lock().expect("answer lock") = Some(answer);
+                    let at_ms = answered.saturating_duration_since(start).as_millis() as u64;
+                    *answers[k].lock().expect("answer lock") = Some(Real { text, at_ms });
                 }
             });
         }
@@ -303,11 +332,8 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
         }
     });
     faults.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    if let Some(why) = late.into_inner().expect("late lock") {
-        return Ok(Played::Late(why));
-    }
     let answers = answers.into_iter().map(|a| a.into_inner().expect("answer lock").expect("every step ran"));
-    Ok(Played::Answers(answers.map(|a| a.unwrap_or_else(|e| format!("no answer: {e}"))).collect()))
+    Ok(Played { answers: answers.collect(), late: late.into_inner().expect("late lock") })
 }
 
 fn sleep_until(t: Instant) {

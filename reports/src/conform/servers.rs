@@ -20,6 +20,8 @@ pub enum Kind {
     Etcd,
     /// ZooKeeper 3.8, standalone (Debian 12 `zookeeper`), tickTime 200 ms.
     ZooKeeper,
+    /// PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own made by `initdb`.
+    Postgres,
 }
 
 impl Kind {
@@ -28,13 +30,14 @@ impl Kind {
             Kind::Redis => "redis-server",
             Kind::Etcd => "etcd",
             Kind::ZooKeeper => "zookeeper",
+            Kind::Postgres => "postgres",
         }
     }
 
     /// How long it may take to answer after it starts.
     fn patience(self) -> Duration {
         match self {
-            Kind::Redis | Kind::Etcd | Kind::ZooKeeper => Duration::from_secs(30),
+            Kind::Redis | Kind::Etcd | Kind::ZooKeeper | Kind::Postgres => Duration::from_secs(30),
         }
     }
 }
@@ -94,12 +97,12 @@ impl Server {
         self.own.is_some()
     }
 
-    /// Kill the server (SIGKILL) and start it again on the same port, with its data (`keep`) or
-    /// without; return once it answers.
+    /// Kill the server (SIGKILL; PostgreSQL's immediate shutdown, SIGQUIT, which is its crash) and
+    /// start it again on the same port, with its data (`keep`) or without; return once it answers.
     pub fn restart(&mut self, keep: bool) -> anyhow::Result<()> {
         let kind = self.kind;
         let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot restart a server locksim did not start"))?;
-        kill(&mut own.child);
+        crash(kind, &mut own.child);
         if !keep {
             wipe(kind, own.dir.path())?;
         }
@@ -107,13 +110,18 @@ impl Server {
         self.wait_ready()
     }
 
-    /// Stop the server's process (SIGSTOP) for `d`, then continue it (SIGCONT): a stop-the-world pause.
-    /// The kernel still accepts connections and data meanwhile.
+    /// Stop the server's processes (SIGSTOP: the server and, for PostgreSQL, every backend it forked)
+    /// for `d`, then continue them (SIGCONT): a stop-the-world pause. The kernel still accepts
+    /// connections and data meanwhile.
     pub fn pause(&mut self, d: Duration) -> anyhow::Result<()> {
         let own = self.own.as_ref().ok_or_else(|| anyhow::anyhow!("cannot stop a server locksim did not start"))?;
         let pid = own.child.id() as libc::pid_t;
+        // The server first, so that it forks nothing new meanwhile.
         signal(pid, libc::SIGSTOP)?;
+        let children = children(pid);
+        children.iter().for_each(|c| drop(signal(*c, libc::SIGSTOP)));
         std::thread::sleep(d);
+        children.iter().for_each(|c| drop(signal(*c, libc::SIGCONT)));
         signal(pid, libc::SIGCONT)
     }
 
@@ -149,7 +157,7 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(own) = &mut self.own {
-            kill(&mut own.child);
+            crash(self.kind, &mut own.child);
         }
     }
 }
@@ -207,6 +215,7 @@ fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<C
                 .arg(&cfg);
             cmd
         }
+        Kind::Postgres => postgres(dir, port)?,
     };
     cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Its own process group: a Ctrl-C at the terminal reaches locksim, which stops it in order, and
@@ -221,7 +230,7 @@ fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<C
 fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
     let data: &[&str] = match kind {
         Kind::Redis => &["appendonlydir", "dump.rdb"],
-        Kind::Etcd | Kind::ZooKeeper => &["data"],
+        Kind::Etcd | Kind::ZooKeeper | Kind::Postgres => &["data"],
     };
     for name in data {
         let path = dir.join(name);
@@ -249,6 +258,8 @@ fn ready(kind: Kind, addr: Addr) -> bool {
             Ok(Ok(mut conn)) => conn.call(super::jute::CLOSE_SESSION, super::jute::Body::default()).is_ok(),
             _ => false,
         },
+        Kind::Postgres => super::pgwire::Conn::connect(addr.0, Duration::from_millis(200))
+            .is_ok_and(|mut c| c.query("SELECT 1").is_ok_and(|r| r.error.is_none())),
     }
 }
 
@@ -303,11 +314,100 @@ fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// End a server as a crash would: SIGKILL, or for PostgreSQL an immediate shutdown (SIGQUIT: every
+/// backend exits at once, nothing is written, and the next start recovers from the WAL), which also
+/// ends the backends a SIGKILL of the postmaster would leave behind.
+fn crash(kind: Kind, child: &mut Child) {
+    if kind == Kind::Postgres && signal(child.id() as libc::pid_t, libc::SIGQUIT).is_ok() {
+        let _ = signal(child.id() as libc::pid_t, libc::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                forget(child.id());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    kill(child);
+}
+
 fn kill(child: &mut Child) {
     let _ = signal(child.id() as libc::pid_t, libc::SIGCONT);
     let _ = child.kill();
     let _ = child.wait();
     forget(child.id());
+}
+
+/// PostgreSQL: a cluster made by `initdb` in `dir/data` on the first start (trust authentication,
+/// as the `postgres` user when locksim runs as root, since PostgreSQL refuses to run as root), then
+/// the server on loopback only. `fsync` is off: it costs time and changes nothing a script can see
+/// (the kernel keeps what a killed process wrote), while `synchronous_commit` stays on, or a crash
+/// would lose transactions committed in the last few hundred milliseconds; no checkpoints on a timer, so
+/// that what a sequence logs ahead (and so skips after a crash) does not depend on when a script runs.
+fn postgres(dir: &Path, port: u16) -> anyhow::Result<Command> {
+    let bin = |name: &str| binary(name, &[&format!("/usr/lib/postgresql/15/bin/{name}")]);
+    let user = postgres_user(dir)?;
+    let data = dir.join("data");
+    if !data.join("PG_VERSION").exists() {
+        let mut initdb = Command::new(bin("initdb")?);
+        initdb.arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+        let out = as_user(&mut initdb, user).current_dir(dir).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            anyhow::bail!("initdb failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        }
+    }
+    let mut cmd = Command::new(bin("postgres")?);
+    cmd.arg("-D").arg(&data).args(["-p", &port.to_string()]);
+    for setting in [
+        "listen_addresses=127.0.0.1",
+        "unix_socket_directories=",
+        "fsync=off",
+        "full_page_writes=off",
+        "checkpoint_timeout=1d",
+        "shared_buffers=16MB",
+        "logging_collector=off",
+    ] {
+        cmd.args(["-c", setting]);
+    }
+    as_user(&mut cmd, user);
+    Ok(cmd)
+}
+
+/// Who PostgreSQL runs as: when locksim is root, the `postgres` user the Debian package made (and
+/// `dir` is given to it); otherwise locksim's own user.
+fn postgres_user(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        return Ok(None);
+    }
+    // SAFETY: getpwnam with a NUL-terminated name; the record is read at once, before any other call.
+    let entry = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
+    if entry.is_null() {
+        anyhow::bail!("PostgreSQL will not run as root and there is no `postgres` user: run .ci/install-servers");
+    }
+    // SAFETY: a non-null record from getpwnam.
+    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    Ok(Some((uid, gid)))
+}
+
+fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
+    if let Some((uid, gid)) = user {
+        std::os::unix::process::CommandExt::uid(cmd, uid);
+        std::os::unix::process::CommandExt::gid(cmd, gid);
+    }
+    cmd
+}
+
+/// The processes `pid` forked (PostgreSQL's backends and workers), from `/proc`.
+fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let parent = |stat: &str| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| parent(&s)) == Some(pid))
+        .collect()
 }
 
 fn log_tail(dir: &Path) -> String {

@@ -1,17 +1,23 @@
-//! Running one statement in a session: locks, changes with their undo records, transaction ends.
+//! Running one statement in a session: what it sees, the locks it takes or waits for, its writes, and
+//! the end of its transaction.
 
-use super::{Cond, ConnId, Expr, Lock, Now, Op, Out, Parked, Row, SqlError, SqlResult, SqlState, Stmt, Undo, Value};
+use super::{
+    Cond, ConnId, Expr, Lock, Now, Op, Out, Parked, Row, Running, SqlError, SqlResult, SqlState, Stmt, Txn, Value,
+    Version, SEQ_LOG_VALS,
+};
 
-/// How a statement ended: with a result, or waiting for a lock another session holds.
+/// How a statement ended: with a result, or waiting for a lock another session holds (and for which
+/// version of the row).
 enum Ran {
     Result(SqlResult),
-    Blocked(Lock),
+    Blocked(Lock, Option<super::Lineage>),
 }
 
-fn eval(expr: &Expr, row: Option<&Row>, now: Now) -> Value {
+/// A value; `now()` is the transaction's start.
+fn eval(expr: &Expr, row: Option<&Row>, now_ms: i64) -> Value {
     match expr {
         Expr::Value(v) => v.clone(),
-        Expr::NowPlus(ms) => Value::Int(now.wall_ms + ms),
+        Expr::NowPlus(ms) => Value::Int(now_ms + ms),
         Expr::ColumnPlus(column, delta) => match row.and_then(|r| r.get(column)) {
             Some(Value::Int(n)) => Value::Int(n + delta),
             _ => Value::Null,
@@ -20,8 +26,8 @@ fn eval(expr: &Expr, row: Option<&Row>, now: Now) -> Value {
 }
 
 /// SQL comparison: anything compared with NULL is not true.
-fn holds(cond: &Cond, row: &Row, now: Now) -> bool {
-    let (Some(lhs), rhs) = (row.get(&cond.column), eval(&cond.rhs, Some(row), now)) else { return false };
+fn holds(cond: &Cond, row: &Row, now_ms: i64) -> bool {
+    let (Some(lhs), rhs) = (row.get(&cond.column), eval(&cond.rhs, Some(row), now_ms)) else { return false };
     if *lhs == Value::Null || rhs == Value::Null {
         return false;
     }
@@ -36,48 +42,42 @@ fn holds(cond: &Cond, row: &Row, now: Now) -> bool {
     }
 }
 
+fn row_lock(table: &str, key: &str) -> Lock {
+    Lock::Row(table.to_string(), key.to_string())
+}
+
 impl SqlState {
-    /// Run `stmt` for `conn` and answer it, or park it on the lock it waits for (at `requeue`'s place
-    /// and deadline if it was waiting already).
-    pub(super) fn run(
-        &mut self,
-        conn: ConnId,
-        seq: u64,
-        stmt: Stmt,
-        now: Now,
-        requeue: Option<(usize, Option<i64>)>,
-        out: &mut Out,
-    ) {
-        let session = self.sessions.get(&conn).expect("a running statement has a session");
+    /// Run a statement and answer it, or park it on the lock it waits for (back at `requeue`'s place
+    /// in line if it was waiting already).
+    pub(super) fn run(&mut self, st: Running, now: Now, requeue: Option<usize>, out: &mut Out) {
+        let session = self.sessions.get_mut(&st.conn).expect("a running statement has a session");
         let explicit = session.txn.is_some();
-        let ran = if session.aborted && !matches!(stmt, Stmt::Commit | Stmt::Rollback) {
+        let ran = if session.aborted && !matches!(st.stmt, Stmt::Commit | Stmt::Rollback) {
             Ran::Result(SqlResult::Error(SqlError::TransactionAborted))
         } else {
             if !explicit {
                 // Autocommit: the statement is its own transaction.
-                self.sessions.get_mut(&conn).expect("checked").txn = Some(Vec::new());
+                session.txn = Some(Txn { start_wall_ms: st.start_wall_ms, flushes: false, writes: Default::default() });
             }
-            self.statement(conn, &stmt, now)
+            self.statement(&st, now)
         };
+        let (conn, seq) = (st.conn, st.seq);
         match ran {
-            Ran::Blocked(on) => {
+            Ran::Blocked(on, lineage) => {
                 let session = self.sessions.get_mut(&conn).expect("checked");
                 if !explicit {
                     session.txn = None;
                 }
                 session.waiting = true;
-                let (at, deadline_ms) = match requeue {
-                    Some((at, deadline)) => (at, deadline),
-                    None => {
-                        let timeout = session.lock_timeout_ms;
-                        (self.parked.len(), (timeout > 0).then_some(now.mono_ms + timeout))
-                    }
-                };
-                self.parked.insert(at, Parked { conn, seq, stmt, on, deadline_ms });
+                let timeout = session.lock_timeout_ms;
+                let first = !self.parked.iter().any(|q| q.on == on);
+                let deadline_ms = (timeout > 0).then_some(now.mono_ms + timeout);
+                let at = requeue.unwrap_or(self.parked.len());
+                self.parked.insert(at, Parked { run: Running { lineage, ..st }, on, first, deadline_ms });
             }
             Ran::Result(SqlResult::Error(e)) => self.fail_in(conn, seq, e, explicit, now, out),
             Ran::Result(result) => {
-                if !explicit && !matches!(stmt, Stmt::Begin) {
+                if !explicit && !matches!(st.stmt, Stmt::Begin) {
                     self.commit(conn);
                 }
                 self.finish(conn, seq, result, now, out);
@@ -93,12 +93,14 @@ impl SqlState {
         self.fail_in(conn, seq, error, explicit, now, out);
     }
 
-    /// An error: it aborts an explicit transaction, and undoes an autocommit statement.
+    /// An error: it aborts the transaction at once — writes dropped, row locks freed — and an
+    /// explicit one's block then waits for its end.
     fn fail_in(&mut self, conn: ConnId, seq: u64, error: SqlError, explicit: bool, now: Now, out: &mut Out) {
+        self.rollback(conn);
         if explicit {
-            self.sessions.get_mut(&conn).expect("failing session").aborted = true;
-        } else {
-            self.rollback(conn);
+            let session = self.sessions.get_mut(&conn).expect("failing session");
+            session.txn = Some(Txn { start_wall_ms: now.wall_ms, flushes: false, writes: Default::default() });
+            session.aborted = true;
         }
         self.finish(conn, seq, SqlResult::Error(error), now, out);
     }
@@ -113,30 +115,45 @@ impl SqlState {
         }
     }
 
-    /// End the transaction keeping its changes; free its row locks.
+    /// End the transaction: its writes reach the tables (and the WAL is flushed, if it wrote any);
+    /// its row locks are freed.
     fn commit(&mut self, conn: ConnId) {
+        let Some(txn) = self.sessions.get_mut(&conn).and_then(|s| s.txn.take()) else {
+            return self.end_transaction(conn);
+        };
+        if txn.flushes {
+            self.sequences.values_mut().for_each(|s| s.flushed = s.logged);
+        }
+        for ((table, key), version) in txn.writes {
+            let rows = self.tables.get_mut(&table).expect("writes to an existing table");
+            match version {
+                Some(v) => rows.insert(key, v),
+                None => rows.remove(&key),
+            };
+        }
+        self.end_transaction(conn);
+    }
+
+    /// End the transaction dropping its writes; free its row locks.
+    pub(super) fn rollback(&mut self, conn: ConnId) {
         if let Some(session) = self.sessions.get_mut(&conn) {
             session.txn = None;
+        }
+        self.end_transaction(conn);
+    }
+
+    fn end_transaction(&mut self, conn: ConnId) {
+        if let Some(session) = self.sessions.get_mut(&conn) {
             session.aborted = false;
         }
         self.locks.retain(|lock, (owner, _)| !(matches!(lock, Lock::Row(..)) && *owner == conn));
     }
 
-    /// End the transaction putting back what it changed; free its row locks.
-    pub(super) fn rollback(&mut self, conn: ConnId) {
-        let undo = self.sessions.get_mut(&conn).and_then(|s| s.txn.take()).unwrap_or_default();
-        for Undo { table, key, before } in undo.into_iter().rev() {
-            let rows = self.tables.get_mut(&table).expect("undo of an existing table");
-            match before {
-                Some(row) => rows.insert(key, row),
-                None => rows.remove(&key),
-            };
-        }
-        self.commit(conn);
-    }
-
     /// Take `lock` for `conn`, or say who has it.
     fn take(&mut self, conn: ConnId, lock: Lock) -> Result<(), Lock> {
+        if matches!(lock, Lock::Row(..)) {
+            self.flushes_at_commit(conn);
+        }
         match self.locks.get_mut(&lock) {
             Some((owner, _)) if *owner != conn => Err(lock),
             Some((_, count)) => {
@@ -150,39 +167,64 @@ impl SqlState {
         }
     }
 
-    fn undo(&mut self, conn: ConnId, table: &str, key: &str, before: Option<Row>) {
-        let txn = self.sessions.get_mut(&conn).and_then(|s| s.txn.as_mut()).expect("changes happen in a transaction");
-        txn.push(Undo { table: table.to_string(), key: key.to_string(), before });
+    /// The row `conn` sees: its own transaction's version, else the committed one; `lineage`: only if
+    /// it is still that row.
+    fn visible(&self, conn: ConnId, table: &str, key: &str, lineage: Option<super::Lineage>) -> Option<Version> {
+        let own = self.sessions.get(&conn).and_then(|s| s.txn.as_ref()?.writes.get(&(table.into(), key.into())));
+        let version = match own {
+            Some(written) => written.clone(),
+            None => self.tables.get(table)?.get(key).cloned(),
+        };
+        version.filter(|v| lineage.is_none_or(|l| v.lineage == l))
     }
 
-    /// The row an UPDATE or DELETE changes, locked, if it exists and meets `cond`; otherwise how the
-    /// statement ends (no such table, no rows affected, or waiting for the row).
-    fn matching_row(&mut self, conn: ConnId, table: &str, key: &str, cond: &[Cond], now: Now) -> Result<Row, Ran> {
-        let Some(rows) = self.tables.get(table) else {
+    /// Whether another open transaction has inserted, updated or deleted `key`.
+    fn written_by_other(&self, conn: ConnId, table: &str, key: &str) -> bool {
+        let key = (table.to_string(), key.to_string());
+        self.sessions.iter().any(|(c, s)| *c != conn && s.txn.as_ref().is_some_and(|t| t.writes.contains_key(&key)))
+    }
+
+    /// The transaction has a transaction id (a row lock; PostgreSQL assigns one even to a failed
+    /// attempt, which is all the same here: a commit after it flushes) or wrote WAL.
+    fn flushes_at_commit(&mut self, conn: ConnId) {
+        if let Some(txn) = self.sessions.get_mut(&conn).and_then(|s| s.txn.as_mut()) {
+            txn.flushes = true;
+        }
+    }
+
+    fn write(&mut self, conn: ConnId, table: &str, key: &str, version: Option<Version>) {
+        let txn = self.sessions.get_mut(&conn).and_then(|s| s.txn.as_mut()).expect("writes happen in a transaction");
+        txn.writes.insert((table.to_string(), key.to_string()), version);
+    }
+
+    /// The row an UPDATE or DELETE changes, locked: the one it sees, if that meets `cond` — checked
+    /// again on the newest version once a wait for it is over; otherwise how the statement ends (no
+    /// such table, no rows affected, or waiting for the row).
+    fn matching(&mut self, st: &Running, table: &str, key: &str, cond: &[Cond], now_ms: i64) -> Result<Version, Ran> {
+        if !self.tables.contains_key(table) {
             return Err(Ran::Result(SqlResult::Error(SqlError::UndefinedTable)));
+        }
+        let Some(version) = self.visible(st.conn, table, key, st.lineage) else {
+            return Err(Ran::Result(SqlResult::Affected(0)));
         };
-        if !rows.contains_key(key) {
+        if !cond.iter().all(|c| holds(c, &version.row, now_ms)) {
             return Err(Ran::Result(SqlResult::Affected(0)));
         }
-        self.take(conn, Lock::Row(table.to_string(), key.to_string())).map_err(Ran::Blocked)?;
-        let row = self.tables[table][key].clone();
-        match cond.iter().all(|c| holds(c, &row, now)) {
-            true => Ok(row),
-            false => Err(Ran::Result(SqlResult::Affected(0))),
-        }
+        self.take(st.conn, row_lock(table, key)).map_err(|held| Ran::Blocked(held, Some(version.lineage)))?;
+        Ok(version)
     }
 
-    fn statement(&mut self, conn: ConnId, stmt: &Stmt, now: Now) -> Ran {
-        let row_lock = |table: &str, key: &str| Lock::Row(table.to_string(), key.to_string());
-        let result = match stmt {
+    fn statement(&mut self, st: &Running, now: Now) -> Ran {
+        let conn = st.conn;
+        let now_ms = self.sessions[&conn].txn.as_ref().map_or(now.wall_ms, |t| t.start_wall_ms);
+        let result = match &st.stmt {
             Stmt::Begin => SqlResult::Done,
+            Stmt::Commit if self.sessions[&conn].aborted => {
+                self.rollback(conn);
+                SqlResult::RolledBack
+            }
             Stmt::Commit => {
-                let aborted = self.sessions[&conn].aborted;
-                if aborted {
-                    self.rollback(conn);
-                } else {
-                    self.commit(conn);
-                }
+                self.commit(conn);
                 SqlResult::Done
             }
             Stmt::Rollback => {
@@ -190,65 +232,70 @@ impl SqlState {
                 SqlResult::Done
             }
             Stmt::Select { table, key, for_update } => {
-                let Some(rows) = self.tables.get(table) else {
+                if !self.tables.contains_key(table) {
                     return Ran::Result(SqlResult::Error(SqlError::UndefinedTable));
+                }
+                let Some(version) = self.visible(conn, table, key, st.lineage) else {
+                    return Ran::Result(SqlResult::Rows(Vec::new()));
                 };
-                let row = rows.get(key).cloned();
-                if *for_update && row.is_some() {
+                if *for_update {
                     if let Err(held) = self.take(conn, row_lock(table, key)) {
-                        return Ran::Blocked(held);
+                        return Ran::Blocked(held, Some(version.lineage));
                     }
                 }
-                SqlResult::Rows(row.into_iter().collect())
+                SqlResult::Rows(vec![version.row])
             }
             Stmt::Insert { table, key, row } => {
-                let Some(rows) = self.tables.get(table) else {
+                if !self.tables.contains_key(table) {
                     return Ran::Result(SqlResult::Error(SqlError::UndefinedTable));
-                };
-                let exists = rows.contains_key(key);
-                // A row another open transaction inserted (or is changing) waits for it to end.
+                }
+                if self.written_by_other(conn, table, key) {
+                    return Ran::Blocked(row_lock(table, key), None);
+                }
+                if self.visible(conn, table, key, None).is_some() {
+                    return Ran::Result(SqlResult::Error(SqlError::UniqueViolation));
+                }
                 if let Err(held) = self.take(conn, row_lock(table, key)) {
-                    return Ran::Blocked(held);
+                    return Ran::Blocked(held, None);
                 }
-                if exists {
-                    SqlResult::Error(SqlError::UniqueViolation)
-                } else {
-                    let new: Row = row.iter().map(|(c, e)| (c.clone(), eval(e, None, now))).collect();
-                    self.tables.get_mut(table).expect("checked").insert(key.clone(), new);
-                    self.undo(conn, table, key, None);
-                    SqlResult::Affected(1)
-                }
+                let row = row.iter().map(|(c, e)| (c.clone(), eval(e, None, now_ms))).collect();
+                let version = Version { lineage: self.lineage(), row };
+                self.write(conn, table, key, Some(version));
+                SqlResult::Affected(1)
             }
-            Stmt::Update { table, key, set, cond } => match self.matching_row(conn, table, key, cond, now) {
-                Ok(before) => {
-                    let mut after = before.clone();
+            Stmt::Update { table, key, set, cond } => match self.matching(st, table, key, cond, now_ms) {
+                Ok(Version { lineage, row: before }) => {
+                    let mut row = before.clone();
                     for (column, expr) in set {
-                        after.insert(column.clone(), eval(expr, Some(&before), now));
+                        row.insert(column.clone(), eval(expr, Some(&before), now_ms));
                     }
-                    self.tables.get_mut(table).expect("matched").insert(key.clone(), after);
-                    self.undo(conn, table, key, Some(before));
+                    self.write(conn, table, key, Some(Version { lineage, row }));
                     SqlResult::Affected(1)
                 }
                 Err(ran) => return ran,
             },
-            Stmt::Delete { table, key, cond } => match self.matching_row(conn, table, key, cond, now) {
-                Ok(before) => {
-                    self.tables.get_mut(table).expect("matched").remove(key);
-                    self.undo(conn, table, key, Some(before));
+            Stmt::Delete { table, key, cond } => match self.matching(st, table, key, cond, now_ms) {
+                Ok(_) => {
+                    self.write(conn, table, key, None);
                     SqlResult::Affected(1)
                 }
                 Err(ran) => return ran,
             },
             Stmt::NextVal { sequence } => match self.sequences.get_mut(sequence) {
-                Some(n) => {
-                    *n += 1;
-                    SqlResult::Int(*n)
+                Some(s) => {
+                    s.value += 1;
+                    let value = s.value;
+                    if s.value > s.logged || s.log_next {
+                        (s.logged, s.log_next) = (s.value + SEQ_LOG_VALS, false);
+                        self.flushes_at_commit(conn);
+                    }
+                    SqlResult::Int(value)
                 }
                 None => SqlResult::Error(SqlError::UndefinedTable),
             },
             Stmt::AdvisoryLock(key) => match self.take(conn, Lock::Advisory(*key)) {
                 Ok(()) => SqlResult::Done,
-                Err(held) => return Ran::Blocked(held),
+                Err(held) => return Ran::Blocked(held, None),
             },
             Stmt::TryAdvisoryLock(key) => SqlResult::Bool(self.take(conn, Lock::Advisory(*key)).is_ok()),
             Stmt::AdvisoryUnlock(key) => match self.locks.get_mut(&Lock::Advisory(*key)) {
@@ -263,6 +310,10 @@ impl SqlState {
             },
             Stmt::SetLockTimeout(timeout) => {
                 self.sessions.get_mut(&conn).expect("running").lock_timeout_ms = timeout.as_millis() as i64;
+                SqlResult::Done
+            }
+            Stmt::SetIdleInTransactionSessionTimeout(timeout) => {
+                self.sessions.get_mut(&conn).expect("running").idle_timeout_ms = timeout.as_millis() as i64;
                 SqlResult::Done
             }
         };

@@ -5,15 +5,34 @@
 //! - Tables of rows keyed by a text primary key, and sequences (`nextval` is not transactional).
 //! - Sessions and transactions: `BEGIN` … `COMMIT`/`ROLLBACK`, or one statement at a time (autocommit).
 //!   An error inside a transaction aborts it: every statement but `ROLLBACK`/`COMMIT` fails until then.
-//! - Row locks: `SELECT … FOR UPDATE`, `UPDATE`, `DELETE` and `INSERT` lock the row until the
-//!   transaction ends; a statement that needs a row another transaction has locked waits (first come,
-//!   first served) until that transaction ends or its own `lock_timeout` passes. An `INSERT` of a key whose
-//!   row another open transaction inserted waits for it too, then fails with a unique violation if that
-//!   transaction committed.
-//! - `UPDATE … WHERE` checks its conditions on the row as it is once locked (READ COMMITTED re-check), with
-//!   `now()` the server's wall clock (a `clock-jump` moves it). Timers — `lock_timeout`,
-//!   `idle_in_transaction_session_timeout` and the kernel's TCP keep-alive — measure intervals on the
-//!   monotonic clock.
+//! - READ COMMITTED visibility (§13.2.1): a statement sees the rows committed when it starts, and its
+//!   own transaction's changes; another open transaction's insert, update or delete is invisible until
+//!   that transaction commits. Writes go to the transaction's write set and reach the table at commit.
+//! - Row locks: `SELECT … FOR UPDATE`, `UPDATE` and `DELETE` of a row they see, and `INSERT`, lock the
+//!   row until the transaction ends. A statement that needs a row another transaction has locked waits
+//!   (first come, first served) until that transaction ends, then looks again at the row's newest
+//!   version (`EvalPlanQual`): gone (deleted, or replaced by a new insert) — nothing; changed — its
+//!   conditions are checked on the new version. One whose row is invisible, or fails its conditions as
+//!   seen, does not wait at all.
+//! - `INSERT` of a key (heap `_bt_check_unique`): if another open transaction has inserted, updated or
+//!   deleted that key, wait for it to end, then check again; a committed row that is only locked
+//!   (`FOR UPDATE`) is a unique violation at once.
+//! - `lock_timeout` is per sleep (`ProcSleep`): a row's second waiter first sleeps on the tuple lock the
+//!   first waiter holds and, once it is first in line, sleeps again on the holder's transaction, with
+//!   the timeout counted afresh; an advisory lock is one sleep.
+//! - `now()` is the transaction's start (`transaction_timestamp()`): `BEGIN`, or the arrival of an
+//!   autocommit statement — not the moment a waiting statement runs — on the server's wall clock (a
+//!   `clock-jump` moves it). Timers — `lock_timeout`, `idle_in_transaction_session_timeout` and the
+//!   kernel's TCP keep-alive — measure intervals on the monotonic clock.
+//! - An error inside a transaction block aborts the transaction at once (`AbortTransaction`): its
+//!   writes are gone and its row locks freed, so waiters go on; the session then refuses everything but
+//!   the block's end. Session advisory locks stay.
+//! - Sequences are not transactional, and WAL-log 32 values ahead (`SEQ_LOG_VALS`, and again after a
+//!   checkpoint). That log is durable only once the WAL is flushed: by the commit of a transaction that
+//!   locked or wrote a row or logged a sequence; a rollback flushes nothing. After a crash `nextval`
+//!   continues after the last value logged *and flushed* — skipping up to 32, or going back to values
+//!   already handed out in a transaction that had not committed (seen on PostgreSQL 15 by `locksim
+//!   conform sql`: a fencing token drawn inside the lock's transaction can be drawn again).
 //! - Session advisory locks: `pg_advisory_lock` waits, `pg_try_advisory_lock` does not; both count up
 //!   when the session already holds the key, and `pg_advisory_unlock` counts down.
 //! - Session death rolls back its transaction and frees its locks: the client closing its connection,
@@ -22,9 +41,9 @@
 //! - A statement that is waiting when its client goes away keeps waiting (the server notices only when
 //!   it answers): once it runs, an autocommit statement is committed and the session then ends.
 //!
-//! Not modelled: MVCC snapshots (a plain `SELECT` sees uncommitted changes; no recipe reads a row it has
-//! not locked while another transaction writes it), deadlock detection (recipes lock one thing), and
-//! `statement_timeout`.
+//! Not modelled: deadlock detection (recipes lock one thing; conformance scripts never wait in a
+//! cycle), `statement_timeout`, `SET` undone by `ROLLBACK` (recipes set outside transactions), and
+//! checkpoints on a timer (the real server logs a sequence ahead again after each).
 //!
 //! Clients talk to it over connections that behave as TCP streams: statements and results are stream
 //! messages (a partition delays them), results come back when the statement finishes — which may be
@@ -118,11 +137,16 @@ pub enum Stmt {
     AdvisoryUnlock(i64),
     /// `SET lock_timeout = …` (0: wait for ever).
     SetLockTimeout(Duration),
+    /// `SET idle_in_transaction_session_timeout = …` (0: never); sessions start with the server's.
+    SetIdleInTransactionSessionTimeout(Duration),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SqlResult {
     Done,
+    /// `COMMIT` of a transaction that had failed: the server rolled it back (tag `ROLLBACK`; pgjdbc
+    /// 42.7 raises an error for it).
+    RolledBack,
     Rows(Vec<Row>),
     /// Rows an UPDATE or DELETE changed.
     Affected(u64),
@@ -189,15 +213,16 @@ enum Lock {
     Advisory(i64),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Session {
     node: NodeIx,
     incarnation: u32,
-    /// Undo records of the open transaction (`None`: no explicit transaction).
-    txn: Option<Vec<Undo>>,
+    /// The open transaction (`None`: none, or only an autocommit statement's while it runs).
+    txn: Option<Txn>,
     /// The open transaction has failed: only its end is accepted.
     aborted: bool,
     lock_timeout_ms: i64,
+    idle_timeout_ms: i64,
     /// When the server last heard from the client (keep-alive idle time counts from here).
     heard_ms: i64,
     /// When the session last finished a statement (idle in transaction counts from here).
@@ -211,31 +236,71 @@ struct Session {
     next_probe_ms: i64,
 }
 
-/// The row as it was before a change, to put back on rollback.
-#[derive(Debug)]
-struct Undo {
-    table: String,
-    key: String,
-    before: Option<Row>,
+/// A transaction: when it started (its `now()`), and what it wrote — each row's new version, or
+/// `None` for a row it deleted — seen by itself alone until it commits.
+#[derive(Debug, Clone)]
+struct Txn {
+    start_wall_ms: i64,
+    /// It has a transaction id or wrote WAL (locked or wrote a row, logged a sequence): its commit
+    /// flushes the WAL.
+    flushes: bool,
+    writes: BTreeMap<(String, String), Option<Version>>,
 }
 
-/// A statement waiting on a lock.
-#[derive(Debug)]
-struct Parked {
+/// Which chain of versions a row belongs to: an `INSERT` starts one, an `UPDATE` continues it.
+type Lineage = u64;
+
+/// A row as stored.
+#[derive(Debug, Clone)]
+struct Version {
+    lineage: Lineage,
+    row: Row,
+}
+
+/// A sequence: its last value, the value WAL-logged ahead of it, and the last such log flushed.
+#[derive(Debug, Clone, Default)]
+struct Sequence {
+    value: i64,
+    logged: i64,
+    flushed: i64,
+    /// A checkpoint (the one that ends crash recovery) came since the last log: log on the next call.
+    log_next: bool,
+}
+
+/// How far ahead `nextval` logs (`SEQ_LOG_VALS` in PostgreSQL's `sequence.c`).
+const SEQ_LOG_VALS: i64 = 32;
+
+/// A statement being run, and what it keeps while it waits.
+#[derive(Debug, Clone)]
+struct Running {
     conn: ConnId,
     seq: u64,
     stmt: Stmt,
+    /// The row version it waits to lock: once granted, a row of another lineage is not its row.
+    lineage: Option<Lineage>,
+    /// Its transaction's start, for an autocommit statement (an explicit one keeps its own).
+    start_wall_ms: i64,
+}
+
+/// A statement waiting on a lock.
+#[derive(Debug, Clone)]
+struct Parked {
+    run: Running,
     on: Lock,
+    /// First in line for `on` (a row's first waiter sleeps on the holder's transaction).
+    first: bool,
     /// Server time at which `lock_timeout` gives up on it (`None`: never).
     deadline_ms: Option<i64>,
 }
 
 /// One PostgreSQL server's state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SqlState {
     settings: Settings,
-    tables: BTreeMap<String, BTreeMap<String, Row>>,
-    sequences: BTreeMap<String, i64>,
+    /// Committed rows.
+    tables: BTreeMap<String, BTreeMap<String, Version>>,
+    next_lineage: Lineage,
+    sequences: BTreeMap<String, Sequence>,
     /// Who holds each lock, and (advisory) how many times.
     locks: BTreeMap<Lock, (ConnId, u32)>,
     /// Waiting statements, oldest first.
@@ -251,6 +316,7 @@ impl SqlState {
         SqlState {
             settings,
             tables: BTreeMap::new(),
+            next_lineage: 1,
             sequences: BTreeMap::new(),
             locks: BTreeMap::new(),
             parked: Vec::new(),
@@ -260,22 +326,46 @@ impl SqlState {
 
     /// Create a table (the schema the recipes expect), with its first rows.
     pub fn create_table(&mut self, name: &str, rows: impl IntoIterator<Item = (String, Row)>) {
-        self.tables.insert(name.to_string(), rows.into_iter().collect());
+        let rows = rows.into_iter().map(|(key, row)| (key, Version { lineage: self.lineage(), row })).collect();
+        self.tables.insert(name.to_string(), rows);
     }
 
     pub fn create_sequence(&mut self, name: &str) {
-        self.sequences.insert(name.to_string(), 0);
+        self.sequences.insert(name.to_string(), Sequence::default());
     }
 
-    /// After a restart: sessions and uncommitted work are gone; committed rows and sequences survive.
+    fn lineage(&mut self) -> Lineage {
+        self.next_lineage += 1;
+        self.next_lineage
+    }
+
+    /// After a crash and restart: sessions and uncommitted work are gone; committed rows survive, and
+    /// each sequence continues after the value it last logged and flushed.
     pub fn recover(&mut self) {
-        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
-        for conn in conns {
-            self.rollback(conn);
-        }
         self.sessions.clear();
         self.parked.clear();
         self.locks.clear();
+        for s in self.sequences.values_mut() {
+            *s = Sequence { value: s.flushed, logged: s.flushed, flushed: s.flushed, log_next: true };
+        }
+    }
+
+    /// Whether a sequence's log has not been flushed yet: what a crash now leaves of it depends on
+    /// when the server's background writers next flush the WAL (seconds, on no fixed schedule).
+    pub fn sequence_unflushed(&self) -> bool {
+        self.sequences.values().any(|s| s.logged != s.flushed)
+    }
+
+    /// Which sessions each waiting statement's session waits for: the lock's holder, and those ahead
+    /// of it in line (PostgreSQL's deadlock detector counts both).
+    pub fn waits_for(&self) -> BTreeMap<ConnId, Vec<ConnId>> {
+        let mut waits = BTreeMap::new();
+        for (i, p) in self.parked.iter().enumerate() {
+            let ahead = self.parked[..i].iter().filter(|q| q.on == p.on).map(|q| q.run.conn);
+            let holder = self.locks.get(&p.on).map(|(owner, _)| *owner);
+            waits.insert(p.run.conn, holder.into_iter().chain(ahead).collect());
+        }
+        waits
     }
 
     /// Run the kernel's keep-alive timer of every session (Linux `tcp_keepalive_timer`), asking
@@ -337,7 +427,7 @@ impl SqlState {
         out.record(s.node, EventKind::Session { state: format!("database session ended: {why}") });
         self.rollback(conn);
         self.locks.retain(|_, (owner, _)| *owner != conn);
-        self.parked.retain(|p| p.conn != conn);
+        self.parked.retain(|p| p.run.conn != conn);
         self.sessions.remove(&conn);
     }
 
@@ -350,6 +440,7 @@ impl SqlState {
                     txn: None,
                     aborted: false,
                     lock_timeout_ms: 0,
+                    idle_timeout_ms: self.settings.idle_in_transaction_session_timeout.as_millis() as i64,
                     heard_ms: now.mono_ms,
                     idle_since_ms: now.mono_ms,
                     waiting: false,
@@ -364,7 +455,8 @@ impl SqlState {
                 Some(s) => {
                     s.heard_ms = now.mono_ms;
                     s.probes_out = 0;
-                    self.run(conn, seq, stmt, now, None, out);
+                    let running = Running { conn, seq, stmt, lineage: None, start_wall_ms: now.wall_ms };
+                    self.run(running, now, None, out);
                 }
             },
             SqlRequest::Close { conn } => match self.sessions.get_mut(&conn) {
@@ -376,20 +468,31 @@ impl SqlState {
         self.wake(now, out);
     }
 
-    /// Run the waiting statements whose lock has come free, oldest first.
+    /// Run the waiting statements whose lock has come free, oldest first; a row's new first waiter
+    /// starts a new sleep (and `lock_timeout`) on its holder.
     fn wake(&mut self, now: Now, out: &mut Out) {
         let mut i = 0;
         while i < self.parked.len() {
-            let free = self.locks.get(&self.parked[i].on).is_none_or(|(owner, _)| *owner == self.parked[i].conn);
+            let (on, conn) = (&self.parked[i].on, self.parked[i].run.conn);
+            let free = self.locks.get(on).is_none_or(|(owner, _)| *owner == conn);
             if !free {
+                let first = !self.parked[..i].iter().any(|q| q.on == self.parked[i].on);
+                if first && !self.parked[i].first {
+                    let timeout = self.sessions.get(&conn).map_or(0, |s| s.lock_timeout_ms);
+                    let p = &mut self.parked[i];
+                    p.first = true;
+                    if matches!(p.on, Lock::Row(..)) {
+                        p.deadline_ms = (timeout > 0).then_some(now.mono_ms + timeout);
+                    }
+                }
                 i += 1;
                 continue;
             }
             let p = self.parked.remove(i);
-            if let Some(s) = self.sessions.get_mut(&p.conn) {
+            if let Some(s) = self.sessions.get_mut(&p.run.conn) {
                 s.waiting = false;
             }
-            self.run(p.conn, p.seq, p.stmt, now, Some((i, p.deadline_ms)), out);
+            self.run(p.run, now, Some(i), out);
             // Running it may have freed other locks (an autocommit statement): look from the start.
             i = 0;
         }
@@ -414,19 +517,17 @@ impl Backend for SqlState {
             (0..self.parked.len()).filter(|i| self.parked[*i].deadline_ms.is_some_and(|d| d <= now.mono_ms)).collect();
         for i in expired.into_iter().rev() {
             let p = self.parked.remove(i);
-            self.fail(p.conn, p.seq, SqlError::LockTimeout, now, out);
+            self.fail(p.run.conn, p.run.seq, SqlError::LockTimeout, now, out);
         }
-        let idle_ms = self.settings.idle_in_transaction_session_timeout.as_millis() as i64;
-        if idle_ms > 0 {
-            let idle: Vec<ConnId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.txn.is_some() && !s.waiting && now.mono_ms - s.idle_since_ms >= idle_ms)
-                .map(|(c, _)| *c)
-                .collect();
-            for conn in idle {
-                self.end_session(conn, "terminated: idle in transaction", out);
-            }
+        let idle: Vec<ConnId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.txn.is_some() && !s.waiting && s.idle_timeout_ms > 0)
+            .filter(|(_, s)| now.mono_ms - s.idle_since_ms >= s.idle_timeout_ms)
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in idle {
+            self.end_session(conn, "terminated: idle in transaction", out);
         }
         self.wake(now, out);
     }

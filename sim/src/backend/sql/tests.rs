@@ -139,9 +139,9 @@ fn advisory_locks_wait_count_and_go_with_the_session() {
 #[test]
 fn a_waiting_statement_whose_client_left_still_runs_and_commits() {
     let mut db = db();
+    exec(&mut db, 0, B, insert("x")); // autocommit, committed
     exec(&mut db, 0, A, Stmt::Begin);
-    exec(&mut db, 0, A, insert("x"));
-    exec(&mut db, 0, B, insert("z")); // autocommit, committed
+    exec(&mut db, 0, A, Stmt::Select { table: "locks".into(), key: "x".into(), for_update: true });
     let delete_x = Stmt::Delete { table: "locks".into(), key: "x".into(), cond: vec![] };
     assert_eq!(exec(&mut db, 0, B, delete_x), vec![], "waits for A's row");
     db.apply(Now::at(1), NodeIx(2), SqlRequest::Close { conn: B }, &mut Out::default());
@@ -227,4 +227,179 @@ fn idle_in_transaction_timeout_ends_the_session() {
     db.tick(Now::at(5_000), &mut out);
     assert!(!db.sessions.contains_key(&A));
     assert!(matches!(&out.events[0].1, EventKind::Session { state } if state.contains("idle in transaction")));
+}
+
+fn tick(db: &mut SqlState, now: i64) -> Vec<(ConnId, SqlResult)> {
+    let mut out = Out::default();
+    db.tick(Now::at(now), &mut out);
+    pushed(out)
+}
+
+fn select(key: &str, for_update: bool) -> Stmt {
+    Stmt::Select { table: "locks".into(), key: key.into(), for_update }
+}
+
+fn set_owner(key: &str, cond: Vec<Cond>) -> Stmt {
+    Stmt::Update {
+        table: "locks".into(),
+        key: key.into(),
+        set: vec![("owner".into(), Expr::Value(Value::Text("b".into())))],
+        cond,
+    }
+}
+
+#[test]
+fn another_transactions_uncommitted_insert_is_invisible_but_an_insert_of_its_key_waits() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, insert("x"));
+    assert_eq!(exec(&mut db, 1, B, select("x", true)), vec![(B, SqlResult::Rows(vec![]))], "no row, no wait");
+    assert_eq!(exec(&mut db, 1, B, set_owner("x", vec![])), vec![(B, SqlResult::Affected(0))]);
+    assert_eq!(exec(&mut db, 1, A, select("x", false)).len(), 1, "A sees its own insert");
+    assert_eq!(exec(&mut db, 1, B, insert("x")), vec![], "the unique check waits for A");
+    let done = exec(&mut db, 2, A, Stmt::Commit);
+    assert_eq!(done[1], (B, SqlResult::Error(SqlError::UniqueViolation)));
+}
+
+#[test]
+fn an_insert_of_a_committed_key_that_is_only_locked_fails_at_once() {
+    let mut db = db();
+    exec(&mut db, 0, B, insert("x"));
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, select("x", true));
+    assert_eq!(exec(&mut db, 1, B, insert("x")), vec![(B, SqlResult::Error(SqlError::UniqueViolation))]);
+}
+
+#[test]
+fn an_update_whose_condition_fails_on_the_row_it_sees_does_not_wait() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    let big = Cond { column: "n".into(), op: Op::Gt, rhs: Expr::Value(Value::Int(10)) };
+    let update = Stmt::Update { table: "lock_rows".into(), key: "lock".into(), set: vec![], cond: vec![big] };
+    assert_eq!(exec(&mut db, 1, B, update), vec![(B, SqlResult::Affected(0))]);
+}
+
+#[test]
+fn a_waiter_looks_again_at_the_rows_newest_version_and_not_at_a_new_row() {
+    let mut db = db();
+    exec(&mut db, 0, B, insert("x"));
+    let owner_is =
+        |who: &str| vec![Cond { column: "owner".into(), op: Op::Eq, rhs: Expr::Value(Value::Text(who.into())) }];
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, set_owner("x", vec![]));
+    assert_eq!(exec(&mut db, 1, C, set_owner("x", owner_is("a"))), vec![], "owner a as C sees it: waits");
+    exec(&mut db, 1, B, Stmt::Begin);
+    assert_eq!(exec(&mut db, 1, B, select("x", true)), vec![], "waits behind C");
+    let done = exec(&mut db, 2, A, Stmt::Commit);
+    // C's condition, checked again on A's version (owner b), fails; B gets the row.
+    assert_eq!(done[..2], [(A, SqlResult::Done), (C, SqlResult::Affected(0))]);
+    assert!(matches!(&done[2], (B, SqlResult::Rows(rows)) if rows[0]["owner"] == Value::Text("b".into())));
+    // Deleted and inserted again by one transaction: a waiter's row is gone, the new one is not its.
+    let mut db = self::db();
+    exec(&mut db, 0, B, insert("x"));
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, Stmt::Delete { table: "locks".into(), key: "x".into(), cond: vec![] });
+    exec(&mut db, 0, A, insert("x"));
+    assert_eq!(exec(&mut db, 1, C, select("x", true)), vec![]);
+    assert_eq!(exec(&mut db, 2, A, Stmt::Commit)[1], (C, SqlResult::Rows(vec![])));
+}
+
+#[test]
+fn an_error_in_a_transaction_frees_its_rows_at_once_and_commit_rolls_it_back() {
+    let mut db = db();
+    exec(&mut db, 0, B, insert("x"));
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    exec(&mut db, 0, A, Stmt::AdvisoryLock(1));
+    assert_eq!(exec(&mut db, 1, C, for_update()), vec![]);
+    let failed = exec(&mut db, 2, A, insert("x"));
+    assert_eq!(
+        failed,
+        vec![
+            (A, SqlResult::Error(SqlError::UniqueViolation)),
+            (C, SqlResult::Rows(vec![Row::from([("n".to_string(), Value::Int(0))])]))
+        ]
+    );
+    assert_eq!(exec(&mut db, 3, A, select("x", false)), vec![(A, SqlResult::Error(SqlError::TransactionAborted))]);
+    assert_eq!(exec(&mut db, 4, A, Stmt::Commit), vec![(A, SqlResult::RolledBack)]);
+    assert_eq!(exec(&mut db, 5, B, Stmt::TryAdvisoryLock(1)), vec![(B, SqlResult::Bool(false))], "session locks stay");
+}
+
+#[test]
+fn lock_timeout_starts_again_when_a_row_waiter_becomes_first_in_line_but_not_for_advisory_locks() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    exec(&mut db, 0, B, Stmt::Begin);
+    exec(&mut db, 0, B, for_update());
+    exec(&mut db, 0, C, Stmt::SetLockTimeout(Duration::from_millis(500)));
+    exec(&mut db, 0, C, Stmt::Begin);
+    assert_eq!(exec(&mut db, 100, C, for_update()), vec![]);
+    exec(&mut db, 400, A, Stmt::Commit);
+    assert_eq!(tick(&mut db, 600), vec![], "C sleeps again on B from 400 ms");
+    assert_eq!(tick(&mut db, 900), vec![(C, SqlResult::Error(SqlError::LockTimeout))]);
+    let mut db = self::db();
+    exec(&mut db, 0, A, Stmt::AdvisoryLock(1));
+    exec(&mut db, 0, B, Stmt::AdvisoryLock(1));
+    exec(&mut db, 0, C, Stmt::SetLockTimeout(Duration::from_millis(500)));
+    exec(&mut db, 100, C, Stmt::AdvisoryLock(1));
+    exec(&mut db, 400, A, Stmt::AdvisoryUnlock(1));
+    assert_eq!(tick(&mut db, 600), vec![(C, SqlResult::Error(SqlError::LockTimeout))], "one sleep from 100 ms");
+}
+
+#[test]
+fn now_is_the_transactions_start_even_for_a_statement_that_waited() {
+    let mut db = db();
+    exec(&mut db, 0, B, insert("x"));
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, select("x", true));
+    let stamp = Stmt::Update {
+        table: "locks".into(),
+        key: "x".into(),
+        set: vec![("until".into(), Expr::NowPlus(0))],
+        cond: vec![],
+    };
+    assert_eq!(exec(&mut db, 100, B, stamp), vec![]);
+    exec(&mut db, 700, A, Stmt::Commit);
+    let row = exec(&mut db, 800, C, select("x", false));
+    assert!(matches!(&row[0].1, SqlResult::Rows(r) if r[0]["until"] == Value::Int(100)), "{row:?}");
+}
+
+#[test]
+fn a_crash_keeps_a_sequence_past_what_it_flushed_and_loses_what_it_did_not() {
+    let mut db = db();
+    let nextval = || Stmt::NextVal { sequence: "fence".into() };
+    assert_eq!(exec(&mut db, 0, A, nextval()), vec![(A, SqlResult::Int(1))], "logs 33, committed: flushed");
+    exec(&mut db, 0, A, nextval());
+    db.recover();
+    connect_all(&mut db);
+    assert_eq!(exec(&mut db, 1, A, nextval()), vec![(A, SqlResult::Int(34))], "logs 66 (a checkpoint ended recovery)");
+    exec(&mut db, 1, B, Stmt::Begin);
+    assert!(!db.sequence_unflushed());
+    db.recover();
+    connect_all(&mut db);
+    exec(&mut db, 2, B, Stmt::Begin);
+    assert_eq!(exec(&mut db, 2, B, nextval()), vec![(B, SqlResult::Int(67))], "logs 99, uncommitted");
+    assert!(db.sequence_unflushed());
+    db.recover();
+    connect_all(&mut db);
+    assert_eq!(exec(&mut db, 3, A, nextval()), vec![(A, SqlResult::Int(67))], "67 again: a token handed out twice");
+}
+
+fn connect_all(db: &mut SqlState) {
+    for conn in [A, B, C] {
+        db.apply(Now::at(0), NodeIx(conn as u32), SqlRequest::Connect { conn, incarnation: 1 }, &mut Out::default());
+    }
+}
+
+#[test]
+fn a_session_sets_its_own_idle_in_transaction_timeout() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::SetIdleInTransactionSessionTimeout(Duration::from_millis(250)));
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, B, Stmt::Begin);
+    tick(&mut db, 300);
+    assert_eq!(exec(&mut db, 400, A, Stmt::Commit), vec![(A, SqlResult::Error(SqlError::Terminated))]);
+    assert_eq!(exec(&mut db, 400, B, Stmt::Commit), vec![(B, SqlResult::Done)], "the server's default: never");
 }
