@@ -237,7 +237,7 @@ fn client(at_ms: u64, client: usize, stmt: Stmt) -> Step<sql::Op> {
 }
 
 fn for_update(key: &str) -> Stmt {
-    Stmt::Select { table: "t".into(), key: key.into(), for_update: true }
+    Stmt::Select { table: "locksim_conform".into(), key: key.into(), for_update: true }
 }
 
 /// What PostgreSQL 15 does, first seen with psql and here played on it: a row's second waiter's
@@ -247,14 +247,17 @@ fn for_update(key: &str) -> Stmt {
 #[test]
 fn waits_timeouts_and_crashes_are_answered_as_postgres_does() {
     let update_if_big = Stmt::Update {
-        table: "t".into(),
+        table: "locksim_conform".into(),
         key: "k0".into(),
         set: vec![("n".into(), Expr::ColumnPlus("n".into(), 1))],
         cond: vec![Cond { column: "n".into(), op: CmpOp::Gt, rhs: Expr::Value(Value::Int(10)) }],
     };
-    let insert =
-        Stmt::Insert { table: "t".into(), key: "k0".into(), row: vec![("n".into(), Expr::Value(Value::Int(1)))] };
-    let nextval = || Stmt::NextVal { sequence: "fence".into() };
+    let insert = Stmt::Insert {
+        table: "locksim_conform".into(),
+        key: "k0".into(),
+        row: vec![("n".into(), Expr::Value(Value::Int(1)))],
+    };
+    let nextval = || Stmt::NextVal { sequence: "locksim_conform_fence".into() };
     let close = |at_ms, client| Step { at_ms, action: Action::Client { client, op: sql::Op::Close } };
     let steps = vec![
         client(100, 2, Stmt::SetLockTimeout(Duration::from_millis(1450))),
@@ -271,7 +274,7 @@ fn waits_timeouts_and_crashes_are_answered_as_postgres_does() {
         client(2000, 1, Stmt::Commit),
         client(2100, 3, nextval()),
         client(2200, 3, Stmt::Begin),
-        client(2300, 3, Stmt::Insert { table: "t".into(), key: "k1".into(), row: vec![] }),
+        client(2300, 3, Stmt::Insert { table: "locksim_conform".into(), key: "k1".into(), row: vec![] }),
         Step { at_ms: 2400, action: Action::Restart { keep: true } },
         client(4000, 3, nextval()),
         client(4100, 2, for_update("k1")),

@@ -12,7 +12,8 @@ use locksim_sim::history::EventKind;
 
 /// Scenarios whose own settings leave outcomes unknown without a fault: a socket read timeout shorter
 /// than the wait for the lock; a replica slower than Redisson's `WAIT`.
-const UNKNOWN_BY_DESIGN: &[&str] = &["sql-for-update-socket-timeout", "redis-watchdog-slow-replica"];
+const UNKNOWN_BY_DESIGN: &[&str] =
+    &["sql-for-update-socket-timeout", "sql-for-update-db-crash-fencing", "redis-watchdog-slow-replica"];
 
 #[test]
 fn no_call_times_out_and_no_outcome_is_unknown_without_faults() {

@@ -12,7 +12,10 @@
 //!
 //! Expected (catalog): a crashed holder keeps the row locked until the server notices the dead
 //! connection (TCP keep-alive), so recovery takes about `tcp_keepalives_idle` + `count` × `interval`.
-//! A paused holder keeps its row (its kernel answers the keep-alive): safe, but everyone waits.
+//! A paused holder keeps its row (its kernel answers the keep-alive): safe, but everyone waits. A
+//! database crash while a paused holder holds can hand its token out again (the sequence's log is not
+//! flushed before the holder's commit), and the resource then takes the stale write
+//! (`sql-for-update-db-crash-fencing`).
 
 use super::{Db, LOCK_TIMEOUT, SOCKET_TIMEOUT};
 use crate::params::Params;

@@ -21,13 +21,17 @@ pub struct Reply {
     pub closed: bool,
 }
 
+/// The `application_name` of locksim's sessions.
+pub const APPLICATION: &str = "locksim-conform";
+
 pub struct Conn {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
 }
 
 impl Conn {
-    /// Open a session as `postgres` on database `postgres` (the server trusts loopback).
+    /// Open a session as `postgres` on database `postgres` (the server trusts loopback), named
+    /// [`APPLICATION`] so that locksim can tell its own sessions from others on a server it did not start.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> anyhow::Result<Conn> {
         let stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_nodelay(true)?;
@@ -35,7 +39,7 @@ impl Conn {
         let writer = stream.try_clone()?;
         let mut conn = Conn { reader: BufReader::new(stream), writer };
         let mut body = 196_608u32.to_be_bytes().to_vec(); // protocol 3.0
-        for part in ["user", "postgres", "database", "postgres", ""] {
+        for part in ["user", "postgres", "database", "postgres", "application_name", APPLICATION, ""] {
             body.extend_from_slice(part.as_bytes());
             body.push(0);
         }

@@ -20,19 +20,21 @@ use locksim_sim::backend::sql::{
     Cond, ConnId, Expr, Op as CmpOp, Row, Settings, SqlError, SqlRequest, SqlResponse, SqlResult, SqlState, Stmt, Value,
 };
 use locksim_sim::backend::{Backend, Now, Out};
-use locksim_sim::history::NodeIx;
+use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The one table scripts use, its keys and its columns (besides the key `k`).
-const TABLE: &str = "t";
+/// The one table scripts use (named so as not to meet a table of yours on a server given by
+/// `--server`), its keys and its columns (besides the key `k`), and the sequence.
+const TABLE: &str = "locksim_conform";
+const SEQUENCE: &str = "locksim_conform_fence";
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 const COLUMNS: [&str; 3] = ["n", "owner", "until"];
-/// Advisory lock keys.
-const ADVISORY: [i64; 2] = [1, 2];
+/// Advisory lock keys (unlikely to be an application's own).
+const ADVISORY: [i64; 2] = [4_242_001, 4_242_002];
 
 /// The PostgreSQL family, with the model it is checked against (a test swaps in a broken one).
 pub struct Sql {
@@ -81,8 +83,8 @@ impl SqlModel for SqlState {
     }
 }
 
-/// The database every script starts from (the real one is made the same by [`Family::reset`]): `t`
-/// holding `k0` with `n = 3`, and the sequence `fence`.
+/// The database every script starts from (the real one is made the same by [`Family::reset`]): the
+/// table holding `k0` with `n = 3`, and the sequence.
 pub fn fresh() -> SqlState {
     let settings = Settings {
         tcp_keepalives_idle: Duration::from_secs(7200),
@@ -92,13 +94,17 @@ pub fn fresh() -> SqlState {
     };
     let mut db = SqlState::new(settings);
     db.create_table(TABLE, [(KEYS[0].to_string(), Row::from([("n".to_string(), Value::Int(3))]))]);
-    db.create_sequence("fence");
+    db.create_sequence(SEQUENCE);
     db
 }
 
-const SCHEMA: &str = "DROP TABLE IF EXISTS t; DROP SEQUENCE IF EXISTS fence; \
-    CREATE TABLE t (k text PRIMARY KEY, n bigint, owner text, until bigint); \
-    INSERT INTO t (k, n) VALUES ('k0', 3); CREATE SEQUENCE fence;";
+fn schema() -> String {
+    format!(
+        "DROP TABLE IF EXISTS {TABLE}; DROP SEQUENCE IF EXISTS {SEQUENCE}; \
+         CREATE TABLE {TABLE} (k text PRIMARY KEY, n bigint, owner text, until bigint); \
+         INSERT INTO {TABLE} (k, n) VALUES ('k0', 3); CREATE SEQUENCE {SEQUENCE};"
+    )
+}
 
 /// What a client does at a step: a statement on its session, or closing the session.
 #[derive(Debug, Clone, PartialEq)]
@@ -274,6 +280,8 @@ struct Driver<M> {
     db: M,
     /// Each client's session; `None`: connect before the next statement.
     sessions: Vec<Option<ConnId>>,
+    /// When the server ended a client's session (and closed its connection), if it did.
+    ended: Vec<Option<u64>>,
     next_conn: ConnId,
     next_tick: u64,
     stop: (u64, u64),
@@ -288,6 +296,7 @@ impl<M: SqlModel> Driver<M> {
         Driver {
             db,
             sessions: Vec::new(),
+            ended: Vec::new(),
             next_conn: 1,
             next_tick: SLOT_MS,
             stop: (0, 0),
@@ -319,6 +328,11 @@ impl<M: SqlModel> Driver<M> {
             }
             self.answers[seq as usize] = Some(Answer { text: show(&result), at_ms: at });
         }
+        for (node, event) in out.events {
+            if let EventKind::Session { .. } = event {
+                self.ended[node.0 as usize] = Some(at);
+            }
+        }
     }
 
     /// Play one step (after the ticks due before it).
@@ -333,12 +347,29 @@ impl<M: SqlModel> Driver<M> {
                     *answer = Some(Answer { text: error(SqlError::Terminated).into(), at_ms: at });
                 }
                 self.sessions.iter_mut().for_each(|s| *s = None);
+                self.ended.iter_mut().for_each(|e| *e = None);
             }
             Action::Stop { ms } => self.stop = (s.at_ms, s.at_ms + ms),
             Action::Client { client, op } => {
                 let (client, seq) = (*client, self.answers.len() as u64);
                 if self.sessions.len() <= client {
                     self.sessions.resize(client + 1, None);
+                    self.ended.resize(client + 1, None);
+                }
+                self.asked.push((client, if let Op::Stmt(stmt) = op { Some(stmt.clone()) } else { None }));
+                self.answers.push(None);
+                // The server ended this session and closed the connection: the client's socket says
+                // so at once, without asking the server (which may be stopped).
+                if let Some(ended_ms) = self.ended[client].take() {
+                    self.sessions[client] = None;
+                    let answer = match op {
+                        Op::Close => Answer { text: "closed".into(), at_ms: s.at_ms },
+                        Op::Stmt(_) => {
+                            Answer { text: error(SqlError::Terminated).into(), at_ms: s.at_ms.max(ended_ms) }
+                        }
+                    };
+                    self.answers[seq as usize] = Some(answer);
+                    return;
                 }
                 let (from, now) = (NodeIx(client as u32), Now::at(at as i64));
                 let mut out = Out::default();
@@ -352,20 +383,21 @@ impl<M: SqlModel> Driver<M> {
                         conn
                     }
                 };
-                self.answers.push(None);
                 match op {
                     Op::Stmt(stmt) => {
-                        self.asked.push((client, Some(stmt.clone())));
                         self.db.apply(now, from, SqlRequest::Execute { conn, seq, stmt: stmt.clone() }, &mut out);
+                        self.deliver(out, at);
                     }
                     Op::Close => {
-                        self.asked.push((client, None));
+                        // Closing is the client's own act, done at once; the server hears of it when
+                        // it reads.
                         self.db.apply(now, from, SqlRequest::Close { conn }, &mut out);
                         self.sessions[client] = None;
-                        self.answers[seq as usize] = Some(Answer { text: "closed".into(), at_ms: at });
+                        self.answers[seq as usize] = Some(Answer { text: "closed".into(), at_ms: s.at_ms });
+                        self.deliver(out, at);
+                        self.ended[client] = None;
                     }
                 }
-                self.deliver(out, at);
             }
         }
     }
@@ -447,14 +479,14 @@ fn statement(rng: &mut ChaCha8Rng, client: usize, session: Session) -> Op {
             6..=9 => Stmt::Commit,
             10 | 11 => Stmt::Rollback,
             12 => Stmt::Select { table: TABLE.into(), key, for_update: false },
-            13 => Stmt::NextVal { sequence: "fence".into() },
+            13 => Stmt::NextVal { sequence: SEQUENCE.into() },
             _ => return change(rng, key, client),
         }
     } else {
         match rng.gen_range(0..24) {
             0..=5 => Stmt::Begin,
             6 => Stmt::Select { table: TABLE.into(), key, for_update: rng.gen_bool(0.5) },
-            7 => Stmt::NextVal { sequence: "fence".into() },
+            7 => Stmt::NextVal { sequence: SEQUENCE.into() },
             8 | 9 => Stmt::AdvisoryLock(ADVISORY[rng.gen_range(0..2)]),
             10 => Stmt::TryAdvisoryLock(ADVISORY[rng.gen_range(0..2)]),
             11 | 12 => Stmt::AdvisoryUnlock(ADVISORY[rng.gen_range(0..2)]),
@@ -511,6 +543,7 @@ impl Family for Sql {
         let clients = rng.gen_range(2..=3);
         let mut driver = Driver::new(fresh());
         driver.sessions.resize(clients, None);
+        driver.ended.resize(clients, None);
         let mut sessions = vec![Session::default(); clients];
         let mut steps = Vec::new();
         let mut t = 0;
@@ -612,18 +645,20 @@ impl Family for Sql {
 
     fn reset(server: &Server) -> anyhow::Result<Origin> {
         let mut conn = pgwire::Conn::connect(server.addr().0, Duration::from_secs(5))?;
-        // Sessions of the last script (their advisory locks) are ended first.
-        let others = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
-        let left = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
-                    AND pid <> pg_backend_pid()";
-        conn.query(others)?;
+        // Sessions of the last script (their advisory locks) are ended first; only locksim's own.
+        let ours = format!(
+            "FROM pg_stat_activity WHERE application_name = '{}' AND pid <> pg_backend_pid()",
+            pgwire::APPLICATION
+        );
+        let others = format!("SELECT count(pg_terminate_backend(pid)) {ours}");
+        let left = format!("SELECT count(*) {ours}");
+        conn.query(&others)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while conn.query(left)?.rows.first().and_then(|r| r[0].clone()).as_deref() != Some("0") {
+        while conn.query(&left)?.rows.first().and_then(|r| r[0].clone()).as_deref() != Some("0") {
             anyhow::ensure!(std::time::Instant::now() < deadline, "sessions of the last script did not end");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let made = conn.query(SCHEMA)?;
+        let made = conn.query(&schema())?;
         if let Some((code, message)) = made.error {
             anyhow::bail!("making the script's table failed: {code} {message}");
         }
@@ -727,6 +762,7 @@ impl<M: Clone> Clone for Driver<M> {
         Driver {
             db: self.db.clone(),
             sessions: self.sessions.clone(),
+            ended: self.ended.clone(),
             next_conn: self.next_conn,
             next_tick: self.next_tick,
             stop: self.stop,
