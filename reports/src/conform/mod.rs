@@ -94,6 +94,13 @@ pub trait Family {
     fn server() -> servers::Kind;
     /// A script from a random stream: steps in time order, on the grid.
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Self::Op>>;
+    /// A script without server faults, for a server locksim did not start: by default the script with
+    /// its restarts and stops taken out (a family whose scripts follow the model's state draws anew).
+    fn script_without_faults(rng: &mut ChaCha8Rng) -> Vec<Step<Self::Op>> {
+        let mut steps = Self::script(rng);
+        steps.retain(|s| matches!(s.action, Action::Client { .. }));
+        steps
+    }
     /// The name of an operation's kind, for the coverage counts.
     fn kind(op: &Self::Op) -> &'static str;
     /// The model's answers to a script's client steps, in step order (server steps get none).
@@ -136,14 +143,13 @@ pub fn script<F: Family>(seed: u64) -> Vec<Step<F::Op>> {
     F::script(&mut stream(seed, Stream::Conformance, 0))
 }
 
-/// The script of `seed` as it is played on `server`: without its restarts and stops on a server
-/// locksim did not start (and so may not restart or stop).
+/// The script of `seed` as it is played on `server`: without restarts and stops on a server locksim
+/// did not start (and so may not restart or stop).
 pub fn script_for<F: Family>(server: &Server, seed: u64) -> Vec<Step<F::Op>> {
-    let mut steps = script::<F>(seed);
-    if !server.is_own() {
-        steps.retain(|s| matches!(s.action, Action::Client { .. }));
+    match server.is_own() {
+        true => script::<F>(seed),
+        false => F::script_without_faults(&mut stream(seed, Stream::Conformance, 0)),
     }
-    steps
 }
 
 /// Play `seed` on the model and on `server`, and shrink a mismatch to the fewest steps that still show it.

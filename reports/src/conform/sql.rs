@@ -540,77 +540,11 @@ impl Family for Sql {
     }
 
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {
-        let clients = rng.gen_range(2..=3);
-        let mut driver = Driver::new(fresh());
-        driver.sessions.resize(clients, None);
-        driver.ended.resize(clients, None);
-        let mut sessions = vec![Session::default(); clients];
-        let mut steps = Vec::new();
-        let mut t = 0;
-        let play = |driver: &mut Driver<SqlState>, steps: &mut Vec<Step<Op>>, step: Step<Op>| {
-            driver.step(&step);
-            steps.push(step);
-        };
-        for _ in 0..rng.gen_range(15..=40) {
-            t += SLOT_MS * rng.gen_range(1..=3);
-            driver.advance(t);
-            // A session the server ended is a new one next time.
-            for (c, s) in sessions.iter_mut().enumerate() {
-                if driver.sessions[c].is_none() {
-                    *s = Session::default();
-                }
-            }
-            let ready: Vec<usize> =
-                (0..clients).filter(|c| !driver.waiting(*c) && driver.answered_at(*c) + SLOT_MS <= t).collect();
-            let someone_answered_now = (0..clients).any(|c| driver.answered_at(c) == t);
-            match rng.gen_range(0..30) {
-                0 if !someone_answered_now && !driver.db.sequence_unflushed() => {
-                    play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Restart { keep: true } });
-                    sessions.iter_mut().for_each(|s| *s = Session::default());
-                    t += RESTART_SLOTS * SLOT_MS;
-                }
-                1 if !someone_answered_now && (0..clients).all(|c| !driver.waiting(c)) => {
-                    // One client's statement waits out the stop; nobody else sends meanwhile
-                    // (statements queued in a stopped server are read in no fixed order).
-                    let ms = SLOT_MS * rng.gen_range(2..=8);
-                    play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Stop { ms } });
-                    if let Some(&client) = ready.get(rng.gen_range(0..ready.len().max(1))) {
-                        let op = statement(rng, client, sessions[client]);
-                        let mut tried = driver.clone();
-                        tried.step(&Step { at_ms: t + SLOT_MS, action: Action::Client { client, op: op.clone() } });
-                        if !deadlocked(&tried.db) {
-                            sessions[client] = next_session(sessions[client], &op);
-                            let step = Step { at_ms: t + SLOT_MS, action: Action::Client { client, op } };
-                            play(&mut driver, &mut steps, step);
-                        }
-                    }
-                    t += ms;
-                }
-                _ => {
-                    let Some(&client) = ready.get(rng.gen_range(0..ready.len().max(1))) else { continue };
-                    let op = statement(rng, client, sessions[client]);
-                    let step = Step { at_ms: t, action: Action::Client { client, op: op.clone() } };
-                    let mut tried = driver.clone();
-                    tried.step(&step);
-                    if deadlocked(&tried.db) {
-                        continue;
-                    }
-                    sessions[client] = next_session(sessions[client], &op);
-                    play(&mut driver, &mut steps, step);
-                }
-            }
-        }
-        // Close every session, so that every waiting statement finishes.
-        for _ in 0..2 * clients {
-            t += SLOT_MS;
-            driver.advance(t);
-            let Some(client) = (0..clients).find(|c| !driver.waiting(*c) && driver.sessions[*c].is_some()) else {
-                break;
-            };
-            t = t.max(driver.answered_at(client) + SLOT_MS);
-            play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Client { client, op: Op::Close } });
-        }
-        steps
+        draw(rng, true)
+    }
+
+    fn script_without_faults(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {
+        draw(rng, false)
     }
 
     fn kind(op: &Op) -> &'static str {
@@ -704,6 +638,82 @@ impl Family for Sql {
     }
 }
 
+/// A script drawn by playing the model as it goes (see the module's doc); `faults`: with server
+/// restarts and stops.
+fn draw(rng: &mut ChaCha8Rng, faults: bool) -> Vec<Step<Op>> {
+    let clients = rng.gen_range(2..=3);
+    let mut driver = Driver::new(fresh());
+    driver.sessions.resize(clients, None);
+    driver.ended.resize(clients, None);
+    let mut sessions = vec![Session::default(); clients];
+    let mut steps = Vec::new();
+    let mut t = 0;
+    let play = |driver: &mut Driver<SqlState>, steps: &mut Vec<Step<Op>>, step: Step<Op>| {
+        driver.step(&step);
+        steps.push(step);
+    };
+    for _ in 0..rng.gen_range(15..=40) {
+        t += SLOT_MS * rng.gen_range(1..=3);
+        driver.advance(t);
+        // A session the server ended is a new one next time.
+        for (c, s) in sessions.iter_mut().enumerate() {
+            if driver.sessions[c].is_none() {
+                *s = Session::default();
+            }
+        }
+        let ready: Vec<usize> =
+            (0..clients).filter(|c| !driver.waiting(*c) && driver.answered_at(*c) + SLOT_MS <= t).collect();
+        let someone_answered_now = (0..clients).any(|c| driver.answered_at(c) == t);
+        match rng.gen_range(0..30) {
+            0 if faults && !someone_answered_now && !driver.db.sequence_unflushed() => {
+                play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Restart { keep: true } });
+                sessions.iter_mut().for_each(|s| *s = Session::default());
+                t += RESTART_SLOTS * SLOT_MS;
+            }
+            1 if faults && !someone_answered_now && (0..clients).all(|c| !driver.waiting(c)) => {
+                // One client's statement waits out the stop; nobody else sends meanwhile
+                // (statements queued in a stopped server are read in no fixed order).
+                let ms = SLOT_MS * rng.gen_range(2..=8);
+                play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Stop { ms } });
+                if let Some(&client) = ready.get(rng.gen_range(0..ready.len().max(1))) {
+                    let op = statement(rng, client, sessions[client]);
+                    let mut tried = driver.clone();
+                    tried.step(&Step { at_ms: t + SLOT_MS, action: Action::Client { client, op: op.clone() } });
+                    if !deadlocked(&tried.db) {
+                        sessions[client] = next_session(sessions[client], &op);
+                        let step = Step { at_ms: t + SLOT_MS, action: Action::Client { client, op } };
+                        play(&mut driver, &mut steps, step);
+                    }
+                }
+                t += ms;
+            }
+            _ => {
+                let Some(&client) = ready.get(rng.gen_range(0..ready.len().max(1))) else { continue };
+                let op = statement(rng, client, sessions[client]);
+                let step = Step { at_ms: t, action: Action::Client { client, op: op.clone() } };
+                let mut tried = driver.clone();
+                tried.step(&step);
+                if deadlocked(&tried.db) {
+                    continue;
+                }
+                sessions[client] = next_session(sessions[client], &op);
+                play(&mut driver, &mut steps, step);
+            }
+        }
+    }
+    // Close every session, so that every waiting statement finishes.
+    for _ in 0..2 * clients {
+        t += SLOT_MS;
+        driver.advance(t);
+        let Some(client) = (0..clients).find(|c| !driver.waiting(*c) && driver.sessions[*c].is_some()) else {
+            break;
+        };
+        t = t.max(driver.answered_at(client) + SLOT_MS);
+        play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Client { client, op: Op::Close } });
+    }
+    steps
+}
+
 /// A session's state after the generator sent `op` on it.
 fn next_session(s: Session, op: &Op) -> Session {
     match op {
@@ -795,6 +805,7 @@ impl Client {
 mod tests {
     use super::*;
     use crate::conform::{coverage, script};
+    use locksim_sim::rng::{stream, Stream};
     use std::collections::BTreeMap;
 
     #[test]
@@ -806,6 +817,10 @@ mod tests {
             let times: Vec<u64> = steps.iter().map(|s| s.at_ms).collect();
             assert!(times.iter().all(|t| t % SLOT_MS == 0), "seed {seed}: steps on the grid");
             assert!(times.windows(2).all(|w| w[0] < w[1]), "seed {seed}: one step at a time, in order");
+            // For a server locksim did not start, drawn anew without faults, by the same rules.
+            let calm = Sql::script_without_faults(&mut stream(seed, Stream::Conformance, 0));
+            assert!(calm.iter().all(|s| matches!(s.action, Action::Client { .. })), "seed {seed}: {calm:#?}");
+            assert!(rules_kept(&calm), "seed {seed}: {calm:#?}");
         }
     }
 
