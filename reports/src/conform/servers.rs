@@ -319,7 +319,7 @@ fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
 /// ends the backends a SIGKILL of the postmaster would leave behind.
 fn crash(kind: Kind, child: &mut Child) {
     if kind == Kind::Postgres && signal(child.id() as libc::pid_t, libc::SIGQUIT).is_ok() {
-        let _ = signal(child.id() as libc::pid_t, libc::SIGCONT);
+        resume(child.id() as libc::pid_t);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -333,7 +333,7 @@ fn crash(kind: Kind, child: &mut Child) {
 }
 
 fn kill(child: &mut Child) {
-    let _ = signal(child.id() as libc::pid_t, libc::SIGCONT);
+    resume(child.id() as libc::pid_t);
     let _ = child.kill();
     let _ = child.wait();
     forget(child.id());
@@ -400,6 +400,13 @@ fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
     cmd
 }
 
+/// Continue a server stopped by [`Server::pause`], and what it forked: a backend left stopped would
+/// outlive its killed postmaster (continued, it sees the postmaster gone and exits).
+fn resume(pid: libc::pid_t) {
+    children(pid).into_iter().for_each(|c| drop(signal(c, libc::SIGCONT)));
+    let _ = signal(pid, libc::SIGCONT);
+}
+
 /// The processes `pid` forked (PostgreSQL's backends and workers), from `/proc`.
 fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -438,7 +445,7 @@ fn on_interrupt_stop_everything() {
     ONCE.call_once(|| {
         let _ = ctrlc::set_handler(|| {
             for (pid, dir) in RUNNING.lock().expect("servers lock").drain(..) {
-                let _ = signal(pid as libc::pid_t, libc::SIGCONT);
+                resume(pid as libc::pid_t);
                 let _ = signal(pid as libc::pid_t, libc::SIGKILL);
                 let _ = std::fs::remove_dir_all(dir);
             }

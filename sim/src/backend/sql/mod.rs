@@ -4,7 +4,6 @@
 //! settings, §9.27.10 advisory lock functions):
 //! - Tables of rows keyed by a text primary key, and sequences (`nextval` is not transactional).
 //! - Sessions and transactions: `BEGIN` … `COMMIT`/`ROLLBACK`, or one statement at a time (autocommit).
-//!   An error inside a transaction aborts it: every statement but `ROLLBACK`/`COMMIT` fails until then.
 //! - READ COMMITTED visibility (§13.2.1): a statement sees the rows committed when it starts, and its
 //!   own transaction's changes; another open transaction's insert, update or delete is invisible until
 //!   that transaction commits. Writes go to the transaction's write set and reach the table at commit.
