@@ -1,6 +1,7 @@
-//! locksim's front end: the `locksim` command line (`src/main.rs`, `src/cli/`), and what it writes.
+//! locksim's front end: the `locksim` command line, and what it writes.
 //!
 //! Module map:
+//! - [`cli`]: the command line; `cli::main(registry)` is `locksim` with your own recipes added.
 //! - [`text`]: plain-text results, shared by the commands.
 //! - [`results`]: the JSON results files `run` and `suite` write and `report` merges.
 //! - [`junit`]: JUnit XML for CI.
@@ -10,6 +11,7 @@
 //! - [`conform`]: the simulated servers against the real ones on loopback (`locksim conform`).
 
 pub mod charts;
+pub mod cli;
 pub mod conform;
 pub mod junit;
 pub mod report;

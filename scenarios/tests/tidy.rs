@@ -35,7 +35,7 @@ fn check_dir(dir: &Path, problems: &mut Vec<String>) {
 fn simulated_code_uses_no_wall_clock_unseeded_randomness_or_hash_order() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut problems = Vec::new();
-    for krate in ["sim/src", "locks/src", "scenarios/src"] {
+    for krate in ["sim/src", "locks/src", "scenarios/src", "scenarios/examples"] {
         check_dir(&root.join(krate), &mut problems);
     }
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));

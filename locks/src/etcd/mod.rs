@@ -40,7 +40,8 @@ pub struct EtcdServers {
 }
 
 impl EtcdServers {
-    fn from(servers: &Servers) -> &EtcdServers {
+    /// The etcd servers among a world's servers (every recipe of this family is handed them).
+    pub fn from(servers: &Servers) -> &EtcdServers {
         match servers {
             Servers::Etcd(e) => e,
             _ => unreachable!("an etcd recipe is deployed with etcd servers"),
@@ -169,22 +170,22 @@ impl EtcdApi for EtcdClient {
     }
 }
 
-/// Parameters every etcd recipe shares.
-const TTL: ParamSpec =
+/// Parameters every etcd recipe shares; a user's recipe may list them in its `params` too.
+pub const TTL: ParamSpec =
     ParamSpec::duration("ttl", 5_000, "lease TTL in whole seconds (etcd grants at least 2s); kept alive every TTL/3");
-const ACQUIRE_TIMEOUT: ParamSpec =
+pub const ACQUIRE_TIMEOUT: ParamSpec =
     ParamSpec::duration("acquire_timeout", 30_000, "give up waiting after this long (the request context)");
-const CALL_TIMEOUT: ParamSpec =
+pub const CALL_TIMEOUT: ParamSpec =
     ParamSpec::duration("call_timeout", 5_000, "deadline of each call; a call that passes it may have been applied");
-const LOST_ON: ParamSpec = ParamSpec {
+pub const LOST_ON: ParamSpec = ParamSpec {
     name: "lost_on",
     kind: ParamKind::Choice(&["never", "keepalive"]),
     default: ParamValue::Choice("never"),
     doc: "when the holder treats the lock as lost: never, or when its lease's keep-alive stops",
 };
 
-/// A lease TTL must be whole seconds, as etcd grants them.
-fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
+/// A lease TTL must be whole seconds, as etcd grants them: a `validate` for recipes with [`TTL`].
+pub fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
     let ttl = recipe.duration("ttl");
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
         return Err(format!("ttl: etcd leases last whole seconds, at least 1s; found {}ms", ttl.as_millis()));
@@ -205,28 +206,36 @@ pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdClie
     EtcdClient::new(env, call_timeout)
 }
 
-/// A lease kept alive: clientv3's `concurrency.Session`.
+/// A lease kept alive: clientv3's `concurrency.Session`. The end of its keep-alive is recorded in the
+/// history as a `Session` event. To test two lock objects on one session (as `concurrency.NewMutex(s,
+/// …)` twice with one `s`), share it: `Rc<Session>`.
 pub struct Session {
     pub lease: LeaseId,
     keep_alive: KeepAlive,
 }
 
 impl Session {
-    /// `NewSession`: grant a lease of `ttl` and keep it alive.
-    async fn new(etcd: &impl EtcdApi, ttl: Duration) -> Result<Session, Failed> {
+    /// `NewSession`: grant a lease of `ttl` (whole seconds) and keep it alive every TTL/3.
+    pub async fn new(etcd: &impl EtcdApi, ttl: Duration) -> Result<Session, Failed> {
         let (lease, ttl) = etcd.grant(ttl).await?;
         Ok(Session { lease, keep_alive: etcd.keep_alive(lease, ttl) })
     }
 
     /// Whether its keep-alive has stopped (`Session.Done()` is closed).
-    fn done(&self) -> bool {
+    pub fn done(&self) -> bool {
         self.keep_alive.has_stopped()
+    }
+
+    /// Resolves, with the reason, when its keep-alive stops (`<-Session.Done()`): the server said the
+    /// lease expired, or no answer came for a TTL.
+    pub async fn stopped(&self) -> String {
+        format!("lease keep-alive stopped: {}", self.keep_alive.stopped().await)
     }
 
     /// Resolves, with the reason, when the holder must treat its lock as lost by `lost_on`.
     async fn lost(&self, params: &Params) -> String {
         match params.choice("lost_on") {
-            "keepalive" => format!("lease keep-alive stopped: {}", self.keep_alive.stopped().await),
+            "keepalive" => self.stopped().await,
             _ => std::future::pending().await,
         }
     }
@@ -250,7 +259,7 @@ async fn live_session(slot: &mut Option<Session>, etcd: &impl EtcdApi, ttl: Dura
 
 /// clientv3 `concurrency.waitDeletes`: wait until no key under `prefix` created at or before
 /// `max_create` is left — each time watching the newest such key for its deletion.
-async fn wait_deletes(etcd: &impl EtcdApi, prefix: &str, max_create: i64) -> Result<(), Failed> {
+pub async fn wait_deletes(etcd: &impl EtcdApi, prefix: &str, max_create: i64) -> Result<(), Failed> {
     loop {
         let (kvs, revision) = etcd.get(Range::last_created_by(prefix, max_create)).await?;
         let Some(last) = kvs.first() else { return Ok(()) };
@@ -259,7 +268,7 @@ async fn wait_deletes(etcd: &impl EtcdApi, prefix: &str, max_create: i64) -> Res
 }
 
 /// clientv3 `concurrency.waitDelete`: watch `key` from `revision` until it is deleted.
-async fn wait_delete(etcd: &impl EtcdApi, key: &str, revision: i64) -> Result<(), Failed> {
+pub async fn wait_delete(etcd: &impl EtcdApi, key: &str, revision: i64) -> Result<(), Failed> {
     let mut watcher = etcd.watch(key, false, revision).await.map_err(|_| Failed::Timeout)?;
     while let Some(response) = watcher.next().await {
         if response.events.iter().any(|e| e.kind == EventType::Delete) {

@@ -20,7 +20,6 @@
 use super::{Db, LOCK_TIMEOUT, SOCKET_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::sql::client::Connection;
 use locksim_sim::backend::sql::{SqlResult, Stmt};
 use locksim_sim::ctx::Ctx;
 
@@ -65,7 +64,7 @@ impl Lock for ForUpdate {
         let taken = self.lock_row().await;
         if taken.is_err() {
             // An aborted transaction must be rolled back before the connection is usable again.
-            if let Some(conn) = self.db.conn.as_ref().filter(|c| !Connection::is_closed(c)) {
+            if let Some(conn) = self.db.client.current() {
                 let _ = conn.execute(Stmt::Rollback).await;
             }
         }

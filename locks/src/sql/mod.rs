@@ -19,8 +19,10 @@ use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
 use locksim_sim::net::Rpc;
 use locksim_sim::world::{Program, World};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Mutex as AsyncMutex;
 
 pub const RECIPES: &[RecipeSpec] = &[
     for_update::RECIPE,
@@ -35,6 +37,16 @@ pub const RECIPES: &[RecipeSpec] = &[
 pub struct SqlServers {
     pub server: NodeIx,
     recorder: locksim_sim::history::Recorder,
+}
+
+impl SqlServers {
+    /// The database among a world's servers (every recipe of this family is handed it).
+    pub fn from(servers: &Servers) -> &SqlServers {
+        match servers {
+            Servers::Sql(s) => s,
+            _ => unreachable!("a database recipe is deployed with a database"),
+        }
+    }
 }
 
 /// `[backend]` keys of the database family: PostgreSQL's connection settings.
@@ -108,10 +120,14 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     Servers::Sql(SqlServers { server, recorder: world.recorder().clone() })
 }
 
-/// A database connection's one call.
+/// A database connection's one call, as JDBC's `Statement.execute` or libpq's `PQexec`: one statement,
+/// its result. Errors the server answers come back as `Ok(SqlResult::Error(…))` (see [`outcome`]); an
+/// `Err` is the connection's: no result within the socket timeout (the statement may have run), or
+/// the connection is closed.
 #[async_trait(?Send)]
 pub trait SqlApi {
     async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError>;
+    /// Whether the connection is known to be closed (a closed one never opens again).
     fn is_closed(&self) -> bool;
 }
 
@@ -126,30 +142,30 @@ impl SqlApi for Connection {
     }
 }
 
-/// Parameters the database recipes share.
-const SOCKET_TIMEOUT: ParamSpec = ParamSpec::duration(
-    "socket_timeout",
-    0,
-    "client socket read timeout: give up on a statement and close the connection (0: wait for ever, JDBC's default)",
-);
-const LOCK_TIMEOUT: ParamSpec =
-    ParamSpec::duration("lock_timeout", 0, "the session's lock_timeout: a waiting statement fails after it (0: never)");
-
-/// A client's connection to the database, opened again once closed, and whether the client holds the
-/// lock through it.
-struct Db {
+/// A client's database connection as a lock holds it: one connection at a time, opened on first use
+/// and opened anew once the old one has closed (a pool of one, as a JDBC `DataSource` a lock is given).
+/// The connection's session is PostgreSQL's: a transaction, row locks and advisory locks live in it
+/// and die with it.
+///
+/// Clones share the connection: give two lock objects of one client clones to test code where both
+/// live in one session (one session's death frees both). Make several with [`SqlClient::new`] for a
+/// client with several connections. It speaks [`SqlApi`] itself, each statement on the open
+/// connection (opened if needed; `Closed` when the server cannot be reached).
+#[derive(Clone)]
+pub struct SqlClient {
     ctx: Ctx,
     env: ClientEnv,
     socket_timeout: Duration,
-    conn: Option<Connection>,
-    holding: bool,
-    /// How the client names itself in lock rows (ShedLock's `locked_by`: its host).
-    owner: String,
+    /// Held across an open, so that two users of one client never open two connections.
+    conn: Rc<AsyncMutex<Option<Rc<Connection>>>>,
 }
 
-impl Db {
-    fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Db {
-        let Servers::Sql(sql) = servers else { unreachable!("a database recipe is deployed with a database") };
+impl SqlClient {
+    /// A client of this world's database from `ctx`'s node whose statements wait up to
+    /// `socket_timeout` for their result (zero: for ever, JDBC's default; see [`SOCKET_TIMEOUT`]).
+    /// No connection is opened until first used.
+    pub fn new(ctx: &Ctx, servers: &Servers, socket_timeout: Duration) -> SqlClient {
+        let sql = SqlServers::from(servers);
         let env = ClientEnv {
             rpc: ctx.rpc().clone(),
             clock: ctx.clock().clone(),
@@ -157,9 +173,61 @@ impl Db {
             server: sql.server,
             router: ctx.node_wide(Router::default),
         };
+        SqlClient { ctx: ctx.clone(), env, socket_timeout, conn: Rc::default() }
+    }
+
+    /// The open connection, or a new one if there is none or it has closed (`None`: the server did not
+    /// answer within the connect timeout). Hold on to it to keep talking to one session.
+    pub async fn connection(&self) -> Option<Rc<Connection>> {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_none_or(|c| c.is_closed()) {
+            let id = self.ctx.random_u64();
+            *conn = Connection::open(self.env.clone(), id, self.socket_timeout).await.map(Rc::new);
+        }
+        conn.clone()
+    }
+
+    /// The connection now, if one was opened and is not known to be closed.
+    pub fn current(&self) -> Option<Rc<Connection>> {
+        self.conn.try_lock().ok().and_then(|c| c.clone()).filter(|c| !c.is_closed())
+    }
+}
+
+#[async_trait(?Send)]
+impl SqlApi for SqlClient {
+    async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
+        match self.connection().await {
+            Some(conn) => conn.execute(stmt).await,
+            None => Err(ClientError::Closed),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.current().is_none()
+    }
+}
+
+/// Parameters the database recipes share; a user's recipe may list them in its `params` too.
+pub const SOCKET_TIMEOUT: ParamSpec = ParamSpec::duration(
+    "socket_timeout",
+    0,
+    "client socket read timeout: give up on a statement and close the connection (0: wait for ever, JDBC's default)",
+);
+pub const LOCK_TIMEOUT: ParamSpec =
+    ParamSpec::duration("lock_timeout", 0, "the session's lock_timeout: a waiting statement fails after it (0: never)");
+
+/// The built-in recipes' client: its connection, and whether it holds the lock through it.
+struct Db {
+    client: SqlClient,
+    holding: bool,
+    /// How the client names itself in lock rows (ShedLock's `locked_by`: its host).
+    owner: String,
+}
+
+impl Db {
+    fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Db {
         let owner = format!("node-{}", ctx.rpc().me().0);
-        let socket_timeout = params.duration("socket_timeout");
-        Db { ctx: ctx.clone(), env, socket_timeout, conn: None, holding: false, owner }
+        Db { client: SqlClient::new(ctx, servers, params.duration("socket_timeout")), holding: false, owner }
     }
 
     /// The outcome of taking the lock with fencing token `token`; remembers that we hold it.
@@ -179,25 +247,16 @@ impl Db {
         if !std::mem::take(&mut self.holding) {
             return Err(Outcome::Fail("not held by this client".into()));
         }
-        if needs_session && self.conn.as_ref().is_none_or(Connection::is_closed) {
+        if needs_session && self.client.current().is_none() {
             return Err(Outcome::Fail("the connection is gone, and the lock with its session".into()));
         }
         Ok(())
     }
 
-    /// The open connection, or a new one.
-    async fn connection(&mut self) -> Result<&Connection, Outcome<()>> {
-        if self.conn.as_ref().is_none_or(Connection::is_closed) {
-            let id = self.ctx.random_u64();
-            let conn = Connection::open(self.env.clone(), id, self.socket_timeout).await;
-            self.conn = Some(conn.ok_or(Outcome::Fail("cannot reach the database".into()))?);
-        }
-        Ok(self.conn.as_ref().expect("just opened"))
-    }
-
     /// Run `stmt` on the open connection (opening one if needed).
     async fn run(&mut self, stmt: Stmt) -> Result<SqlResult, Outcome<()>> {
-        outcome(self.connection().await?.execute(stmt).await)
+        let conn = self.client.connection().await.ok_or(Outcome::Fail("cannot reach the database".into()))?;
+        outcome(conn.execute(stmt).await)
     }
 
     /// `nextval('fence')`: a fencing token.
@@ -209,9 +268,9 @@ impl Db {
     }
 }
 
-/// A statement's result, or the outcome of its failing: a read timeout leaves the statement's effect
-/// unknown, anything else is a definite failure.
-fn outcome(result: Result<SqlResult, ClientError>) -> Result<SqlResult, Outcome<()>> {
+/// A statement's result, or the lock outcome of its failing: a read timeout leaves the statement's
+/// effect unknown, anything else (a server error, a closed connection) is a definite failure.
+pub fn outcome(result: Result<SqlResult, ClientError>) -> Result<SqlResult, Outcome<()>> {
     match result {
         Ok(SqlResult::Error(e)) => Err(Outcome::Fail(format!("{e:?}"))),
         // pgjdbc (42.7) raises an error when COMMIT is answered ROLLBACK.
@@ -223,7 +282,7 @@ fn outcome(result: Result<SqlResult, ClientError>) -> Result<SqlResult, Outcome<
 }
 
 /// The same outcome for `acquire`.
-fn grant_outcome(o: Outcome<()>) -> Outcome<Grant> {
+pub fn grant_outcome(o: Outcome<()>) -> Outcome<Grant> {
     match o {
         Outcome::Ok(()) => Outcome::Ok(Grant::default()),
         Outcome::Fail(why) => Outcome::Fail(why),

@@ -9,7 +9,7 @@
 //! Expected (catalog): every release wakes every waiter — the herd grows with the number of clients.
 //! A holder paused past its session timeout loses the node while it still believes it holds the lock.
 
-use super::{lost, words, Session, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{lost, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
@@ -35,12 +35,12 @@ const LOCK: &str = "/lock";
 struct Ephemeral {
     ctx: Ctx,
     params: Params,
-    session: Session,
+    session: ZkSession,
     holding: Option<ZkClient>,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let session = Session::new(&ctx, servers, params);
+    let session = ZkSession::new(&ctx, servers, params.duration("session_timeout"));
     Box::new(Ephemeral { ctx, params: params.clone(), session, holding: None })
 }
 

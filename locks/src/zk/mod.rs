@@ -27,8 +27,10 @@ use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
 use locksim_sim::net::Rpc;
 use locksim_sim::world::{Program, World};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Mutex as AsyncMutex;
 
 pub const RECIPES: &[crate::RecipeSpec] = &[
     ephemeral::RECIPE,
@@ -47,7 +49,8 @@ pub struct ZkServers {
 }
 
 impl ZkServers {
-    fn from(servers: &Servers) -> &ZkServers {
+    /// The ZooKeeper servers among a world's servers (every recipe of this family is handed them).
+    pub fn from(servers: &Servers) -> &ZkServers {
         match servers {
             Servers::Zk(z) => z,
             _ => unreachable!("a ZooKeeper recipe is deployed with ZooKeeper servers"),
@@ -173,38 +176,51 @@ impl ZkApi for ZkClient {
     }
 }
 
-/// Parameters every ZooKeeper recipe shares.
-const SESSION_TIMEOUT: ParamSpec = ParamSpec::duration(
+/// Parameters every ZooKeeper recipe shares; a user's recipe may list them in its `params` too.
+pub const SESSION_TIMEOUT: ParamSpec = ParamSpec::duration(
     "session_timeout",
     6_000,
     "requested session timeout T (Curator's default is 60s); the server negotiates it into 2..20 ticks",
 );
-const ACQUIRE_TIMEOUT: ParamSpec =
+pub const ACQUIRE_TIMEOUT: ParamSpec =
     ParamSpec::duration("acquire_timeout", 30_000, "give up waiting after this long, deleting our node");
-const LOST_ON: ParamSpec = ParamSpec {
+pub const LOST_ON: ParamSpec = ParamSpec {
     name: "lost_on",
     kind: ParamKind::Choice(&["suspended", "lost", "never"]),
     default: ParamValue::Choice("suspended"),
     doc: "when the holder treats the lock as lost: first disconnection, session loss, or never",
 };
 
-/// A session timeout of zero cannot keep a session.
-fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
+/// A session timeout of zero cannot keep a session: a `validate` for recipes with [`SESSION_TIMEOUT`].
+pub fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
     match recipe.duration("session_timeout") {
         d if d.is_zero() => Err("session_timeout must be above zero".into()),
         _ => Ok(()),
     }
 }
 
-/// The client's live session, replaced by a new one after it expires.
-struct Session {
+/// A client's ZooKeeper connection as a lock holds it — Curator's `CuratorFramework`: one session at a
+/// time, opened on first use and opened anew once the old one has expired. Its session's state changes
+/// (connected, disconnected, reconnected, expired) are recorded in the history as `Session` events, as
+/// for the built-in recipes.
+///
+/// Clones share the session: give two lock objects of one client clones of one `ZkSession` to test
+/// code where both live on one ZooKeeper handle (one expiry loses both locks). Make several with
+/// [`ZkSession::new`] for a client with several sessions. It also speaks [`ZkApi`] itself: each call
+/// goes to the live session (Curator's `getZooKeeper()`), failing with `ConnectionLoss` when no session
+/// can be opened.
+#[derive(Clone)]
+pub struct ZkSession {
     env: ClientEnv,
     requested: Duration,
-    client: Option<ZkClient>,
+    /// Held across a connect, so that two users of one handle never open two sessions.
+    client: Rc<AsyncMutex<Option<ZkClient>>>,
 }
 
-impl Session {
-    fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Session {
+impl ZkSession {
+    /// A handle on this world's ZooKeeper from `ctx`'s node, asking for sessions of `session_timeout`
+    /// (the server negotiates it into 2..20 ticks). No session is opened until first used.
+    pub fn new(ctx: &Ctx, servers: &Servers, session_timeout: Duration) -> ZkSession {
         let zk = ZkServers::from(servers);
         let env = ClientEnv {
             rpc: ctx.rpc().clone(),
@@ -213,20 +229,40 @@ impl Session {
             server: zk.server,
             router: ctx.node_wide(Router::default),
         };
-        Session { env, requested: params.duration("session_timeout"), client: None }
+        ZkSession { env, requested: session_timeout, client: Rc::default() }
     }
 
-    /// A live session: the current one, or a new one if it has expired (`None`: the server is unreachable).
-    async fn live(&mut self) -> Option<ZkClient> {
-        if self.client.as_ref().is_none_or(ZkClient::expired) {
-            self.client = ZkClient::connect(self.env.clone(), self.requested).await;
+    /// A live session: the current one, or a new one if there is none or it has expired (`None`: the
+    /// server did not answer within the session timeout). The `ZkClient` it hands out keeps that one
+    /// session: hold on to it to watch its state (see [`lost`]); it never becomes a new session.
+    pub async fn live(&self) -> Option<ZkClient> {
+        let mut client = self.client.lock().await;
+        if client.as_ref().is_none_or(ZkClient::expired) {
+            *client = ZkClient::connect(self.env.clone(), self.requested).await;
         }
-        self.client.clone()
+        client.clone()
+    }
+
+    /// The session now, if one was opened (it may have expired since).
+    pub fn current(&self) -> Option<ZkClient> {
+        self.client.try_lock().ok().and_then(|c| c.clone())
     }
 }
 
-/// Resolves when the holder, by `policy`, must treat its lock as lost.
-async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
+#[async_trait(?Send)]
+impl ZkApi for ZkSession {
+    async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
+        match self.live().await {
+            Some(zk) => zk.call(op).await,
+            None => Err(ClientError::ConnectionLoss),
+        }
+    }
+}
+
+/// Resolves, with the reason, when a holder whose lock lives in `client`'s session must treat it as lost
+/// by `policy` — the values of [`LOST_ON`]: `"never"`, `"suspended"` (the first disconnection) or
+/// `"lost"` (expiry, or Curator 3's simulated expiry after a session timeout of disconnection).
+pub async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
     let mut state = client.state();
     loop {
         let now = *state.borrow_and_update();
@@ -252,7 +288,7 @@ async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
 }
 
 /// Create `path` and its parents as persistent nodes if missing (Curator's creatingParentsIfNeeded).
-async fn ensure_path(zk: &ZkClient, path: &str) -> Result<(), ClientError> {
+pub async fn ensure_path(zk: &impl ZkApi, path: &str) -> Result<(), ClientError> {
     let mut at = String::new();
     for part in path.split('/').filter(|p| !p.is_empty()) {
         at = format!("{at}/{part}");
@@ -267,7 +303,7 @@ async fn ensure_path(zk: &ZkClient, path: &str) -> Result<(), ClientError> {
 /// Curator's `RetryLoop.callWithRetry` under `ExponentialBackoffRetry(1000, 3)`, the policy most Curator
 /// clients are built with: a connection loss is tried again up to 3 times, after sleeping
 /// `1000 ms × max(1, random(0..2^(n+1)))` before the n-th retry. Other errors come back at once.
-async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
+pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
     ctx: &Ctx,
     mut call: impl FnMut() -> F,
 ) -> Result<T, ClientError> {
@@ -286,8 +322,8 @@ async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
     }
 }
 
-/// A call's failure as a lock outcome's words.
-fn words(e: ClientError) -> String {
+/// A call's failure in words, for a lock outcome.
+pub fn words(e: ClientError) -> String {
     match e {
         ClientError::ConnectionLoss => "connection loss".into(),
         ClientError::Zk(e) => format!("{e:?}"),
@@ -334,6 +370,48 @@ mod tests {
         });
         let result = out.lock().unwrap().take().expect("the program ran");
         result
+    }
+
+    #[test]
+    fn clones_of_a_session_share_one_session_and_its_events_reach_the_history() {
+        let states = Arc::new(Mutex::new(Vec::new()));
+        let seen = states.clone();
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let mut world = World::new(1);
+            let servers = deploy(&mut world, &Params::resolve(BACKEND_PARAMS, []));
+            let client: Program = Arc::new(move |env| {
+                let servers = servers.clone();
+                Box::pin(async move {
+                    let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                    // Two lock objects of one client on one handle, and a second handle of its own.
+                    let first = ZkSession::new(&ctx, &servers, Duration::from_secs(6));
+                    let second = first.clone();
+                    let own = ZkSession::new(&ctx, &servers, Duration::from_secs(6));
+                    let (a, b) = (first.live().await.unwrap(), second.live().await.unwrap());
+                    a.create("/a", CreateMode::Ephemeral).await.unwrap();
+                    let owner = |zk: ZkClient, path: &'static str| async move {
+                        zk.exists(path).await.unwrap().unwrap().ephemeral_owner
+                    };
+                    let (c, _) = own.create("/c", CreateMode::Ephemeral).await.unwrap();
+                    assert_eq!(c, "/c");
+                    b.create("/b", CreateMode::Ephemeral).await.unwrap();
+                    assert_eq!(owner(a.clone(), "/a").await, owner(a.clone(), "/b").await, "one session");
+                    assert_ne!(owner(a.clone(), "/a").await, owner(a, "/c").await, "a session of its own");
+                })
+            });
+            world.add_node("client-0", client);
+            world.run(&[], Duration::from_secs(5)).await;
+            let history = world.recorder().finish(vec!["zk-0".into(), "client-0".into()]);
+            *seen.lock().unwrap() = history
+                .events
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    locksim_sim::history::EventKind::Session { state } => Some(state.clone()),
+                    _ => None,
+                })
+                .collect();
+        });
+        assert_eq!(*states.lock().unwrap(), ["connected", "connected"], "two sessions opened, each recorded");
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
 //! leaves an orphan ahead of everyone, held alive by our own session: nobody gets the lock.
 
-use super::{lost, retried, words, Session, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{lost, retried, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
@@ -105,7 +105,7 @@ pub(super) struct Held {
 pub(super) struct Sequential {
     pub(super) ctx: Ctx,
     pub(super) params: Params,
-    pub(super) session: Session,
+    pub(super) session: ZkSession,
     protected: bool,
     /// Guaranteed deletes still being retried.
     cleanup: Vec<Background>,
@@ -133,7 +133,7 @@ pub(super) fn sequence(child: &str) -> &str {
 
 impl Sequential {
     pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Sequential {
-        let session = Session::new(&ctx, servers, params);
+        let session = ZkSession::new(&ctx, servers, params.duration("session_timeout"));
         Sequential { ctx, params: params.clone(), session, protected, cleanup: Vec::new() }
     }
 

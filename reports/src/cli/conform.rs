@@ -1,11 +1,11 @@
-//! `locksim conform`: the simulated servers against the real ones (see `locksim_reports::conform`).
+//! `locksim conform`: the simulated servers against the real ones (see `crate::conform`).
 
-use locksim_reports::conform::etcd::Etcd;
-use locksim_reports::conform::redis::Redis;
-use locksim_reports::conform::servers::Server;
-use locksim_reports::conform::sql::Sql;
-use locksim_reports::conform::zk::Zk;
-use locksim_reports::conform::{check, coverage, script_for, Family, Outcome};
+use crate::conform::etcd::Etcd;
+use crate::conform::redis::Redis;
+use crate::conform::servers::Server;
+use crate::conform::sql::Sql;
+use crate::conform::zk::Zk;
+use crate::conform::{check, coverage, script_for, Family, Outcome};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -24,17 +24,17 @@ enum What {
     Scenarios,
 }
 
-pub fn list(args: Args) -> anyhow::Result<ExitCode> {
+pub fn list(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     let all = args.what.is_none();
     let mut out = String::new();
     if all || args.what == Some(What::Recipes) {
-        recipes(&mut out);
+        recipes(&mut out, registry);
     }
     if all || args.what == Some(What::Faults) {
         faults(&mut out);
     }
     if all || args.what == Some(What::Scenarios) {
-        scenarios(&mut out, &args.dir)?;
+        scenarios(&mut out, &args.dir, registry)?;
     }
     super::emit(&out)?;
     Ok(ExitCode::SUCCESS)
@@ -46,9 +46,8 @@ fn params(out: &mut String, specs: &[ParamSpec], indent: &str) {
     }
 }
 
-fn recipes(out: &mut String) {
+fn recipes(out: &mut String, registry: &Registry) {
     let _ = writeln!(out, "Recipes ([recipe] id = ..., parameters beside it with their defaults):");
-    let registry = Registry::builtin();
     let mut families: Vec<&str> = registry.recipes().iter().map(|r| r.family.name).collect();
     families.dedup();
     for family in families {
@@ -78,7 +77,7 @@ fn faults(out: &mut String) {
     );
 }
 
-fn scenarios(out: &mut String, dir: &PathBuf) -> anyhow::Result<()> {
+fn scenarios(out: &mut String, dir: &PathBuf, registry: &Registry) -> anyhow::Result<()> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("{}: {e} (run from the repository root, or pass --dir)", dir.display()))?;
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -86,7 +85,7 @@ fn scenarios(out: &mut String, dir: &PathBuf) -> anyhow::Result<()> {
     paths.sort();
     let _ = writeln!(out, "Scenarios in {}:", dir.display());
     for path in paths {
-        let _ = match super::load(&path) {
+        let _ = match super::load(&path, registry) {
             Ok(s) => {
                 let expects = format!("{:?}", s.expect.verdict).to_lowercase();
                 writeln!(out, "  {:<52} {:<20} {expects:<6}  {}", path.display(), s.recipe.id, s.description)

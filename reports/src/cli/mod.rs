@@ -29,7 +29,7 @@ use std::process::ExitCode;
                   locksim suite scenarios/suites/full.toml --json results.json && locksim report results.json --out report\n\n\
                   Exit codes: 0 as expected, 1 a verdict differed from the scenario's [expect], 2 bad input."
 )]
-pub struct Cli {
+struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -52,21 +52,48 @@ enum Command {
     Conform(conform::Args),
 }
 
-pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+/// `locksim`'s `main`, with the recipes scenario files may name: `Registry::builtin()` for the shipped
+/// command, or the built-ins and your own for a command of yours that tests your locks —
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     crate::cli::main(locksim_locks::Registry::builtin() /* .with(MY_LOCK) */)
+/// }
+/// ```
+///
+/// Every subcommand, option and exit code is `locksim`'s.
+pub fn main(registry: Registry) -> ExitCode {
+    // A panic inside a simulation is a harness bug, reported once as an error with exit code 2 (the
+    // runner names the seed); hundreds of seeds must not each print a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("locksim: internal error: {info}"));
+    }));
+    let args = Cli::parse();
+    match dispatch(args, &registry) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("locksim: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::List(args) => list::list(args),
-        Command::Run(args) => run::run(args),
-        Command::Repro(args) => repro::repro(args),
-        Command::Shrink(args) => shrink::shrink(args),
-        Command::Suite(args) => suite::suite(args),
+        Command::List(args) => list::list(args, registry),
+        Command::Run(args) => run::run(args, registry),
+        Command::Repro(args) => repro::repro(args, registry),
+        Command::Shrink(args) => shrink::shrink(args, registry),
+        Command::Suite(args) => suite::suite(args, registry),
         Command::Report(args) => report::report(args),
         Command::Conform(args) => conform::conform(args),
     }
 }
 
-/// Load a scenario with the built-in recipes; errors are bad input (exit 2).
-fn load(path: &Path) -> anyhow::Result<Scenario> {
-    Ok(Scenario::load(path, &Registry::builtin())?)
+/// Load a scenario naming recipes of `registry`; errors are bad input (exit 2).
+fn load(path: &Path, registry: &Registry) -> anyhow::Result<Scenario> {
+    Ok(Scenario::load(path, registry)?)
 }
 
 /// Write `text` to stdout; a reader that stopped reading (`| head`) is a normal end, not an error.

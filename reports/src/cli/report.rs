@@ -1,6 +1,6 @@
 //! `locksim report`: merge results files and write the comparison report.
 
-use locksim_reports::results::ResultsFile;
+use crate::results::ResultsFile;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,7 +24,7 @@ pub fn report(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    locksim_reports::report::write(&merged, &args.out)?;
+    crate::report::write(&merged, &args.out)?;
     let wrong: Vec<&str> = merged.runs.iter().filter(|r| !r.as_expected).map(|r| r.scenario.as_str()).collect();
     let mut said = format!(
         "{} runs merged from {} files: {} as expected, {} not\nwrote {}/index.html and {}/report.md\n",

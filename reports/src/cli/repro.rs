@@ -1,6 +1,6 @@
 //! `locksim repro`: replay one seed exactly and show what happened.
 
-use locksim_reports::text;
+use crate::text;
 use locksim_scenarios::run::run_seed;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,8 +37,8 @@ fn lease(scenario: &locksim_scenarios::Scenario) -> Option<std::time::Duration> 
         .filter(|_| expires)
 }
 
-pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
-    let scenario = super::load(&args.scenario)?;
+pub fn repro(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
+    let scenario = super::load(&args.scenario, registry)?;
     super::check_outputs([&args.timeline, &args.history], [])?;
     let run = run_seed(&scenario, args.seed)?;
     let r = &run.result;
@@ -68,7 +68,7 @@ pub fn repro(args: Args) -> anyhow::Result<ExitCode> {
     super::emit(&out)?;
     if let Some(path) = &args.timeline {
         let title = format!("{} seed {}: {:?}", scenario.name, r.seed, r.verdict);
-        let svg = locksim_reports::timeline::timeline(&title, &run.history, &r.findings, lease(&scenario));
+        let svg = crate::timeline::timeline(&title, &run.history, &r.findings, lease(&scenario));
         std::fs::write(path, svg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &args.history {

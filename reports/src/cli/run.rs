@@ -1,7 +1,7 @@
 //! `locksim run`: many seeds of one scenario, judged against its `[expect]`.
 
-use locksim_reports::results::ResultsWriter;
-use locksim_reports::text;
+use crate::results::ResultsWriter;
+use crate::text;
 use locksim_scenarios::sweep::{sweep_each, ScenarioResult};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,8 +56,8 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
     out
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let scenario = super::load(&args.scenario)?;
+pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
+    let scenario = super::load(&args.scenario, registry)?;
     super::check_outputs([&args.json], [])?;
     let jobs = super::jobs(args.jobs);
     let range = super::shard(args.seeds.clone(), args.shard);

@@ -21,8 +21,14 @@ pub struct Args {
 }
 
 /// Shrink `seed` of the scenario at `path` and write the result to `out`; a line saying what it did.
-pub fn shrink_to(path: &Path, seed: u64, kind: Option<FindingKind>, out: &Path) -> anyhow::Result<(Shrunk, String)> {
-    let scenario = super::load(path)?;
+pub fn shrink_to(
+    path: &Path,
+    registry: &locksim_locks::Registry,
+    seed: u64,
+    kind: Option<FindingKind>,
+    out: &Path,
+) -> anyhow::Result<(Shrunk, String)> {
+    let scenario = super::load(path, registry)?;
     let shrunk = shrink_seed(&scenario, seed, kind)?;
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let toml = shrunk.to_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -39,7 +45,7 @@ pub fn shrink_to(path: &Path, seed: u64, kind: Option<FindingKind>, out: &Path) 
     Ok((shrunk, line))
 }
 
-pub fn shrink(args: Args) -> anyhow::Result<ExitCode> {
+pub fn shrink(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
     let kind = match &args.finding {
         Some(name) => Some(FindingKind::parse(name).ok_or_else(|| {
             let known: Vec<&str> = FindingKind::ALL.iter().map(|k| k.name()).collect();
@@ -50,7 +56,7 @@ pub fn shrink(args: Args) -> anyhow::Result<ExitCode> {
     let stem = args.scenario.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("{stem}-seed-{}-shrunk.toml", args.seed)));
     super::check_outputs([&Some(out.clone())], [])?;
-    let (shrunk, line) = shrink_to(&args.scenario, args.seed, kind, &out)?;
+    let (shrunk, line) = shrink_to(&args.scenario, registry, args.seed, kind, &out)?;
     let mut text = format!("{line}\nfaults left:\n");
     for f in &shrunk.scenario.schedule {
         text.push_str(&format!("  {}\n", locksim_scenarios::run::describe(f)));

@@ -1,9 +1,9 @@
 //! `locksim suite`: many scenarios over seed ranges — the CI gate.
 
+use crate::junit::junit;
+use crate::results::ResultsWriter;
+use crate::text;
 use locksim_locks::Registry;
-use locksim_reports::junit::junit;
-use locksim_reports::results::ResultsWriter;
-use locksim_reports::text;
 use locksim_scenarios::run::run_seed;
 use locksim_scenarios::scenario::{Scenario, Verdict};
 use locksim_scenarios::suite::Suite;
@@ -61,7 +61,7 @@ fn line(run: &ScenarioResult, ok: bool) -> String {
 }
 
 /// Shrink the seed that shows a failing run's unwanted finding; the line naming the shrunk repro.
-fn shrunk(scenario: &Scenario, run: &ScenarioResult, dir: &Path) -> Option<String> {
+fn shrunk(scenario: &Scenario, registry: &Registry, run: &ScenarioResult, dir: &Path) -> Option<String> {
     let seed = run.example_seed?;
     // Run again rather than kept: a sweep keeps no seed's result.
     let bad = run_seed(scenario, seed).ok()?.result;
@@ -71,14 +71,14 @@ fn shrunk(scenario: &Scenario, run: &ScenarioResult, dir: &Path) -> Option<Strin
         .find(|k| k.is_violation() && (run.expect.verdict == Verdict::Safe || run.expect.absent.contains(k)))?;
     std::fs::create_dir_all(dir).ok()?;
     let out = dir.join(format!("{}-seed-{seed}.toml", run.scenario));
-    match super::shrink::shrink_to(Path::new(&run.path), seed, Some(kind), &out) {
+    match super::shrink::shrink_to(Path::new(&run.path), registry, seed, Some(kind), &out) {
         Ok((_, said)) => Some(format!("     shrunk: {said}")),
         Err(e) => Some(format!("     could not shrink: {e:#}")),
     }
 }
 
-pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
-    let suite = Suite::load(&args.suite, &Registry::builtin())?;
+pub fn suite(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
+    let suite = Suite::load(&args.suite, registry)?;
     let shrink_dir = (!args.no_shrink).then_some(args.shrink_dir.as_path());
     super::check_outputs([&args.junit, &args.json], shrink_dir)?;
     let jobs = super::jobs(args.jobs);
@@ -112,7 +112,7 @@ pub fn suite(args: Args) -> anyhow::Result<ExitCode> {
         if !ok {
             failed += 1;
             if !args.no_shrink {
-                if let Some(shrunk) = shrunk(&run.scenario, &result, &args.shrink_dir) {
+                if let Some(shrunk) = shrunk(&run.scenario, registry, &result, &args.shrink_dir) {
                     said.push('\n');
                     said.push_str(&shrunk);
                 }

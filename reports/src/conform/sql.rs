@@ -170,6 +170,12 @@ fn sql(stmt: &Stmt, origin: Option<i64>) -> String {
         Stmt::SetIdleInTransactionSessionTimeout(d) => {
             format!("SET idle_in_transaction_session_timeout = {}", ms(d))
         }
+        Stmt::CreateTable { table, if_not_exists } => {
+            format!("CREATE TABLE {}{table} (k text PRIMARY KEY)", if *if_not_exists { "IF NOT EXISTS " } else { "" })
+        }
+        Stmt::CreateSequence { sequence, if_not_exists } => {
+            format!("CREATE SEQUENCE {}{sequence}", if *if_not_exists { "IF NOT EXISTS " } else { "" })
+        }
     }
 }
 
@@ -227,6 +233,7 @@ fn error(e: SqlError) -> &'static str {
         SqlError::LockTimeout => "error lock_not_available",
         SqlError::TransactionAborted => "error in_failed_sql_transaction",
         SqlError::UndefinedTable => "error undefined_table",
+        SqlError::DuplicateTable => "error duplicate_table",
         SqlError::Terminated => "terminated",
     }
 }
@@ -239,6 +246,7 @@ fn show_real(stmt: &Stmt, reply: &pgwire::Reply) -> String {
             "55P03" => error(SqlError::LockTimeout).into(),
             "25P02" => error(SqlError::TransactionAborted).into(),
             "42P01" => error(SqlError::UndefinedTable).into(),
+            "42P07" => error(SqlError::DuplicateTable).into(),
             // Administrator or crash shutdown, idle-in-transaction timeout, a broken connection.
             c if c.starts_with("57P") || c == "25P03" || c.starts_with("08") => error(SqlError::Terminated).into(),
             _ => format!("error {code} {message}"),
@@ -565,6 +573,8 @@ impl Family for Sql {
             Stmt::AdvisoryUnlock(_) => "pg_advisory_unlock",
             Stmt::SetLockTimeout(_) => "SET lock_timeout",
             Stmt::SetIdleInTransactionSessionTimeout(_) => "SET idle_in_transaction_session_timeout",
+            Stmt::CreateTable { .. } => "CREATE TABLE",
+            Stmt::CreateSequence { .. } => "CREATE SEQUENCE",
         }
     }
 

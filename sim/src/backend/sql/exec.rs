@@ -1,9 +1,11 @@
 //! Running one statement in a session: what it sees, the locks it takes or waits for, its writes, and
 //! the end of its transaction.
 
+use std::collections::BTreeMap;
+
 use super::{
-    Cond, ConnId, Expr, Lock, Now, Op, Out, Parked, Row, Running, SqlError, SqlResult, SqlState, Stmt, Txn, Value,
-    Version, SEQ_LOG_VALS,
+    Cond, ConnId, Expr, Lock, Now, Op, Out, Parked, Row, Running, Sequence, SqlError, SqlResult, SqlState, Stmt, Txn,
+    Value, Version, SEQ_LOG_VALS,
 };
 
 /// How a statement ended: with a result, or waiting for a lock another session holds (and for which
@@ -307,6 +309,22 @@ impl SqlState {
                     SqlResult::Bool(true)
                 }
                 _ => SqlResult::Bool(false),
+            },
+            Stmt::CreateTable { table, if_not_exists } => match self.tables.contains_key(table) {
+                true if *if_not_exists => SqlResult::Done,
+                true => SqlResult::Error(SqlError::DuplicateTable),
+                false => {
+                    self.tables.insert(table.clone(), BTreeMap::new());
+                    SqlResult::Done
+                }
+            },
+            Stmt::CreateSequence { sequence, if_not_exists } => match self.sequences.contains_key(sequence) {
+                true if *if_not_exists => SqlResult::Done,
+                true => SqlResult::Error(SqlError::DuplicateTable),
+                false => {
+                    self.sequences.insert(sequence.clone(), Sequence::default());
+                    SqlResult::Done
+                }
             },
             Stmt::SetLockTimeout(timeout) => {
                 self.sessions.get_mut(&conn).expect("running").lock_timeout_ms = timeout.as_millis() as i64;

@@ -40,8 +40,12 @@
 //! - A statement that is waiting when its client goes away keeps waiting (the server notices only when
 //!   it answers): once it runs, an autocommit statement is committed and the session then ends.
 //!
+//! - `CREATE TABLE` and `CREATE SEQUENCE` (with `IF NOT EXISTS`) make a user's own lock table or token
+//!   sequence; a name taken is `duplicate_table`, a name unknown to a statement `undefined_table`.
+//!   Columns are not declared or typed: a row holds what it was inserted with.
+//!
 //! Not modelled: deadlock detection (recipes lock one thing; conformance scripts never wait in a
-//! cycle), `statement_timeout`, `SET` undone by `ROLLBACK` (recipes set outside transactions), and
+//! cycle), `statement_timeout`, `SET` and `CREATE` undone by `ROLLBACK` (recipes set and create outside transactions), and
 //! checkpoints on a timer (the real server logs a sequence ahead again after each).
 //!
 //! Clients talk to it over connections that behave as TCP streams: statements and results are stream
@@ -138,6 +142,17 @@ pub enum Stmt {
     SetLockTimeout(Duration),
     /// `SET idle_in_transaction_session_timeout = …` (0: never); sessions start with the server's.
     SetIdleInTransactionSessionTimeout(Duration),
+    /// `CREATE TABLE [IF NOT EXISTS] table (key text PRIMARY KEY, …)`: a lock table of your own. Its
+    /// rows are keyed by a text key and hold whatever columns they are inserted with.
+    CreateTable {
+        table: String,
+        if_not_exists: bool,
+    },
+    /// `CREATE SEQUENCE [IF NOT EXISTS] sequence`, counting from 1.
+    CreateSequence {
+        sequence: String,
+        if_not_exists: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,8 +177,10 @@ pub enum SqlError {
     LockTimeout,
     /// 25P02 in_failed_sql_transaction.
     TransactionAborted,
-    /// 42P01 undefined_table.
+    /// 42P01 undefined_table: no such table or sequence.
     UndefinedTable,
+    /// 42P07 duplicate_table: `CREATE` of a table or sequence that exists.
+    DuplicateTable,
     /// The server ended the session (or never knew it).
     Terminated,
 }

@@ -403,3 +403,27 @@ fn a_session_sets_its_own_idle_in_transaction_timeout() {
     assert_eq!(exec(&mut db, 400, A, Stmt::Commit), vec![(A, SqlResult::Error(SqlError::Terminated))]);
     assert_eq!(exec(&mut db, 400, B, Stmt::Commit), vec![(B, SqlResult::Done)], "the server's default: never");
 }
+
+#[test]
+fn a_users_own_table_and_sequence_are_created_once_and_survive_a_restart() {
+    let mut db = db();
+    let table = |if_not_exists| Stmt::CreateTable { table: "job_locks".into(), if_not_exists };
+    let select = Stmt::Select { table: "job_locks".into(), key: "nightly".into(), for_update: true };
+    assert_eq!(exec(&mut db, 0, A, select.clone()), vec![(A, SqlResult::Error(SqlError::UndefinedTable))]);
+    assert_eq!(exec(&mut db, 0, A, table(false)), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 0, B, table(false)), vec![(B, SqlResult::Error(SqlError::DuplicateTable))]);
+    assert_eq!(exec(&mut db, 0, B, table(true)), vec![(B, SqlResult::Done)], "IF NOT EXISTS: a notice, no error");
+    let row = vec![("owner".to_string(), Expr::Value(Value::Null))];
+    let insert = Stmt::Insert { table: "job_locks".into(), key: "nightly".into(), row };
+    assert_eq!(exec(&mut db, 0, A, insert), vec![(A, SqlResult::Affected(1))]);
+    let sequence = |if_not_exists| Stmt::CreateSequence { sequence: "job_fence".into(), if_not_exists };
+    assert_eq!(exec(&mut db, 0, A, sequence(true)), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 0, A, sequence(false)), vec![(A, SqlResult::Error(SqlError::DuplicateTable))]);
+    assert_eq!(exec(&mut db, 0, A, Stmt::NextVal { sequence: "job_fence".into() }), vec![(A, SqlResult::Int(1))]);
+    db.recover();
+    db.apply(Now::at(1), NodeIx(3), SqlRequest::Connect { conn: C, incarnation: 1 }, &mut Out::default());
+    assert!(
+        matches!(&exec(&mut db, 1, C, select)[..], [(C, SqlResult::Rows(rows))] if rows.len() == 1),
+        "the table and its committed row outlive the crash"
+    );
+}
