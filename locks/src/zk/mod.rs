@@ -21,7 +21,7 @@ mod sequential;
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Router, Watch, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, Stat, ZkError, ZkOp, ZkReply, ZkState};
+use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
@@ -96,7 +96,11 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     Servers::Zk(ZkServers { server, recorder: world.recorder().clone() })
 }
 
-/// A ZooKeeper client's calls.
+/// A ZooKeeper client's calls, as the Java client's (`org.apache.zookeeper.ZooKeeper`) and Curator's.
+/// Implement [`ZkApi::call`] and the rest follow; [`ZkClient`] (one session) and [`ZkSession`] (the
+/// live session of a handle) implement it. A failed call is `ClientError::Zk` (the server's
+/// `KeeperException` code) or `ClientError::ConnectionLoss` (no answer within 2/3 of the session
+/// timeout: the request may have been applied).
 #[async_trait(?Send)]
 pub trait ZkApi {
     /// Run one operation; watches come back with the reply that set them.
@@ -159,6 +163,22 @@ pub trait ZkApi {
             Ok(_) | Err(ClientError::Zk(ZkError::NoWatcher)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// `multi`: the writes applied together in one transaction, each one's reply; or, nothing applied,
+    /// the first failing operation's error (as the Java client's `KeeperException`; its index is in
+    /// [`ZkReply::Multi`] from [`ZkApi::call`]).
+    async fn multi(&self, ops: Vec<TxnOp>) -> Result<Vec<ZkReply>, ClientError> {
+        match self.call(ZkOp::Multi(ops)).await? {
+            (ZkReply::Multi(Ok(replies)), _) => Ok(replies),
+            (ZkReply::Multi(Err((_, e))), _) => Err(ClientError::Zk(e)),
+            other => unreachable!("multi answered with {other:?}"),
+        }
+    }
+
+    /// `sync(path)`: a read after it sees every write the server accepted before it.
+    async fn sync(&self, path: &str) -> Result<(), ClientError> {
+        self.call(ZkOp::Sync { path: path.into() }).await.map(drop)
     }
 
     async fn get_children(&self, path: &str) -> Result<Vec<String>, ClientError> {

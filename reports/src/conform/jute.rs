@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
 /// Request types (`ZooDefs.OpCode`).
+pub const CREATE: i32 = 1;
 pub const CREATE2: i32 = 15;
 pub const DELETE: i32 = 2;
 pub const EXISTS: i32 = 3;
@@ -15,7 +16,13 @@ pub const SET_DATA: i32 = 5;
 pub const GET_CHILDREN2: i32 = 12;
 pub const PING: i32 = 11;
 pub const REMOVE_WATCHES: i32 = 18;
+pub const CHECK: i32 = 13;
+pub const MULTI: i32 = 14;
+pub const SYNC: i32 = 9;
+/// A `multi`'s result entry for an operation that failed or was not applied (`OpCode.error`).
+pub const ERROR: i32 = -1;
 pub const CLOSE_SESSION: i32 = -11;
+pub const SET_WATCHES: i32 = 101;
 
 /// A request body, written as jute writes it (big-endian, length-prefixed strings and buffers).
 #[derive(Default)]
@@ -57,6 +64,13 @@ impl Body {
 pub struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
+    /// A `MultiHeader`: the operation's type, whether this is the end marker, and its error code.
+    pub fn multi_header(&mut self) -> std::io::Result<(i32, bool, i32)> {
+        let kind = self.int()?;
+        let done = self.take(1)?[0] != 0;
+        Ok((kind, done, self.int()?))
+    }
+
     fn take(&mut self, n: usize) -> std::io::Result<&[u8]> {
         if self.0.len() < n {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a short ZooKeeper reply"));
@@ -115,6 +129,47 @@ pub struct Event {
     pub path: String,
 }
 
+/// The watches a client has set and not yet seen fire (the Java client's `ZKWatchManager`), which it
+/// sets again on a new connection (`SetWatches`): a server that restarted has forgotten them.
+#[derive(Default, Clone)]
+pub struct Watches {
+    pub data: std::collections::BTreeSet<String>,
+    pub exist: std::collections::BTreeSet<String>,
+    pub child: std::collections::BTreeSet<String>,
+}
+
+impl Watches {
+    /// A watch event spends the watches it fires (`ZKWatchManager.materialize`).
+    fn fired(&mut self, event: &Event) {
+        const CREATED: i32 = 1;
+        const DELETED: i32 = 2;
+        const DATA_CHANGED: i32 = 3;
+        const CHILDREN_CHANGED: i32 = 4;
+        match event.kind {
+            CREATED | DATA_CHANGED => {
+                self.data.remove(&event.path);
+                self.exist.remove(&event.path);
+            }
+            CHILDREN_CHANGED => {
+                self.child.remove(&event.path);
+            }
+            DELETED => self.forget(&event.path),
+            _ => {}
+        }
+    }
+
+    /// `removeWatches(path, Any)`.
+    pub fn forget(&mut self, path: &str) {
+        self.data.remove(path);
+        self.exist.remove(path);
+        self.child.remove(path);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.data.is_empty() && self.exist.is_empty() && self.child.is_empty()
+    }
+}
+
 /// One connection carrying one session.
 pub struct Conn {
     stream: TcpStream,
@@ -125,6 +180,9 @@ pub struct Conn {
     xid: i32,
     /// Watch events read so far and not yet taken.
     pub events: Vec<Event>,
+    pub watches: Watches,
+    /// The last zxid a reply carried: a new connection's `SetWatches` fires what changed after it.
+    last_zxid: i64,
 }
 
 /// A session the server no longer knows (the connect answer's timeout is 0).
@@ -150,17 +208,20 @@ impl Conn {
         if timeout <= 0 {
             return Ok(Err(Expired));
         }
-        Ok(Ok(Conn { stream, session, timeout, password, xid: 0, events: Vec::new() }))
+        let (events, watches, last_zxid) = (Vec::new(), Watches::default(), 0);
+        Ok(Ok(Conn { stream, session, timeout, password, xid: 0, events, watches, last_zxid }))
     }
 
     /// Send a request and wait for its answer: the error code (0: none) and the body. Watch events that
     /// arrive first are kept in `events`.
     pub fn call(&mut self, op: i32, body: Body) -> std::io::Result<(i32, Vec<u8>)> {
-        let xid = if op == PING {
-            -2
-        } else {
-            self.xid += 1;
-            self.xid
+        let xid = match op {
+            PING => -2,
+            SET_WATCHES => -8,
+            _ => {
+                self.xid += 1;
+                self.xid
+            }
         };
         let mut frame = Body::default().int(xid).int(op).0;
         frame.extend(body.0);
@@ -168,10 +229,13 @@ impl Conn {
         loop {
             let frame = read_frame(&mut self.stream)?;
             let mut r = Reader(&frame);
-            let (got, _zxid, err) = (r.int()?, r.long()?, r.int()?);
+            let (got, zxid, err) = (r.int()?, r.long()?, r.int()?);
+            if zxid > 0 {
+                self.last_zxid = zxid;
+            }
             if got == -1 {
                 let (kind, _state, path) = (r.int()?, r.int()?, r.str()?);
-                self.events.push(Event { kind, path });
+                self.heard(Event { kind, path });
                 continue;
             }
             if got == xid {
@@ -182,6 +246,28 @@ impl Conn {
 }
 
 impl Conn {
+    fn heard(&mut self, event: Event) {
+        self.watches.fired(&event);
+        self.events.push(event);
+    }
+
+    /// Carry a session's client-side state over to a new connection, and set its watches again
+    /// (`SetWatches`, as the Java client does on every reconnect).
+    pub fn resume(&mut self, old: Conn) -> std::io::Result<()> {
+        (self.events, self.watches, self.last_zxid) = (old.events, old.watches, old.last_zxid);
+        if self.watches.is_empty() {
+            return Ok(());
+        }
+        let list = |body: Body, paths: &std::collections::BTreeSet<String>| {
+            paths.iter().fold(body.int(paths.len() as i32), |b, p| b.str(p))
+        };
+        let body = list(
+            list(list(Body::default().long(self.last_zxid), &self.watches.data), &self.watches.exist),
+            &self.watches.child,
+        );
+        self.call(SET_WATCHES, body).map(drop)
+    }
+
     /// Read what the server already sent on a connection about to be dropped (it restarted, or closed
     /// it): a real client reads its socket all the time, so watch events sent before the end were
     /// delivered.
@@ -191,7 +277,7 @@ impl Conn {
             let mut r = Reader(&frame);
             if let (Ok(-1), Ok(_), Ok(_)) = (r.int(), r.long(), r.int()) {
                 if let (Ok(kind), Ok(_), Ok(path)) = (r.int(), r.int(), r.str()) {
-                    self.events.push(Event { kind, path });
+                    self.heard(Event { kind, path });
                 }
             }
         }

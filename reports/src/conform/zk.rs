@@ -16,7 +16,7 @@
 use super::jute::{self, Body};
 use super::servers::{Addr, Kind, Server};
 use super::{ticks, Action, Answer, Family, Step, SLOT_MS};
-use locksim_sim::backend::zk::{CreateMode, Stat, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest, ZkState};
+use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest, ZkState};
 use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
@@ -70,10 +70,24 @@ impl fmt::Display for Op {
                 ZkOp::GetData { path, watch } => write!(f, "getData {path}{}", w(watch)),
                 ZkOp::GetChildren { path, watch } => write!(f, "getChildren {path}{}", w(watch)),
                 ZkOp::RemoveWatches { path } => write!(f, "removeWatches {path}"),
+                ZkOp::Multi(ops) => {
+                    let ops: Vec<String> = ops.iter().map(show_txn_op).collect();
+                    write!(f, "multi [{}]", ops.join("; "))
+                }
+                ZkOp::Sync { path } => write!(f, "sync {path}"),
                 ZkOp::Ping => write!(f, "ping"),
                 ZkOp::Close => write!(f, "close session"),
             },
         }
+    }
+}
+
+fn show_txn_op(op: &TxnOp) -> String {
+    match op {
+        TxnOp::Create { path, data, mode } => format!("create {path} {data:?} {mode:?}"),
+        TxnOp::Delete { path, version } => format!("delete {path} version {version}"),
+        TxnOp::SetData { path, data, version } => format!("setData {path} {data:?} version {version}"),
+        TxnOp::Check { path, version } => format!("check {path} version {version}"),
     }
 }
 
@@ -188,7 +202,7 @@ fn op(rng: &mut ChaCha8Rng) -> Op {
     let data = DATA[rng.gen_range(0..DATA.len())].to_string();
     let watch = rng.gen_bool(0.5);
     let version = rng.gen_range(-1..=2);
-    Op::Request(match rng.gen_range(0..26) {
+    Op::Request(match rng.gen_range(0..29) {
         0..=5 => {
             let parents = path == "/s/a/x" && rng.gen_bool(0.5);
             let mode = [CreateMode::Persistent, CreateMode::Ephemeral][rng.gen_range(0..2)];
@@ -215,8 +229,24 @@ fn op(rng: &mut ChaCha8Rng) -> Op {
         20 => ZkOp::RemoveWatches { path },
         21 => ZkOp::Ping,
         22..=24 => return Op::Events,
+        25 | 26 => ZkOp::Multi((0..rng.gen_range(1..=3)).map(|_| txn_op(rng)).collect()),
+        27 => ZkOp::Sync { path },
         _ => ZkOp::Close,
     })
+}
+
+/// One operation of a `multi`: the lock recipes' writes and a version check.
+fn txn_op(rng: &mut ChaCha8Rng) -> TxnOp {
+    let path = PATHS[rng.gen_range(0..PATHS.len())].to_string();
+    let data = DATA[rng.gen_range(0..DATA.len())].to_string();
+    let version = rng.gen_range(-1..=2);
+    match rng.gen_range(0..5) {
+        0 => TxnOp::Create { path, data, mode: [CreateMode::Persistent, CreateMode::Ephemeral][rng.gen_range(0..2)] },
+        1 => TxnOp::Create { path: format!("{QUEUE}/n-"), data, mode: CreateMode::EphemeralSequential },
+        2 => TxnOp::Delete { path, version },
+        3 => TxnOp::SetData { path, data, version },
+        _ => TxnOp::Check { path, version },
+    }
 }
 
 impl Family for Zk {
@@ -318,6 +348,8 @@ impl Family for Zk {
                 ZkOp::GetChildren { watch: true, .. } => "getChildren with watch",
                 ZkOp::GetChildren { .. } => "getChildren",
                 ZkOp::RemoveWatches { .. } => "removeWatches",
+                ZkOp::Multi(_) => "multi",
+                ZkOp::Sync { .. } => "sync",
                 ZkOp::Ping => "ping",
                 ZkOp::Close => "close session",
             },
@@ -433,6 +465,14 @@ impl Names {
                 format!("children [{}] {}", children.join(", "), self.stat(stat))
             }
             ZkReply::WatchesRemoved => "watches removed".into(),
+            ZkReply::Multi(Ok(replies)) => {
+                let replies: Vec<String> = replies.iter().map(|r| self.reply(r)).collect();
+                format!("multi [{}]", replies.join("; "))
+            }
+            ZkReply::Multi(Err((i, e))) => format!("multi failed at op {i}: error {e:?}"),
+            ZkReply::Checked => "checked".into(),
+            ZkReply::CreatedPath { path } => format!("created {path}"),
+            ZkReply::Synced { path } => format!("synced {path}"),
             ZkReply::Closed => "closed".into(),
             ZkReply::Error(e) => format!("error {e:?}"),
         }
@@ -556,6 +596,16 @@ pub struct Client {
     reattach: bool,
 }
 
+/// `CreateMode`'s flags on the wire.
+fn flags(mode: CreateMode) -> i32 {
+    match mode {
+        CreateMode::Persistent => 0,
+        CreateMode::Ephemeral => 1,
+        CreateMode::PersistentSequential => 2,
+        CreateMode::EphemeralSequential => 3,
+    }
+}
+
 /// `KeeperException.Code` values the model names.
 fn error(code: i32) -> String {
     let e = match code {
@@ -594,7 +644,7 @@ impl Client {
         old.drain();
         match jute::Conn::connect(self.addr.0, self.timeout_ms, Some((old.session, old.password.clone())))? {
             Ok(mut conn) => {
-                conn.events = old.events;
+                conn.resume(old)?;
                 self.conn = Some(conn);
                 Ok(true)
             }
@@ -605,29 +655,107 @@ impl Client {
     /// One request; a connection the server closed (the session ended, or the server restarted) is
     /// re-attached once, and the request sent again only if nothing was answered on the old one.
     fn call(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<Vec<u8>, String>> {
+        Ok(match self.call_coded(op, body)? {
+            Ok((0, body)) => Ok(body),
+            Ok((code, _)) => Err(error(code)),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// [`Client::call`], with the answer's error code beside its body (a failed `multi` has both).
+    fn call_coded(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<(i32, Vec<u8>), String>> {
         if std::mem::take(&mut self.reattach) && !self.reattach()? {
             return Ok(Err(error(-112)));
         }
         let Some(conn) = self.conn.as_mut() else { return Ok(Err(error(-112))) };
-        let answer = match conn.call(op, body()) {
+        Ok(Ok(match conn.call(op, body()) {
             Ok(answer) => answer,
             Err(_) if self.reattach()? => self.conn.as_mut().expect("re-attached").call(op, body())?,
             Err(_) => return Ok(Err(error(-112))),
+        }))
+    }
+
+    /// Remember a watch the server set on `path` (in the set `kind` picks), unless `said` is an error
+    /// other than NoNode (an `exists` on a missing node leaves a watch; a failed call none).
+    fn watched(
+        &mut self,
+        path: &str,
+        kind: impl Fn(&mut jute::Watches) -> &mut std::collections::BTreeSet<String>,
+        said: &str,
+    ) {
+        if said.starts_with("error") && said != "error NoNode" {
+            return;
+        }
+        if let Some(conn) = self.conn.as_mut() {
+            kind(&mut conn.watches).insert(path.to_string());
+        }
+    }
+
+    /// `multi`: each operation's `MultiHeader` and request, then the end marker; the answer in the
+    /// model's words — every operation's result, or the first that failed.
+    fn multi(&mut self, ops: &[TxnOp]) -> anyhow::Result<String> {
+        let body = || {
+            let mut body = Body::default();
+            for op in ops {
+                body = match op {
+                    TxnOp::Create { path, data, mode } => {
+                        body.int(jute::CREATE2).bool(false).int(-1).str(path).str(data).open_acl().int(flags(*mode))
+                    }
+                    TxnOp::Delete { path, version } => {
+                        body.int(jute::DELETE).bool(false).int(-1).str(path).int(*version)
+                    }
+                    TxnOp::SetData { path, data, version } => {
+                        body.int(jute::SET_DATA).bool(false).int(-1).str(path).str(data).int(*version)
+                    }
+                    TxnOp::Check { path, version } => body.int(jute::CHECK).bool(false).int(-1).str(path).int(*version),
+                };
+            }
+            body.int(-1).bool(true).int(-1)
         };
-        Ok(match answer {
-            (0, body) => Ok(body),
-            (code, _) => Err(error(code)),
-        })
+        let (code, body) = match self.call_coded(jute::MULTI, body)? {
+            Ok(answer) => answer,
+            Err(e) => return Ok(e),
+        };
+        let mut r = jute::reader(&body);
+        let mut results = Vec::new();
+        loop {
+            let (kind, done, err) = r.multi_header()?;
+            if done {
+                break;
+            }
+            results.push(match kind {
+                jute::ERROR => Err(r.int()?),
+                // ZooKeeper 3.8 answers a create in a multi with its path alone (`CreateResult`, type
+                // create), even one sent as create2.
+                jute::CREATE => Ok(format!("created {}", r.str()?)),
+                jute::DELETE => Ok("deleted".into()),
+                jute::SET_DATA => {
+                    let stat = self.stat(r.stat()?);
+                    Ok(format!("set {}", self.names().stat(&stat)))
+                }
+                jute::CHECK => Ok("checked".into()),
+                other => anyhow::bail!("a multi result of type {other} (error {err})"),
+            });
+        }
+        // Operations before the one that failed answer 0 (rolled back), those after it
+        // RUNTIMEINCONSISTENCY (-2): the failure is the first other code.
+        if let Some((i, e)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().filter(|e| **e != 0 && **e != -2).map(|e| (i, *e)))
+        {
+            return Ok(format!("multi failed at op {i}: {}", error(e)));
+        }
+        if code != 0 {
+            return Ok(error(code));
+        }
+        let results: Vec<String> = results.into_iter().map(|r| r.unwrap_or_else(error)).collect();
+        Ok(format!("multi [{}]", results.join("; ")))
     }
 
     /// `create2`: the path created and its stat, or the error.
     fn create(&mut self, path: &str, data: &str, mode: CreateMode) -> anyhow::Result<Result<(String, Stat), String>> {
-        let flags = match mode {
-            CreateMode::Persistent => 0,
-            CreateMode::Ephemeral => 1,
-            CreateMode::PersistentSequential => 2,
-            CreateMode::EphemeralSequential => 3,
-        };
+        let flags = flags(mode);
         Ok(match self.call(jute::CREATE2, || Body::default().str(path).str(data).open_acl().int(flags))? {
             Ok(body) => {
                 let mut r = jute::reader(&body);
@@ -711,6 +839,9 @@ impl Client {
             }
             Op::Request(ZkOp::Exists { path, watch }) => {
                 let said = self.stat_answer(jute::EXISTS, || Body::default().str(path).bool(*watch), "exists")?;
+                if *watch {
+                    self.watched(path, |w| if said == "error NoNode" { &mut w.exist } else { &mut w.data }, &said);
+                }
                 Ok(if said == "error NoNode" { "no node".into() } else { said })
             }
             Op::Request(ZkOp::GetData { path, watch }) => {
@@ -719,22 +850,38 @@ impl Client {
                         let mut r = jute::reader(&body);
                         let data = String::from_utf8_lossy(&r.bytes()?).into_owned();
                         let stat = self.stat(r.stat()?);
+                        if *watch {
+                            self.watched(path, |w| &mut w.data, "");
+                        }
                         format!("data {data:?} {}", self.names().stat(&stat))
                     }
                     Err(e) => e,
                 })
             }
             Op::Request(ZkOp::GetChildren { path, watch }) => Ok(match self.children(path, *watch)? {
-                Ok((children, stat)) => format!("children [{}] {}", children.join(", "), self.names().stat(&stat)),
+                Ok((children, stat)) => {
+                    if *watch {
+                        self.watched(path, |w| &mut w.child, "");
+                    }
+                    format!("children [{}] {}", children.join(", "), self.names().stat(&stat))
+                }
                 Err(e) => e,
             }),
             // `removeWatches(path, WatcherType.Any)`: type 3.
             Op::Request(ZkOp::RemoveWatches { path }) => {
+                if let Some(conn) = self.conn.as_mut() {
+                    conn.watches.forget(path);
+                }
                 Ok(match self.call(jute::REMOVE_WATCHES, || Body::default().str(path).int(3))? {
                     Ok(_) => "watches removed".into(),
                     Err(e) => e,
                 })
             }
+            Op::Request(ZkOp::Multi(ops)) => self.multi(ops),
+            Op::Request(ZkOp::Sync { path }) => Ok(match self.call(jute::SYNC, || Body::default().str(path))? {
+                Ok(body) => format!("synced {}", jute::reader(&body).str()?),
+                Err(e) => e,
+            }),
             Op::Request(ZkOp::Ping) => Ok(match self.call(jute::PING, Body::default)? {
                 Ok(_) => "pong".into(),
                 Err(e) => e,
@@ -798,6 +945,8 @@ mod tests {
             "getChildren",
             "getChildren with watch",
             "removeWatches",
+            "multi",
+            "sync",
             "ping",
             "watch events",
             "close session",

@@ -13,6 +13,11 @@
 //! - `exists` and `getData` leave a data watch, `getChildren` a child watch; a watch fires once. A watch
 //!   on a deleted node's predecessor or a lock node is how recipes wait; each notification sent is
 //!   recorded in the history as `Notify` (the herd count).
+//! - `multi` (3.4+, `PrepRequestProcessor`'s MultiTxn): creates, deletes, setData and `check` (a version
+//!   test) as one transaction — each sees the ones before it, all get one zxid and fire their watches,
+//!   or one failing, none is applied and the answer names it. A create's answer is its path alone. `removeWatches` (3.5+) drops a session's
+//!   watches on a path (NoWatcher if none). `sync` on a single server answers once what came before is
+//!   applied, which it always is.
 //! - Sessions: timeouts negotiated into [2, 20] × tickTime; each request or ping renews one; the server
 //!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches.
 //!   A request on an expired session fails with SessionExpired — which is how a client learns of it.
@@ -118,7 +123,37 @@ pub enum ZkOp {
     RemoveWatches {
         path: String,
     },
+    /// `multi`: the writes of one transaction, applied all together in one zxid or not at all.
+    Multi(Vec<TxnOp>),
+    /// `sync(path)`: answered once every write the server had accepted before it is applied.
+    Sync {
+        path: String,
+    },
     Close,
+}
+
+/// An operation of a `multi` transaction (ZooKeeper's `Op`): the writes, and `check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    Create {
+        path: String,
+        data: String,
+        mode: CreateMode,
+    },
+    Delete {
+        path: String,
+        version: i32,
+    },
+    SetData {
+        path: String,
+        data: String,
+        version: i32,
+    },
+    /// `Op.check`: fails the transaction unless `path` exists at `version` (-1: any).
+    Check {
+        path: String,
+        version: i32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,15 +171,40 @@ pub enum ZkRequest {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ZkReply {
-    Connected { session: SessionId, timeout_ms: i64 },
+    Connected {
+        session: SessionId,
+        timeout_ms: i64,
+    },
     Pong,
-    Created { path: String, stat: Stat },
+    Created {
+        path: String,
+        stat: Stat,
+    },
     Deleted,
     DataSet(Stat),
     Exists(Option<Stat>),
-    Data { data: String, stat: Stat },
-    Children { children: Vec<String>, stat: Stat },
+    Data {
+        data: String,
+        stat: Stat,
+    },
+    Children {
+        children: Vec<String>,
+        stat: Stat,
+    },
     WatchesRemoved,
+    /// A `multi`'s answer: every operation's reply, or — nothing applied — the index of the first
+    /// operation that failed and its error (what the Java client's `KeeperException` carries).
+    Multi(Result<Vec<ZkReply>, (usize, ZkError)>),
+    /// CheckResult: a `check` in a `multi` held.
+    Checked,
+    /// A create inside a `multi`: its path alone — ZooKeeper 3.8 answers it with a `CreateResult`
+    /// without a stat (seen by `locksim conform zk`).
+    CreatedPath {
+        path: String,
+    },
+    Synced {
+        path: String,
+    },
     Closed,
     Error(ZkError),
 }
@@ -199,12 +259,6 @@ impl ZkState {
         Ok(())
     }
 
-    fn delete(&mut self, path: &str, version: i32, out: &mut Out) -> Result<(), ZkError> {
-        self.delete_in(path, version, self.zxid + 1, out)?;
-        self.zxid += 1;
-        Ok(())
-    }
-
     /// End a session (closed, or expired by the tracker): its watches are forgotten and its ephemerals
     /// deleted, firing their watches — all in one `closeSession` transaction, so in one zxid
     /// (PrepRequestProcessor turns the session's ephemerals into the txn's deletes).
@@ -216,12 +270,11 @@ impl ZkState {
         }
     }
 
-    fn op(&mut self, session: SessionId, op: ZkOp, out: &mut Out) -> Result<ZkReply, ZkError> {
+    /// Apply one write as part of transaction `zxid`, firing its watches into `out`.
+    fn write(&mut self, session: SessionId, op: TxnOp, zxid: u64, out: &mut Out) -> Result<ZkReply, ZkError> {
         Ok(match op {
-            ZkOp::Ping => ZkReply::Pong,
-            ZkOp::Create { path, data, mode } => {
-                let path = self.tree.create(&path, &data, mode, session, self.zxid + 1)?;
-                self.zxid += 1;
+            TxnOp::Create { path, data, mode } => {
+                let path = self.tree.create(&path, &data, mode, session, zxid)?;
                 if matches!(mode, CreateMode::Ephemeral | CreateMode::EphemeralSequential) {
                     self.sessions.get_mut(session).expect("touched").ephemerals.insert(path.clone());
                 }
@@ -230,16 +283,63 @@ impl ZkState {
                 let stat = *self.tree.stat(&path).expect("just created");
                 ZkReply::Created { path, stat: copy_stat(&stat) }
             }
-            ZkOp::Delete { path, version } => {
-                self.delete(&path, version, out)?;
+            TxnOp::Delete { path, version } => {
+                self.delete_in(&path, version, zxid, out)?;
                 ZkReply::Deleted
             }
-            ZkOp::SetData { path, data, version } => {
-                let stat = self.tree.set_data(&path, &data, version, self.zxid + 1)?;
-                self.zxid += 1;
+            TxnOp::SetData { path, data, version } => {
+                let stat = self.tree.set_data(&path, &data, version, zxid)?;
                 self.fire(&path, EventType::NodeDataChanged, out);
                 ZkReply::DataSet(copy_stat(&stat))
             }
+            TxnOp::Check { path, version } => match self.tree.stat(&path) {
+                None => return Err(ZkError::NoNode),
+                Some(stat) if version != -1 && stat.version != version => return Err(ZkError::BadVersion),
+                Some(_) => ZkReply::Checked,
+            },
+        })
+    }
+
+    /// One write in a transaction of its own.
+    fn write_alone(&mut self, session: SessionId, op: TxnOp, out: &mut Out) -> Result<ZkReply, ZkError> {
+        let reply = self.write(session, op, self.zxid + 1, out)?;
+        self.zxid += 1;
+        Ok(reply)
+    }
+
+    /// `multi` (PrepRequestProcessor's MultiTxn): each operation sees the ones before it; all are
+    /// applied in one zxid, or — one failing — none, and no watch fires.
+    fn multi(&mut self, session: SessionId, ops: Vec<TxnOp>, out: &mut Out) -> ZkReply {
+        let before = (self.tree.clone(), self.sessions.clone(), self.watches.clone());
+        let mut fired = Out::default();
+        let mut replies = Vec::with_capacity(ops.len());
+        for (i, op) in ops.into_iter().enumerate() {
+            match self.write(session, op, self.zxid + 1, &mut fired) {
+                Ok(ZkReply::Created { path, .. }) => replies.push(ZkReply::CreatedPath { path }),
+                Ok(reply) => replies.push(reply),
+                Err(e) => {
+                    (self.tree, self.sessions, self.watches) = before;
+                    return ZkReply::Multi(Err((i, e)));
+                }
+            }
+        }
+        self.zxid += 1;
+        out.events.extend(fired.events);
+        out.pushes.extend(fired.pushes);
+        ZkReply::Multi(Ok(replies))
+    }
+
+    fn op(&mut self, session: SessionId, op: ZkOp, out: &mut Out) -> Result<ZkReply, ZkError> {
+        Ok(match op {
+            ZkOp::Ping => ZkReply::Pong,
+            ZkOp::Create { path, data, mode } => self.write_alone(session, TxnOp::Create { path, data, mode }, out)?,
+            ZkOp::Delete { path, version } => self.write_alone(session, TxnOp::Delete { path, version }, out)?,
+            ZkOp::SetData { path, data, version } => {
+                self.write_alone(session, TxnOp::SetData { path, data, version }, out)?
+            }
+            ZkOp::Multi(ops) => self.multi(session, ops, out),
+            // One server applies requests in order: everything accepted before is applied already.
+            ZkOp::Sync { path } => ZkReply::Synced { path },
             ZkOp::Exists { path, watch } => {
                 if watch {
                     self.watches.watch_data(&path, session);

@@ -8,7 +8,7 @@ use super::SessionId;
 use crate::history::NodeIx;
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Session {
     /// The client node that owns the session, where its watch events go.
     pub owner: NodeIx,
@@ -17,7 +17,7 @@ pub struct Session {
     pub ephemerals: BTreeSet<String>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Sessions {
     tick_ms: i64,
     next_id: SessionId,

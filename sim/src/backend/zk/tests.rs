@@ -189,3 +189,56 @@ fn removed_watches_do_not_fire_and_removing_none_is_no_watcher() {
         ZkReply::Error(ZkError::NoWatcher)
     );
 }
+
+#[test]
+fn a_multi_applies_every_write_in_one_zxid_or_none_and_fires_no_watch_when_it_fails() {
+    let mut z = zk();
+    let (s1, s2) = (connect(&mut z, C1, 0), connect(&mut z, C2, 0));
+    let mut out = Out::default();
+    op(&mut z, C1, s1, 0, create("/l", CreateMode::Persistent), &mut out);
+    op(&mut z, C2, s2, 0, ZkOp::Exists { path: "/l/a".into(), watch: true }, &mut out);
+    let txn = |ops| ZkOp::Multi(ops);
+    let make = |path: &str| TxnOp::Create { path: path.into(), data: String::new(), mode: CreateMode::Ephemeral };
+    // The second create fails: nothing is applied, and the watch on /l/a does not fire.
+    let mut failed = Out::default();
+    let reply = op(&mut z, C1, s1, 0, txn(vec![make("/l/a"), make("/missing/b")]), &mut failed);
+    assert_eq!(reply, ZkReply::Multi(Err((1, ZkError::NoNode))));
+    assert!(failed.pushes.is_empty() && failed.events.is_empty(), "no watch fired");
+    assert_eq!(
+        op(&mut z, C1, s1, 0, ZkOp::Exists { path: "/l/a".into(), watch: false }, &mut out),
+        ZkReply::Exists(None)
+    );
+    // Each operation sees the ones before it; all share one zxid; a check guards the lot.
+    let check = TxnOp::Check { path: "/l".into(), version: 0 };
+    let set = TxnOp::SetData { path: "/l/a".into(), data: "x".into(), version: 0 };
+    let mut fired = Out::default();
+    match op(&mut z, C1, s1, 0, txn(vec![check, make("/l/a"), set]), &mut fired) {
+        ZkReply::Multi(Ok(replies)) => match &replies[..] {
+            [ZkReply::Checked, ZkReply::CreatedPath { path }, ZkReply::DataSet(set)] => {
+                assert_eq!(path, "/l/a");
+                assert_eq!(set.czxid, set.mzxid, "one transaction, one zxid");
+                assert_eq!(set.version, 1);
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fired.pushes.len(), 1, "the watch on /l/a fired once");
+    // A failed check leaves everything as it was; the error names the operation.
+    let stale = TxnOp::Check { path: "/l/a".into(), version: 1 };
+    let set = TxnOp::SetData { path: "/l/a".into(), data: "y".into(), version: -1 };
+    let reply = op(&mut z, C1, s1, 0, txn(vec![set, stale]), &mut out);
+    assert_eq!(reply, ZkReply::Multi(Err((1, ZkError::BadVersion))), "the check sees the set before it");
+    let data = op(&mut z, C1, s1, 0, ZkOp::GetData { path: "/l/a".into(), watch: false }, &mut out);
+    assert!(matches!(data, ZkReply::Data { data, stat } if data == "x" && stat.version == 1), "and the set is undone");
+    // The ephemeral a multi made belongs to the session: it goes when the session is closed.
+    op(&mut z, C1, s1, 0, ZkOp::Close, &mut out);
+    assert_eq!(
+        op(&mut z, C2, s2, 0, ZkOp::Exists { path: "/l/a".into(), watch: false }, &mut out),
+        ZkReply::Exists(None)
+    );
+    assert_eq!(
+        op(&mut z, C2, s2, 0, ZkOp::Sync { path: "/l".into() }, &mut out),
+        ZkReply::Synced { path: "/l".into() }
+    );
+}

@@ -11,7 +11,7 @@ struct Znode {
 }
 
 /// The tree, with `/` always present.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Tree {
     nodes: BTreeMap<String, Znode>,
 }

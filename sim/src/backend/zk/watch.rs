@@ -6,7 +6,7 @@
 use super::{EventType, SessionId};
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Watches {
     data: BTreeMap<String, BTreeSet<SessionId>>,
     child: BTreeMap<String, BTreeSet<SessionId>>,
