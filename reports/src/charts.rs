@@ -36,9 +36,10 @@ pub fn fault_label(run: &ScenarioResult) -> String {
     }
 }
 
-/// What the matrix counts as a broken lock: anything but the herd, unfairness and refused stale writes.
+/// What the matrix counts as a broken lock: anything but the herd, unfairness, starvation and refused
+/// stale writes.
 fn breaks_the_lock(kind: FindingKind) -> bool {
-    !matches!(kind, FindingKind::Herd | FindingKind::Unfair | FindingKind::StaleWriteRejected)
+    !matches!(kind, FindingKind::Herd | FindingKind::Unfair | FindingKind::Starvation | FindingKind::StaleWriteRejected)
 }
 
 /// Seeds of `run` that found `kind`.
@@ -274,4 +275,16 @@ pub fn flash_sale(runs: &[ScenarioResult]) -> String {
         "% of seeds",
         &[("oversell", share(|t| t.0)), ("lost-update", share(|t| t.1))],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_matrix_counts_broken_locks_not_slow_or_unfair_service() {
+        let broken: Vec<&str> =
+            FindingKind::ALL.into_iter().filter(|k| breaks_the_lock(*k)).map(|k| k.name()).collect();
+        assert_eq!(broken, ["double-holder", "unsafe-write", "deadlock", "oversell", "lost-update"]);
+    }
 }

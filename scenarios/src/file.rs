@@ -78,6 +78,9 @@ pub struct CheckFile {
     pub liveness: Option<Spanned<Dur>>,
     pub herd_max: Option<Spanned<i64>>,
     pub fifo: Option<bool>,
+    pub starvation: Option<Spanned<bool>>,
+    pub starvation_grants: Option<Spanned<i64>>,
+    pub starvation_wait: Option<Spanned<Dur>>,
 }
 
 #[derive(Deserialize)]

@@ -1,8 +1,9 @@
 //! A validated scenario: everything one run needs, converted once from the file (DESIGN §8).
 
+use crate::checkers::starvation::Bounds;
 use crate::checkers::{CheckConfig, FindingKind};
 use crate::duration::DurRange;
-use crate::file::{ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
+use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
 use locksim_locks::params::Params;
 use locksim_locks::{RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology};
@@ -134,6 +135,7 @@ impl Scenario {
                 .map_err(|_| src.error(h.span(), "herd_max: expected a whole number of clients, 0 or more"))
         });
         let herd_max = herd_max.transpose()?;
+        let starvation = starvation(&src, &file.check)?;
         let expect = file
             .expect
             .as_ref()
@@ -152,12 +154,39 @@ impl Scenario {
                 liveness,
                 herd_max,
                 fifo: file.check.fifo.unwrap_or(recipe.promises_fifo),
+                starvation,
                 stock,
                 exclusive: recipe.guard == locksim_locks::Guard::Lock,
             },
             expect,
         })
     }
+}
+
+/// `[check] starvation`, `starvation_grants`, `starvation_wait`: the bounds, or `None` when turned off.
+fn starvation(src: &Source, check: &CheckFile) -> Result<Option<Bounds>, ScenarioError> {
+    let on = check.starvation.as_ref().is_none_or(|s| *s.get_ref());
+    if !on {
+        let set = check.starvation_grants.as_ref().map(|g| (g.span(), "starvation_grants"));
+        let set = set.or(check.starvation_wait.as_ref().map(|w| (w.span(), "starvation_wait")));
+        if let Some((span, key)) = set {
+            return Err(src.error(span, format!("{key}: starvation is not checked (starvation = false); leave it out")));
+        }
+        return Ok(None);
+    }
+    let mut bounds = Bounds::default();
+    if let Some(g) = &check.starvation_grants {
+        bounds.grants = u32::try_from(*g.get_ref()).map_err(|_| {
+            src.error(g.span(), "starvation_grants: expected a whole number of grants to one other client, 0 or more")
+        })?;
+    }
+    if let Some(w) = &check.starvation_wait {
+        bounds.wait = w.get_ref().0;
+        if bounds.wait.is_zero() {
+            return Err(src.error(w.span(), "starvation_wait: expected a duration above zero"));
+        }
+    }
+    Ok(Some(bounds))
 }
 
 /// A scenario's name becomes part of file names (shrunk repros) and reports: an identifier of ASCII

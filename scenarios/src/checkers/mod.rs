@@ -9,6 +9,7 @@ mod flash_sale;
 pub mod herd;
 pub mod holds;
 mod measure;
+pub mod starvation;
 mod unfair;
 mod unsafe_write;
 
@@ -30,18 +31,20 @@ pub enum FindingKind {
     Deadlock,
     Herd,
     Unfair,
+    Starvation,
     Oversell,
     LostUpdate,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 8] = [
+    pub const ALL: [FindingKind; 9] = [
         FindingKind::DoubleHolder,
         FindingKind::UnsafeWrite,
         FindingKind::StaleWriteRejected,
         FindingKind::Deadlock,
         FindingKind::Herd,
         FindingKind::Unfair,
+        FindingKind::Starvation,
         FindingKind::Oversell,
         FindingKind::LostUpdate,
     ];
@@ -54,6 +57,7 @@ impl FindingKind {
             FindingKind::Deadlock => "deadlock",
             FindingKind::Herd => "herd",
             FindingKind::Unfair => "unfair",
+            FindingKind::Starvation => "starvation",
             FindingKind::Oversell => "oversell",
             FindingKind::LostUpdate => "lost-update",
         }
@@ -92,6 +96,8 @@ pub struct CheckConfig {
     pub herd_max: Option<u32>,
     /// Hold grants to request order (`unfair`): by default, whether the recipe promises FIFO.
     pub fifo: bool,
+    /// When a waiter passed over again and again is `starvation` (unchecked when `None`).
+    pub starvation: Option<starvation::Bounds>,
     /// A flash sale's initial stock: `oversell` and `lost-update` are checked only then.
     pub stock: Option<i64>,
     /// Whether the recipe is a lock (`double-holder` and `unsafe-write` are checked), or a baseline
@@ -119,6 +125,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     raw.extend(deadlock::check(h, &holds, config.liveness));
     raw.extend(herd::check(h, config.herd_max));
     raw.extend(unfair::check(h, config.fifo));
+    raw.extend(starvation::check(h, config.starvation));
     raw.extend(flash_sale::check(h, config.stock));
     let faults = fault_windows(h);
     raw.into_iter()
