@@ -21,7 +21,7 @@ use std::process::ExitCode;
     version,
     about = "Is this distributed lock safe? Run lock recipes against simulated Redis, ZooKeeper, etcd and \
              PostgreSQL under GC pauses, partitions, crashes and clock jumps, and check for two holders at \
-             once, stale writes, deadlocks, herds and oversold flash sales.",
+             once, stale writes, deadlocks, herds, unfairness, starvation and oversold flash sales.",
     long_about = None,
     after_help = "Start with:\n  locksim list\n  locksim run scenarios/catalog/redis-del-gc-pause.toml --seeds 0..200\n  \
                   locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed 0 --trace\n\n\
