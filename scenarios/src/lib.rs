@@ -1,7 +1,7 @@
 //! Scenarios, workloads, checkers and the seed runner.
 //!
 //! Module map:
-//! - [`file`]: the scenario file as written, with positions and precise errors.
+//! - [`file`](mod@file): the scenario file as written, with positions and precise errors.
 //! - [`scenario`]: the validated [`Scenario`] a run needs.
 //! - [`distribution`]: medians over millions of seeds in bounded memory.
 //! - [`duration`]: `"250ms"`-style durations and ranges.

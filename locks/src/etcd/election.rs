@@ -2,8 +2,8 @@
 //!
 //! Source: etcd 3.5 `client/v3/concurrency/election.go`, step by step:
 //! 1. The client's session: a lease of `ttl`, kept alive (reused; a new one once its keep-alive stops).
-//! 2. `Campaign(val)`: Txn If(CreateRevision(prefix/<lease>) = 0) Then(Put(prefix/<lease>, val,
-//!    WithLease)) Else(Get(prefix/<lease>)). Our revision is the transaction's, or our key's
+//! 2. `Campaign(val)`: Txn If(CreateRevision(prefix/{lease}) = 0) Then(Put(prefix/{lease}, val,
+//!    WithLease)) Else(Get(prefix/{lease})). Our revision is the transaction's, or our key's
 //!    create_revision (a different value would be proclaimed; ours never differs).
 //! 3. `waitDeletes(prefix, rev - 1)` as the mutex does; on timeout, Resign and fail. Unlike the mutex
 //!    since 3.5.0, Campaign does not check afterwards that its key still exists.

@@ -4,8 +4,8 @@
 //! Source: etcd 3.5 `client/v3/concurrency/mutex.go` and `key.go`, step by step:
 //! 1. The client's session: a lease of `ttl`, kept alive (reused across locks; a new one once its
 //!    keep-alive has stopped).
-//! 2. `tryAcquire`: one Txn If(CreateRevision(prefix/<lease>) = 0) Then(Put(prefix/<lease>, WithLease),
-//!    Get(prefix, WithFirstCreate)) Else(Get(prefix/<lease>), Get(prefix, WithFirstCreate)). Our revision
+//! 2. `tryAcquire`: one Txn If(CreateRevision(prefix/{lease}) = 0) Then(Put(prefix/{lease}, WithLease),
+//!    Get(prefix, WithFirstCreate)) Else(Get(prefix/{lease}), Get(prefix, WithFirstCreate)). Our revision
 //!    is the transaction's (or our existing key's create_revision). If there is no owner or the owner is
 //!    us: acquired.
 //! 3. `waitDeletes(prefix, myRev - 1)`: Get the newest key created before ours; if none, done; else watch
