@@ -6,7 +6,7 @@ mod common;
 
 use common::{locksim, stderr, stdout};
 use locksim_reports::conform::etcd::{Etcd, EtcdModel};
-use locksim_reports::conform::redis::Redis;
+use locksim_reports::conform::redis::{Redis, RedisModel};
 use locksim_reports::conform::servers::{Kind, Server};
 use locksim_reports::conform::sql::{self, Sql, SqlModel};
 use locksim_reports::conform::zk::{Zk, ZkModel, TICK_MS};
@@ -53,23 +53,24 @@ fn caught<F: Family>(broken: &F, server: &mut Server) -> (u64, Vec<String>, usiz
 /// A planted bug: `SET … NX` overwrites a key that exists.
 struct SetNxOverwrites(RedisState);
 
-impl Backend for SetNxOverwrites {
-    type Request = RedisRequest;
-    type Reply = RedisReply;
-
+impl RedisModel for SetNxOverwrites {
     fn apply(&mut self, now: Now, from: NodeIx, mut request: RedisRequest, out: &mut Out) -> RedisReply {
         if let RedisRequest::Set { condition: c @ SetCondition::Nx, .. } = &mut request {
             *c = SetCondition::Always;
         }
-        self.0.apply(now, from, request, out)
+        RedisModel::apply(&mut self.0, now, from, request, out)
     }
 
-    fn parks(&self, request: &RedisRequest) -> Option<std::time::Duration> {
-        self.0.parks(request)
+    fn parks(&self, request: &RedisRequest) -> bool {
+        RedisModel::parks(&self.0, request)
     }
 
     fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
         self.0.answer_parked(from, request, timed_out)
+    }
+
+    fn restart(&mut self) {
+        self.0.restart()
     }
 }
 

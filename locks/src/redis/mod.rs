@@ -1,18 +1,23 @@
 //! The Redis family: the client trait recipes speak, the simulated deployment, and the recipes.
 //!
 //! Recipes talk to one Redis master through [`RedisApi`], whose methods mirror a Redis client's commands
-//! (redis-rs, Jedis, redis-py). [`SimRedis`] implements it over the simulated network, following the
-//! shard's current master as a Sentinel-aware client does.
+//! (redis-rs, Jedis, redis-py): strings, hashes, `PUBLISH`, Lua scripts (`EVAL`, `EVALSHA`, `SCRIPT
+//! LOAD`, and [`LuaScript`], a script as client libraries hold one), `WAIT`, or any command line.
+//! [`SimRedis`] implements it over the simulated network, following the shard's current master as a
+//! Sentinel-aware client does, and subscribes to channels ([`SimRedis::subscribe`]). The scripts the
+//! recipes send are in [`scripts`], as the libraries send them.
 
 mod getset_expiry;
 mod redlock;
+pub mod scripts;
 mod set_nx;
 mod set_nx_px;
 mod watchdog;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisNode, RedisReply, RedisRequest, RedisState, Script, SetCondition, Shards};
+use locksim_sim::backend::redis::client::{Router, Subscription};
+use locksim_sim::backend::redis::{sha1_hex, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
@@ -36,6 +41,10 @@ pub trait RedisApi {
     /// Send one command and wait for its reply.
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError>;
 
+    /// Any command as a command line (`["HSET", "h", "f", "v"]`); the server parses it.
+    async fn command(&self, args: &[&str]) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Command { args: owned(args) }).await
+    }
     async fn set(
         &self,
         key: &str,
@@ -49,7 +58,10 @@ pub trait RedisApi {
         self.request(RedisRequest::Get { key: key.into() }).await
     }
     async fn del(&self, key: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Del { key: key.into() }).await
+        self.request(RedisRequest::Del { keys: vec![key.into()] }).await
+    }
+    async fn exists(&self, key: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Exists { keys: vec![key.into()] }).await
     }
     async fn getset(&self, key: &str, value: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::GetSet { key: key.into(), value: value.into() }).await
@@ -57,8 +69,42 @@ pub trait RedisApi {
     async fn incr(&self, key: &str) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Incr { key: key.into() }).await
     }
-    async fn eval(&self, script: Script, key: &str, arg: &str) -> Result<RedisReply, CallError> {
-        self.request(RedisRequest::Eval { script, key: key.into(), arg: arg.into() }).await
+    async fn pexpire(&self, key: &str, ms: i64) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::PExpire { key: key.into(), ms }).await
+    }
+    async fn pttl(&self, key: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::PTtl { key: key.into() }).await
+    }
+    async fn hset(&self, key: &str, field: &str, value: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::HSet { key: key.into(), pairs: vec![(field.into(), value.into())] }).await
+    }
+    async fn hget(&self, key: &str, field: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::HGet { key: key.into(), field: field.into() }).await
+    }
+    async fn hincrby(&self, key: &str, field: &str, by: i64) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::HIncrBy { key: key.into(), field: field.into(), by }).await
+    }
+    async fn hexists(&self, key: &str, field: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::HExists { key: key.into(), field: field.into() }).await
+    }
+    async fn hdel(&self, key: &str, field: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::HDel { key: key.into(), fields: vec![field.into()] }).await
+    }
+    /// `PUBLISH channel message`: how many subscribers got it.
+    async fn publish(&self, channel: &str, message: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Publish { channel: channel.into(), message: message.into() }).await
+    }
+    /// `EVAL script numkeys key… arg…`.
+    async fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::Eval { script: script.into(), keys: owned(keys), args: owned(args) }).await
+    }
+    /// `EVALSHA sha1 numkeys key… arg…` (`NOSCRIPT` if this server life has not seen the script).
+    async fn evalsha(&self, sha: &str, keys: &[&str], args: &[&str]) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::EvalSha { sha: sha.into(), keys: owned(keys), args: owned(args) }).await
+    }
+    /// `SCRIPT LOAD script`: its SHA1.
+    async fn script_load(&self, script: &str) -> Result<RedisReply, CallError> {
+        self.request(RedisRequest::ScriptLoad { script: script.into() }).await
     }
     /// `INFO replication`'s `connected_slaves`: how many replicas the server feeds.
     async fn connected_replicas(&self) -> Result<RedisReply, CallError> {
@@ -67,6 +113,35 @@ pub trait RedisApi {
     /// `WAIT numreplicas timeout_ms`: how many replicas have this connection's writes.
     async fn wait(&self, numreplicas: i64, timeout_ms: i64) -> Result<RedisReply, CallError> {
         self.request(RedisRequest::Wait { numreplicas, timeout_ms }).await
+    }
+}
+
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// A Lua script as client libraries hold one: its text and SHA1 (redis-py's `Script`, go-redis's
+/// `NewScript`).
+pub struct LuaScript {
+    pub text: &'static str,
+    pub sha: String,
+}
+
+impl LuaScript {
+    pub fn new(text: &'static str) -> LuaScript {
+        LuaScript { text, sha: sha1_hex(text) }
+    }
+
+    /// redis-py's `Script.__call__`: `EVALSHA`; on `NOSCRIPT` (a server that has not seen it, or has
+    /// restarted since), `SCRIPT LOAD` and `EVALSHA` again.
+    pub async fn run(&self, redis: &impl RedisApi, keys: &[&str], args: &[&str]) -> Result<RedisReply, CallError> {
+        match redis.evalsha(&self.sha, keys, args).await? {
+            RedisReply::Error(e) if e.starts_with("NOSCRIPT") => match redis.script_load(self.text).await? {
+                RedisReply::Bulk(sha) => redis.evalsha(&sha, keys, args).await,
+                other => Ok(other),
+            },
+            reply => Ok(reply),
+        }
     }
 }
 
@@ -100,11 +175,29 @@ impl SimRedis {
     }
 }
 
+impl SimRedis {
+    /// The server commands go to now.
+    fn server(&self) -> NodeIx {
+        self.pinned.unwrap_or_else(|| self.shards.master(self.shard))
+    }
+
+    /// `SUBSCRIBE channel` on the server of this moment, on the node's pub/sub connection, waiting at
+    /// most `timeout` for the confirmation.
+    pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<Subscription, CallError> {
+        let router = self.ctx.node_wide(Router::default);
+        Subscription::open(self.ctx.rpc(), &router, self.server(), channel, timeout).await
+    }
+
+    /// Send a command without waiting for its answer (Redisson's fire-and-forget `writeAsync`).
+    pub fn send(&self, request: RedisRequest) {
+        self.ctx.rpc().tell(self.server(), request);
+    }
+}
+
 #[async_trait(?Send)]
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
-        let server = self.pinned.unwrap_or_else(|| self.shards.master(self.shard));
-        self.ctx.rpc().call(server, request, self.timeout).await
+        self.ctx.rpc().call(self.server(), request, self.timeout).await
     }
 }
 
@@ -144,7 +237,7 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
 
 pub static FAMILY: Family = Family {
     name: "redis",
-    summary: "Redis 7: strings with PX expiry by the server clock, EVAL scripts, async replica, Sentinel failover",
+    summary: "Redis 7: strings, hashes, PX expiry by the server clock, Lua, pub/sub, async replica, Sentinel failover",
     params: BACKEND_PARAMS,
     topology,
     deploy,

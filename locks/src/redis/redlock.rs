@@ -4,9 +4,9 @@
 //! 1. Take the time t1 by this client's clock.
 //! 2. For each master in turn: `SET lock <id> NX PX ttl` with a short `instance_timeout`; count the OKs.
 //! 3. elapsed = now − t1; drift = ttl × 1% + 2 ms; validity = ttl − elapsed − drift.
-//! 4. Acquired if a majority (N/2 + 1) said OK and validity > 0. Otherwise compare-and-delete on every
-//!    master, sleep a random time up to `retry_delay`, and retry, `retry_count` times in all.
-//! 5. Release: compare-and-delete on every master.
+//! 4. Acquired if a majority (N/2 + 1) said OK and validity > 0. Otherwise unlock on every master, sleep
+//!    a random time up to `retry_delay`, and retry, `retry_count` times in all.
+//! 5. Release: unlock on every master — `EVAL` of the page's script (`if GET == id then DEL`).
 //!
 //! Redlock offers no fencing token (Kleppmann's main objection), so it cannot be used with fencing.
 //! With `check_validity = false` step 4 skips the validity test — a variant kept to show why it is there.
@@ -16,10 +16,11 @@
 //! empty, and — only without the validity check — when the client pauses between its SETs and counting
 //! their replies for longer than the TTL.
 
+use super::scripts::REDLOCK_UNLOCK;
 use super::{RedisApi, RedisServers, SimRedis, LOCK_KEY, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisReply, Script, SetCondition};
+use locksim_sim::backend::redis::{RedisReply, SetCondition};
 use locksim_sim::ctx::Ctx;
 use std::time::Duration;
 
@@ -84,7 +85,7 @@ impl Redlock {
     async fn unlock_all(&self) -> (usize, bool) {
         let (mut deleted, mut answered) = (0, false);
         for m in &self.masters {
-            match m.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await {
+            match m.eval(REDLOCK_UNLOCK, &[LOCK_KEY], &[&self.value]).await {
                 Ok(RedisReply::Int(1)) => (deleted, answered) = (deleted + 1, true),
                 Ok(_) => answered = true,
                 Err(_) => {}

@@ -4,17 +4,20 @@
 //! 1. `SET lock <random id> NX PX ttl`; nil means taken: sleep `retry`, try again up to `acquire_timeout`.
 //! 2. `INCR lock:fence` for a fencing token.
 //! 3. Release with `release = "del"`: `DEL lock` — whoever's key it is.
-//!    With `release = "compare-and-delete"`: EVAL `if GET == id then DEL` — only our own key.
+//!    With `release = "compare-and-delete"`: redis-py's release script (`if GET == id then DEL`), by
+//!    `EVALSHA`, loaded with `SCRIPT LOAD` when the server answers `NOSCRIPT` — only our own key.
 //!
 //! Expected failures (catalog): a holder paused longer than `ttl` loses the key while it still believes it
 //! holds the lock — `double-holder`, and without fencing `unsafe-write`. With `del`, the paused holder's
 //! release then deletes the *next* holder's key, letting a third client in. Compare-and-delete fixes the
 //! release but not the pause; fencing (`fencing = true`) stops the stale write at the resource.
 
-use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
+use super::scripts::REDIS_PY_RELEASE;
+use super::{
+    spin, try_set_nx, LuaScript, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL,
+};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::Script;
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -47,11 +50,13 @@ struct SetNxPx {
     params: Params,
     redis: SimRedis,
     value: String,
+    release_script: LuaScript,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
-    Box::new(SetNxPx { ctx, params: params.clone(), redis, value: String::new() })
+    let release_script = LuaScript::new(REDIS_PY_RELEASE);
+    Box::new(SetNxPx { ctx, params: params.clone(), redis, value: String::new(), release_script })
 }
 
 #[async_trait(?Send)]
@@ -66,7 +71,7 @@ impl Lock for SetNxPx {
     async fn release(&mut self) -> Outcome<()> {
         let reply = match self.params.choice("release") {
             "del" => self.redis.del(LOCK_KEY).await,
-            _ => self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await,
+            _ => self.release_script.run(&self.redis, &[LOCK_KEY], &[&self.value]).await,
         };
         super::released(reply)
     }

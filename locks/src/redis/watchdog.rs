@@ -1,25 +1,36 @@
-//! `redis.watchdog`: a lock whose TTL a background watchdog keeps renewing while it is held.
+//! `redis.watchdog`: Redisson's `RLock` — a hash lock whose TTL a background watchdog keeps renewing
+//! while it is held, and whose waiters are woken by pub/sub.
 //!
-//! Source: Redisson `RedissonLock` without a lease time (`lockWatchdogTimeout`, default 30 s).
-//! 1. `SET lock <id> NX PX watchdog_timeout` (Redisson: a Lua script on a hash; the same effect for a
-//!    non-reentrant holder); taken: sleep `retry` and try again (Redisson waits on a pub/sub channel; the
-//!    polling here changes the wake-up latency, not safety).
-//! 2. `INCR lock:fence` for a fencing token.
+//! Source: Redisson `RedissonLock.tryLock(waitTime)` without a lease time (`lockWatchdogTimeout`,
+//! default 30 s), Redisson's own Lua scripts sent unchanged by `EVAL` (`scripts.rs`; `useScriptCache`
+//! is off by default).
+//! 1. The lock script on the hash `lock` with our lock name (`<instance id>:<thread id>`: one Redisson
+//!    instance per client, and each acquisition from a new application thread, as request handlers
+//!    from a pool would be): free or ours, the hold count goes up and the TTL is `watchdog_timeout` —
+//!    taken; another holder's, the script answers the lock's PTTL.
 //!    With replicas (`checkLockSyncedSlaves`, on by default; their number from `INFO replication` on the
 //!    current master, so none after a failover): `WAIT <replicas> 1000` in the same batch
 //!    (`slavesSyncTimeout`). If no replica acknowledged, Redisson throws "None of slaves were synced" —
 //!    and before 3.47 its handler never matched that message, so the key stays on the master with no
 //!    watchdog to renew it: the caller was told it failed while the key blocks everyone until it
 //!    expires. Fewer replicas than asked, but some, is no error.
-//! 3. While held, every `watchdog_timeout / 3` the watchdog runs compare-and-pexpire(id, watchdog_timeout)
-//!    through Redisson's command executor: each attempt waits `command_timeout` (Redisson `timeout`,
-//!    3 s) for its reply and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s)
-//!    apart, before the command fails. Then, by `renewal`:
-//!    - `"3.44"` (Redisson 3.44 and later, `renewal/RenewalTask`): a failed command just schedules the
+//! 2. Taken by another: `SUBSCRIBE redisson_lock__channel:{lock}` (waiting at most the time left), then
+//!    until `acquire_timeout` is spent: try the lock script again; if still taken, wait for an unlock
+//!    message (`RedissonLockEntry`'s latch: one queued message is one permit), at most the PTTL it
+//!    answered — so a waiter whose message is lost (a restarted server forgets its subscribers) tries
+//!    again when the lock would have expired. Unsubscribe at the end.
+//! 3. `INCR lock:fence` for a fencing token.
+//! 4. While held, every `watchdog_timeout / 3` the watchdog runs the renewal script through Redisson's
+//!    command executor: each attempt waits `command_timeout` (Redisson `timeout`, 3 s) for its reply
+//!    and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s) apart, before the
+//!    command fails. Then, by `renewal`:
+//!    - `"3.44"` (Redisson 3.44 and later, `renewal/LockTask`): a failed command just schedules the
 //!      next renewal; only a "not ours" answer (the key is gone or another's) stops it;
 //!    - `"3.43"` (up to 3.43, `RedissonBaseLock.renewExpiration`): a failed command, or "not ours",
 //!      stops the renewal for good; the holder is not told.
-//! 4. Release: stop the watchdog, then compare-and-delete.
+//! 5. Release: stop the watchdog, then the unlock script: one hold less; at none it deletes the hash and
+//!    publishes the unlock message, which wakes the waiters. The unlock latch key it writes is deleted
+//!    after the answer, without waiting.
 //!
 //! Expected failures (catalog): the watchdog runs on the holder's node, so a pause of the holder longer
 //! than `watchdog_timeout` stops the renewals too; the key expires under a holder that still believes it
@@ -27,12 +38,14 @@
 //! during a cut is retransmitted after the heal, and the executor's retries outlast a few seconds. A
 //! partition longer than the TTL lets the key expire whatever the version.
 
-use super::{
-    spin, try_set_nx, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY,
+use super::scripts::{
+    redisson_channel, redisson_unlock_latch, REDISSON_LOCK, REDISSON_RENEW, REDISSON_RENEW_3_43, REDISSON_UNLOCK,
+    REDISSON_UNLOCK_MESSAGE,
 };
+use super::{RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::redis::{RedisReply, Script};
+use locksim_sim::backend::redis::{RedisReply, RedisRequest};
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::net::CallError;
 use std::time::Duration;
@@ -40,15 +53,14 @@ use std::time::Duration;
 pub const RECIPE: RecipeSpec = RecipeSpec {
     id: "redis.watchdog",
     family: &super::FAMILY,
-    summary: "Redisson-style: TTL renewed by a background watchdog every timeout/3 while held",
-    source: "Redisson RedissonLock, lockWatchdogTimeout",
+    summary: "Redisson RLock: hash lock, TTL renewed by a watchdog every timeout/3 while held, pub/sub wake-up",
+    source: "Redisson RedissonLock (tryLock, lockWatchdogTimeout) and its Lua scripts",
     params: &[
         ParamSpec::duration(
             "watchdog_timeout",
             30_000,
             "the key's TTL, renewed every third of it (Redisson lockWatchdogTimeout)",
         ),
-        RETRY,
         ACQUIRE_TIMEOUT,
         CALL_TIMEOUT,
         ParamSpec {
@@ -82,20 +94,19 @@ struct Watchdog {
     params: Params,
     servers: Servers,
     redis: SimRedis,
-    value: String,
+    /// The Redisson instance's id (a UUID in Redisson), and the last application thread's number.
+    instance: String,
+    thread: u64,
+    /// `<instance id>:<thread id>` of this acquisition: the hash field that says the lock is ours.
+    lock_name: String,
     renewal: Option<Background>,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
-    Box::new(Watchdog {
-        ctx,
-        params: params.clone(),
-        servers: servers.clone(),
-        redis,
-        value: String::new(),
-        renewal: None,
-    })
+    let instance = super::lock_value(&ctx);
+    let (params, servers) = (params.clone(), servers.clone());
+    Box::new(Watchdog { ctx, params, servers, redis, instance, thread: 0, lock_name: String::new(), renewal: None })
 }
 
 /// Redisson's `syncedEval`: with replicas, `WAIT` for them on the lock command's connection; none
@@ -115,48 +126,126 @@ async fn synced(conn: &SimRedis) -> Result<(), String> {
     }
 }
 
+/// What one run of the lock script found.
+enum Try {
+    Taken,
+    /// Another holds it, for this many more milliseconds (-1: no TTL).
+    Held(i64),
+    Unknown(String),
+}
+
+impl Watchdog {
+    fn lease_ms(&self) -> String {
+        self.params.duration("watchdog_timeout").as_millis().to_string()
+    }
+
+    /// `tryAcquire`: the lock script and its `WAIT`, in one batch to one master.
+    async fn try_acquire(&self) -> Try {
+        let conn = self.redis.pinned(self.params.duration("call_timeout"));
+        let lease = self.lease_ms();
+        match conn.eval(REDISSON_LOCK, &[LOCK_KEY], &[&lease, &self.lock_name]).await {
+            Ok(RedisReply::Nil) => match synced(&conn.pinned(self.params.duration("command_timeout"))).await {
+                Ok(()) => Try::Taken,
+                Err(why) => Try::Unknown(why),
+            },
+            Ok(RedisReply::Int(ttl)) => Try::Held(ttl),
+            Ok(other) => Try::Unknown(format!("lock script answered {other:?}")),
+            Err(_) => Try::Unknown("lock script timed out".into()),
+        }
+    }
+
+    /// Steps 1–2: `tryLock(acquire_timeout)`; `Ok(true)` once taken.
+    async fn try_lock(&self) -> Result<bool, String> {
+        let budget_ms = self.params.duration("acquire_timeout").as_millis() as i64;
+        let deadline = self.ctx.now_ms() + budget_ms;
+        let left = || deadline - self.ctx.now_ms();
+        match self.try_acquire().await {
+            Try::Taken => return Ok(true),
+            Try::Unknown(why) => return Err(why),
+            Try::Held(_) if left() <= 0 => return Ok(false),
+            Try::Held(_) => {}
+        }
+        let wait = Duration::from_millis(left() as u64);
+        let Ok(mut subscription) = self.redis.subscribe(&redisson_channel(LOCK_KEY), wait).await else {
+            return Ok(false);
+        };
+        loop {
+            if left() <= 0 {
+                return Ok(false);
+            }
+            let ttl = match self.try_acquire().await {
+                Try::Taken => return Ok(true),
+                Try::Unknown(why) => return Err(why),
+                Try::Held(ttl) => ttl,
+            };
+            let time = left();
+            if time <= 0 {
+                return Ok(false);
+            }
+            let wait = if (0..time).contains(&ttl) { ttl } else { time };
+            tokio::select! {
+                biased;
+                _ = subscription.message() => {}
+                () = self.ctx.sleep(Duration::from_millis(wait as u64)) => {}
+            }
+        }
+    }
+
+    fn start_renewal(&mut self) {
+        let redis = SimRedis::new(
+            self.ctx.clone(),
+            RedisServers::from(&self.servers),
+            0,
+            self.params.duration("command_timeout"),
+        );
+        let executor = Executor {
+            ctx: self.ctx.clone(),
+            redis,
+            retry_attempts: self.params.int("retry_attempts") as u32,
+            retry_interval: self.params.duration("retry_interval"),
+        };
+        let version = if self.params.choice("renewal") == "3.43" { Renewal::Stops } else { Renewal::Carries };
+        let lease = self.params.duration("watchdog_timeout");
+        self.renewal = Some(self.ctx.spawn(renew(executor, lease, self.lock_name.clone(), version)));
+    }
+}
+
 #[async_trait(?Send)]
 impl Lock for Watchdog {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        self.value = super::lock_value(&self.ctx);
-        let lease = self.params.duration("watchdog_timeout");
-        let (redis, value) = (&self.redis, &self.value);
-        let (call_timeout, batch_timeout) =
-            (self.params.duration("call_timeout"), self.params.duration("command_timeout"));
-        let outcome = spin(&self.ctx, &self.params, redis, || async move {
-            // The lock command and its WAIT travel in one batch to one master.
-            let conn = redis.pinned(call_timeout);
-            match try_set_nx(&conn, value, Some(lease.as_millis() as i64)).await {
-                Attempt::Taken => match synced(&conn.pinned(batch_timeout)).await {
-                    Ok(()) => Attempt::Taken,
-                    Err(why) => Attempt::Unknown(why),
-                },
-                other => other,
-            }
-        })
-        .await;
-        if let Outcome::Ok(_) = outcome {
-            let redis = SimRedis::new(
-                self.ctx.clone(),
-                RedisServers::from(&self.servers),
-                0,
-                self.params.duration("command_timeout"),
-            );
-            let executor = Executor {
-                ctx: self.ctx.clone(),
-                redis,
-                retry_attempts: self.params.int("retry_attempts") as u32,
-                retry_interval: self.params.duration("retry_interval"),
-            };
-            let stop_on_error = self.params.choice("renewal") == "3.43";
-            self.renewal = Some(self.ctx.spawn(renew(executor, lease, self.value.clone(), stop_on_error)));
+        self.thread += 1;
+        self.lock_name = format!("{}:{}", self.instance, self.thread);
+        match self.try_lock().await {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Fail("timed out waiting".into()),
+            Err(why) => return Outcome::Unknown(why),
         }
-        outcome
+        let grant = super::fencing_token(&self.redis).await;
+        self.start_renewal();
+        Outcome::Ok(grant)
     }
 
     async fn release(&mut self) -> Outcome<()> {
         self.renewal = None;
-        super::released(self.redis.eval(Script::CompareAndDelete, LOCK_KEY, &self.value).await)
+        let request_id = super::lock_value(&self.ctx);
+        let (channel, latch) = (redisson_channel(LOCK_KEY), redisson_unlock_latch(LOCK_KEY, &request_id));
+        // The latch lives as long as the executor might retry: (timeout + retryInterval) × retryAttempts.
+        let per_attempt = self.params.duration("command_timeout") + self.params.duration("retry_interval");
+        let latch_ms = (per_attempt.as_millis() as i64 * self.params.int("retry_attempts")).max(1).to_string();
+        let (lease, message) = (self.lease_ms(), REDISSON_UNLOCK_MESSAGE);
+        let args = [message, lease.as_str(), self.lock_name.as_str(), "publish", latch_ms.as_str()];
+        let reply = self.redis.eval(REDISSON_UNLOCK, &[LOCK_KEY, &channel, &latch], &args).await;
+        if reply.is_ok() {
+            self.redis.send(RedisRequest::Del { keys: vec![latch] });
+        }
+        match reply {
+            // 0: a hold of ours is left (re-entered); Redisson's unlock returns normally.
+            Ok(RedisReply::Int(_)) => Outcome::Ok(()),
+            Ok(RedisReply::Nil) => Outcome::Fail("attempt to unlock lock, not locked by current thread".into()),
+            Ok(other) => Outcome::Fail(format!("unexpected reply {other:?}")),
+            Err(CallError::Timeout) => Outcome::Unknown("unlock timed out".into()),
+            Err(CallError::Reset) => Outcome::Fail("connection reset".into()),
+        }
     }
 }
 
@@ -169,10 +258,10 @@ struct Executor {
 }
 
 impl Executor {
-    async fn eval(&self, script: Script, value: &str) -> Result<RedisReply, CallError> {
+    async fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Result<RedisReply, CallError> {
         let mut attempt = 0;
         loop {
-            match self.redis.eval(script, LOCK_KEY, value).await {
+            match self.redis.eval(script, keys, args).await {
                 Err(CallError::Timeout) if attempt < self.retry_attempts => {
                     attempt += 1;
                     self.ctx.sleep(self.retry_interval).await;
@@ -183,15 +272,27 @@ impl Executor {
     }
 }
 
-/// Step 3: renew every third of the lease until the key is not ours (or, `stop_on_error`, a command
-/// fails).
-async fn renew(executor: Executor, lease: Duration, value: String, stop_on_error: bool) {
-    let script = Script::CompareAndPexpire { ms: lease.as_millis() as i64 };
+/// Which renewal Redisson runs (the `renewal` parameter).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    /// 3.44+: `LockTask`, whose failed command waits for the next round.
+    Carries,
+    /// Up to 3.43: `renewExpiration`, which stops on a failed command.
+    Stops,
+}
+
+/// Step 4: renew every third of the lease until the key is not ours (or, up to 3.43, a command fails).
+async fn renew(executor: Executor, lease: Duration, lock_name: String, version: Renewal) {
+    let lease_ms = lease.as_millis().to_string();
+    let (script, held) = match version {
+        Renewal::Carries => (REDISSON_RENEW, RedisReply::Array(vec![RedisReply::Int(1)])),
+        Renewal::Stops => (REDISSON_RENEW_3_43, RedisReply::Int(1)),
+    };
     loop {
         executor.ctx.sleep(lease / 3).await;
-        match executor.eval(script, &value).await {
-            Ok(RedisReply::Int(1)) => {}
-            Err(CallError::Timeout) if !stop_on_error => {}
+        match executor.eval(script, &[LOCK_KEY], &[&lease_ms, &lock_name]).await {
+            Ok(reply) if reply == held => {}
+            Err(CallError::Timeout) if version == Renewal::Carries => {}
             _ => return,
         }
     }

@@ -1,26 +1,49 @@
 //! Redis: the simulated server (`locksim_sim::backend::redis::RedisState`) against `redis-server` 7.
 //!
-//! Scripts use the requests the recipes send — `SET` with `NX`/`XX`/`PX`, `GET`, `DEL`, `GETSET`,
-//! `INCR`, `PEXPIRE`, `PTTL`, the compare-and-delete and compare-and-pexpire scripts by `EVAL`, and
-//! `WAIT` — on three keys, from two or three clients, with restarts (AOF kept or wiped) and stops of
-//! the server between them. The model is the request type itself: a script step *is* a
-//! `RedisRequest`, sent to the real server as the command it stands for.
+//! Scripts use the requests the recipes send — `SET` with `NX`/`XX`/`PX`, `GET`, `DEL`, `EXISTS`,
+//! `GETSET`, `INCR`, `PEXPIRE`, `PTTL`, the hash commands, `PUBLISH`, `WAIT`, and the lock libraries'
+//! own Lua scripts by `EVAL` (Redisson's lock, unlock and renewals, redsync's delete and touch,
+//! compare-and-delete and compare-and-pexpire), `EVALSHA` and `SCRIPT LOAD` — on three keys, from two
+//! or three clients, each with a pub/sub connection it may `SUBSCRIBE` on and read the messages that
+//! reached it, with restarts (AOF kept or wiped) and stops of the server between them. A script step
+//! is a `RedisRequest`, sent to the real server as the command it stands for.
 
 use super::servers::{Addr, Kind, Server};
 use super::{resp, Action, Answer, Family, Step, SLOT_MS};
-use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, Script, SetCondition};
+use locksim_locks::redis::scripts::{
+    REDISSON_LOCK, REDISSON_RENEW, REDISSON_RENEW_3_43, REDISSON_UNLOCK, REDSYNC_DELETE, REDSYNC_TOUCH,
+};
+use locksim_sim::backend::redis::{sha1_hex, PubSubMessage, RedisReply, RedisRequest, RedisState, SetCondition};
 use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-/// The Lua the lock libraries send for the two scripts the model names (redis-py's and Redisson's
-/// compare-and-delete, and the compare-and-pexpire of `Lock.extend`).
+/// The compare-and-delete and compare-and-pexpire scripts as redis-py and Jedis users write them.
 const COMPARE_AND_DELETE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 const COMPARE_AND_PEXPIRE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+
+/// The scripts steps send, by the names steps are printed with.
+const SCRIPTS: [(&str, &str); 8] = [
+    ("compare-and-delete", COMPARE_AND_DELETE),
+    ("compare-and-pexpire", COMPARE_AND_PEXPIRE),
+    ("redisson-lock", REDISSON_LOCK),
+    ("redisson-unlock", REDISSON_UNLOCK),
+    ("redisson-renew", REDISSON_RENEW),
+    ("redisson-renew-3.43", REDISSON_RENEW_3_43),
+    ("redsync-delete", REDSYNC_DELETE),
+    ("redsync-touch", REDSYNC_TOUCH),
+];
+
+/// A script's name, by its text or its SHA1.
+fn script_name(text_or_sha: &str) -> &'static str {
+    let found = SCRIPTS.iter().find(|(_, text)| *text == text_or_sha || sha1_hex(text) == text_or_sha);
+    found.map_or("script", |(name, _)| name)
+}
 
 /// The Redis family, with the model it is checked against (a test swaps in a broken one).
 pub struct Redis {
@@ -33,16 +56,18 @@ impl Default for Redis {
     }
 }
 
-/// What the conformance run needs of a Redis model: the backend, restartable.
+/// What the conformance run needs of a Redis model: the backend, and a restart that keeps the data.
 pub trait RedisModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest) -> RedisReply;
+    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply;
     fn parks(&self, request: &RedisRequest) -> bool;
     fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply>;
+    /// The process restarted with its dataset (AOF kept).
+    fn restart(&mut self);
 }
 
-impl<B: Backend<Request = RedisRequest, Reply = RedisReply>> RedisModel for B {
-    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest) -> RedisReply {
-        Backend::apply(self, now, from, request, &mut Out::default())
+impl RedisModel for RedisState {
+    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        Backend::apply(self, now, from, request, out)
     }
 
     fn parks(&self, request: &RedisRequest) -> bool {
@@ -52,55 +77,52 @@ impl<B: Backend<Request = RedisRequest, Reply = RedisReply>> RedisModel for B {
     fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
         Backend::answer_parked(self, from, request, timed_out)
     }
-}
 
-/// A step's request, printed as the command it is.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Op(pub RedisRequest);
-
-impl fmt::Display for Op {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let args = command(&self.0);
-        let shown: Vec<String> =
-            args.iter().map(|a| if a.contains(' ') { "<script>".into() } else { a.clone() }).collect();
-        write!(f, "{}", shown.join(" "))
+    fn restart(&mut self) {
+        RedisState::restart(self)
     }
 }
 
-/// The command a request stands for.
-fn command(r: &RedisRequest) -> Vec<String> {
-    let s = |x: &str| x.to_string();
+/// A script step: a command on the client's connection, or on its pub/sub connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// A command, on the client's command connection.
+    Request(RedisRequest),
+    /// `SUBSCRIBE channel` on the client's pub/sub connection (opened for it).
+    Subscribe(String),
+    /// The messages that reached the client's pub/sub connection since it last looked.
+    Messages,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Request(r) => {
+                let mut args = r.to_args();
+                // A script is shown by name.
+                let at = match r {
+                    RedisRequest::Eval { .. } | RedisRequest::EvalSha { .. } => Some(1),
+                    RedisRequest::ScriptLoad { .. } => Some(2),
+                    _ => None,
+                };
+                if let Some(at) = at {
+                    args[at] = format!("<{}>", script_name(&args[at]));
+                }
+                write!(f, "{}", args.join(" "))
+            }
+            Op::Subscribe(channel) => write!(f, "SUBSCRIBE {channel} (pub/sub connection)"),
+            Op::Messages => write!(f, "messages"),
+        }
+    }
+}
+
+/// Whether a request runs Redisson's lock script, whose answer is a PTTL.
+fn answers_a_ttl(r: &RedisRequest) -> bool {
     match r {
-        RedisRequest::Set { key, value, condition, px_ms } => {
-            let mut args = vec![s("SET"), key.clone(), value.clone()];
-            match condition {
-                SetCondition::Nx => args.push(s("NX")),
-                SetCondition::Xx => args.push(s("XX")),
-                SetCondition::Always => {}
-            }
-            if let Some(ms) = px_ms {
-                args.extend([s("PX"), ms.to_string()]);
-            }
-            args
-        }
-        RedisRequest::Get { key } => vec![s("GET"), key.clone()],
-        RedisRequest::Del { key } => vec![s("DEL"), key.clone()],
-        RedisRequest::GetSet { key, value } => vec![s("GETSET"), key.clone(), value.clone()],
-        RedisRequest::PExpire { key, ms } => vec![s("PEXPIRE"), key.clone(), ms.to_string()],
-        RedisRequest::PTtl { key } => vec![s("PTTL"), key.clone()],
-        RedisRequest::Incr { key } => vec![s("INCR"), key.clone()],
-        RedisRequest::Eval { script: Script::CompareAndDelete, key, arg } => {
-            vec![s("EVAL"), s(COMPARE_AND_DELETE), s("1"), key.clone(), arg.clone()]
-        }
-        RedisRequest::Eval { script: Script::CompareAndPexpire { ms }, key, arg } => {
-            vec![s("EVAL"), s(COMPARE_AND_PEXPIRE), s("1"), key.clone(), arg.clone(), ms.to_string()]
-        }
-        RedisRequest::Wait { numreplicas, timeout_ms } => {
-            vec![s("WAIT"), numreplicas.to_string(), timeout_ms.to_string()]
-        }
-        RedisRequest::InfoReplicas | RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. } => {
-            unreachable!("scripts hold only client commands")
-        }
+        RedisRequest::PTtl { .. } => true,
+        RedisRequest::Eval { script, .. } => script == REDISSON_LOCK,
+        RedisRequest::EvalSha { sha, .. } => *sha == sha1_hex(REDISSON_LOCK),
+        _ => false,
     }
 }
 
@@ -108,54 +130,87 @@ fn command(r: &RedisRequest) -> Vec<String> {
 /// expiry half a slot away from every request, so the real server's few milliseconds of lateness never
 /// change the slot.
 fn show(request: &RedisRequest, reply: &RedisReply) -> String {
-    match (request, reply) {
-        (RedisRequest::PTtl { .. }, RedisReply::Int(ms)) if *ms >= 0 => format!("ttl {}xx", *ms as u64 / SLOT_MS),
-        (_, RedisReply::Ok) => "OK".into(),
-        (_, RedisReply::Nil) => "nil".into(),
-        (_, RedisReply::Int(n)) => n.to_string(),
-        (_, RedisReply::Bulk(s)) => format!("{s:?}"),
-        (_, RedisReply::Error(e)) => format!("error {e}"),
+    match reply {
+        RedisReply::Int(ms) if *ms >= 0 && answers_a_ttl(request) => format!("ttl {}xx", *ms as u64 / SLOT_MS),
+        RedisReply::Ok => "OK".into(),
+        RedisReply::Nil => "nil".into(),
+        RedisReply::Int(n) => n.to_string(),
+        RedisReply::Bulk(s) => format!("{s:?}"),
+        RedisReply::Status(s) => format!("+{s}"),
+        RedisReply::Array(items) => {
+            let shown: Vec<String> = items.iter().map(|i| show(request, i)).collect();
+            format!("[{}]", shown.join(", "))
+        }
+        RedisReply::Error(e) => format!("error {e}"),
     }
+}
+
+/// Messages as text, in the order they came.
+fn show_messages(messages: &[PubSubMessage]) -> String {
+    if messages.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = messages.iter().map(|m| format!("{}:{}", m.channel, m.message)).collect();
+    shown.join(" ")
 }
 
 /// The real server's reply in the model's terms.
 fn reply(value: resp::Value) -> RedisReply {
     match value {
         resp::Value::Simple(s) if s == "OK" => RedisReply::Ok,
-        resp::Value::Simple(s) => RedisReply::Bulk(s),
+        resp::Value::Simple(s) => RedisReply::Status(s),
         resp::Value::Error(e) => RedisReply::Error(e),
         resp::Value::Int(n) => RedisReply::Int(n),
         resp::Value::Bulk(None) | resp::Value::Array(None) => RedisReply::Nil,
         resp::Value::Bulk(Some(s)) => RedisReply::Bulk(s),
-        resp::Value::Array(Some(items)) => RedisReply::Bulk(format!("{items:?}")),
+        resp::Value::Array(Some(items)) => RedisReply::Array(items.into_iter().map(reply).collect()),
     }
 }
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 const VALUES: [&str; 4] = ["a", "b", "7", "41"];
+/// Lock names (`<instance>:<thread>`), the hash fields of Redisson's lock.
+const OWNERS: [&str; 2] = ["A:1", "B:1"];
+/// Unlock latches: a key of its own, or a lock's.
+const LATCHES: [&str; 2] = ["u0", "k2"];
+const CHANNEL: &str = "ch";
 
 /// A time to live that ends half a slot between two requests: 150 ms to 1.55 s.
 fn ttl(rng: &mut ChaCha8Rng) -> i64 {
     (rng.gen_range(1..=15) * SLOT_MS + SLOT_MS / 2) as i64
 }
 
-fn request(rng: &mut ChaCha8Rng) -> RedisRequest {
-    let key = KEYS[rng.gen_range(0..KEYS.len())].to_string();
-    let value = VALUES[rng.gen_range(0..VALUES.len())].to_string();
-    match rng.gen_range(0..20) {
-        0..=5 => {
+fn pick<'a>(rng: &mut ChaCha8Rng, from: &[&'a str]) -> &'a str {
+    from[rng.gen_range(0..from.len())]
+}
+
+fn eval(script: &str, keys: &[&str], args: &[String]) -> RedisRequest {
+    let keys = keys.iter().map(|k| k.to_string()).collect();
+    RedisRequest::Eval { script: script.into(), keys, args: args.to_vec() }
+}
+
+/// A string command, a hash command, or `WAIT`.
+fn plain(rng: &mut ChaCha8Rng, key: String, value: String) -> RedisRequest {
+    let field = pick(rng, &OWNERS).to_string();
+    match rng.gen_range(0..22) {
+        0..=4 => {
             let condition = [SetCondition::Nx, SetCondition::Xx, SetCondition::Always][rng.gen_range(0..3)];
             let px_ms = rng.gen_bool(0.7).then(|| ttl(rng));
             RedisRequest::Set { key, value, condition, px_ms }
         }
-        6 | 7 => RedisRequest::Get { key },
-        8 => RedisRequest::Del { key },
+        5 | 6 => RedisRequest::Get { key },
+        7 => RedisRequest::Del { keys: vec![key] },
+        8 => RedisRequest::Exists { keys: vec![key] },
         9 => RedisRequest::GetSet { key, value },
         10 => RedisRequest::Incr { key },
         11 => RedisRequest::PExpire { key, ms: if rng.gen_bool(0.1) { 0 } else { ttl(rng) } },
         12 | 13 => RedisRequest::PTtl { key },
-        14 | 15 => RedisRequest::Eval { script: Script::CompareAndDelete, key, arg: value },
-        16 | 17 => RedisRequest::Eval { script: Script::CompareAndPexpire { ms: ttl(rng) }, key, arg: value },
+        14 => RedisRequest::HSet { key, pairs: vec![(field, value)] },
+        15 => RedisRequest::HGet { key, field },
+        16 => RedisRequest::HIncrBy { key, field, by: [1, -1][rng.gen_range(0..2)] },
+        17 => RedisRequest::HExists { key, field },
+        18 => RedisRequest::HDel { key, fields: vec![field] },
+        19 => RedisRequest::Publish { channel: CHANNEL.into(), message: value },
         _ => {
             let numreplicas = rng.gen_range(0..=1);
             RedisRequest::Wait { numreplicas, timeout_ms: (rng.gen_range(2..=4) * SLOT_MS) as i64 }
@@ -163,11 +218,51 @@ fn request(rng: &mut ChaCha8Rng) -> RedisRequest {
     }
 }
 
+/// A script the lock libraries send, by `EVAL`, `EVALSHA` or `SCRIPT LOAD`.
+fn scripted(rng: &mut ChaCha8Rng, key: String, value: String) -> RedisRequest {
+    let (owner, lease) = (pick(rng, &OWNERS).to_string(), ttl(rng).to_string());
+    let request = match rng.gen_range(0..8) {
+        0 => eval(COMPARE_AND_DELETE, &[&key], &[value]),
+        1 => eval(COMPARE_AND_PEXPIRE, &[&key], &[value, lease]),
+        2 | 3 => eval(REDISSON_LOCK, &[&key], &[lease, owner]),
+        4 | 5 => {
+            let latch = pick(rng, &LATCHES);
+            let args = ["0".into(), lease, owner, "publish".into(), ttl(rng).to_string()];
+            eval(REDISSON_UNLOCK, &[&key, CHANNEL, latch], &args)
+        }
+        6 => match rng.gen_bool(0.5) {
+            true => eval(REDISSON_RENEW, &[&key], &[lease, owner]),
+            false => eval(REDISSON_RENEW_3_43, &[&key], &[lease, owner]),
+        },
+        _ => match rng.gen_bool(0.5) {
+            true => eval(REDSYNC_DELETE, &[&key], &[value]),
+            false => eval(REDSYNC_TOUCH, &[&key], &[value, lease]),
+        },
+    };
+    let RedisRequest::Eval { script, keys, args } = request else { unreachable!("an EVAL") };
+    match rng.gen_range(0..6) {
+        0 => RedisRequest::EvalSha { sha: sha1_hex(&script), keys, args },
+        1 => RedisRequest::ScriptLoad { script },
+        _ => RedisRequest::Eval { script, keys, args },
+    }
+}
+
+fn op(rng: &mut ChaCha8Rng) -> Op {
+    let key = pick(rng, &KEYS).to_string();
+    let value = pick(rng, &VALUES).to_string();
+    match rng.gen_range(0..20) {
+        0..=11 => Op::Request(plain(rng, key, value)),
+        12..=16 => Op::Request(scripted(rng, key, value)),
+        17 => Op::Subscribe(CHANNEL.into()),
+        _ => Op::Messages,
+    }
+}
+
 /// How long a request keeps its client waiting on a server without replicas (a `WAIT` for a replica
 /// waits out its timeout).
-fn blocks(r: &RedisRequest) -> u64 {
-    match r {
-        RedisRequest::Wait { numreplicas, timeout_ms } if *numreplicas > 0 => *timeout_ms as u64,
+fn blocks(op: &Op) -> u64 {
+    match op {
+        Op::Request(RedisRequest::Wait { numreplicas, timeout_ms }) if *numreplicas > 0 => *timeout_ms as u64,
         _ => 0,
     }
 }
@@ -208,9 +303,9 @@ impl Family for Redis {
                     steps.push(Step { at_ms: t, action: Action::Stop { ms } });
                     let client = rng.gen_range(0..clients);
                     if free_at[client] <= t + SLOT_MS && rng.gen_bool(0.7) {
-                        let op = request(rng);
+                        let op = op(rng);
                         let done = t + ms + blocks(&op);
-                        steps.push(Step { at_ms: t + SLOT_MS, action: Action::Client { client, op: Op(op) } });
+                        steps.push(Step { at_ms: t + SLOT_MS, action: Action::Client { client, op } });
                         free_at[client] = done + SLOT_MS;
                     }
                     t += ms;
@@ -218,9 +313,9 @@ impl Family for Redis {
                 _ => {
                     let ready: Vec<usize> = (0..clients).filter(|c| free_at[*c] <= t).collect();
                     let Some(&client) = ready.get(rng.gen_range(0..ready.len().max(1))) else { continue };
-                    let op = request(rng);
+                    let op = op(rng);
                     free_at[client] = t + blocks(&op) + SLOT_MS;
-                    steps.push(Step { at_ms: t, action: Action::Client { client, op: Op(op) } });
+                    steps.push(Step { at_ms: t, action: Action::Client { client, op } });
                 }
             }
         }
@@ -228,18 +323,38 @@ impl Family for Redis {
     }
 
     fn kind(op: &Op) -> &'static str {
-        match &op.0 {
+        let r = match op {
+            Op::Subscribe(_) => return "SUBSCRIBE",
+            Op::Messages => return "messages",
+            Op::Request(r) => r,
+        };
+        match r {
             RedisRequest::Set { condition: SetCondition::Nx, .. } => "SET NX",
             RedisRequest::Set { condition: SetCondition::Xx, .. } => "SET XX",
             RedisRequest::Set { .. } => "SET",
             RedisRequest::Get { .. } => "GET",
             RedisRequest::Del { .. } => "DEL",
+            RedisRequest::Exists { .. } => "EXISTS",
             RedisRequest::GetSet { .. } => "GETSET",
             RedisRequest::Incr { .. } => "INCR",
             RedisRequest::PExpire { .. } => "PEXPIRE",
             RedisRequest::PTtl { .. } => "PTTL",
-            RedisRequest::Eval { script: Script::CompareAndDelete, .. } => "EVAL compare-and-delete",
-            RedisRequest::Eval { .. } => "EVAL compare-and-pexpire",
+            RedisRequest::HSet { .. } => "HSET",
+            RedisRequest::HGet { .. } => "HGET",
+            RedisRequest::HIncrBy { .. } => "HINCRBY",
+            RedisRequest::HExists { .. } => "HEXISTS",
+            RedisRequest::HDel { .. } => "HDEL",
+            RedisRequest::Publish { .. } => "PUBLISH",
+            RedisRequest::Eval { script, .. } => match script_name(script) {
+                "compare-and-delete" => "EVAL compare-and-delete",
+                "compare-and-pexpire" => "EVAL compare-and-pexpire",
+                "redisson-lock" => "EVAL redisson-lock",
+                "redisson-unlock" => "EVAL redisson-unlock",
+                "redisson-renew" | "redisson-renew-3.43" => "EVAL redisson-renew",
+                _ => "EVAL redsync",
+            },
+            RedisRequest::EvalSha { .. } => "EVALSHA",
+            RedisRequest::ScriptLoad { .. } => "SCRIPT LOAD",
             RedisRequest::Wait { .. } => "WAIT",
             _ => "other",
         }
@@ -249,28 +364,49 @@ impl Family for Redis {
         let mut server = (self.model)();
         let mut stopped_until = 0;
         let mut answers = Vec::new();
+        // What reached each client's pub/sub connection and was not read yet.
+        let mut inbox: Vec<Vec<PubSubMessage>> = vec![Vec::new(); 3];
         for s in steps {
             match &s.action {
-                Action::Restart { keep: false } => server = (self.model)(),
-                Action::Restart { keep: true } => {}
+                Action::Restart { keep } => {
+                    match keep {
+                        false => server = (self.model)(),
+                        true => server.restart(),
+                    }
+                    // The pub/sub connections die with the server, and what they had not read with them.
+                    inbox.iter_mut().for_each(Vec::clear);
+                }
                 Action::Stop { ms } => stopped_until = s.at_ms + ms,
                 Action::Client { client, op } => {
                     // A request sent to a stopped server is read when it continues.
                     let at = s.at_ms.max(stopped_until);
-                    let (from, request) = (NodeIx(*client as u32), op.0.clone());
-                    let now = Now::at(at as i64);
+                    let from = NodeIx(*client as u32);
+                    let request = match op {
+                        Op::Request(r) => r.clone(),
+                        Op::Subscribe(channel) => RedisRequest::Subscribe { channel: channel.clone() },
+                        Op::Messages => {
+                            let read = std::mem::take(&mut inbox[*client]);
+                            answers.push(Answer { text: show_messages(&read), at_ms: s.at_ms });
+                            continue;
+                        }
+                    };
+                    let mut out = Out::default();
                     let (reply, at) = if server.parks(&request) {
                         // Without replicas nothing another client does can answer a WAIT early.
                         match server.answer_parked(from, &request, false) {
                             Some(reply) => (reply, at),
                             None => {
-                                let end = at + blocks(&request);
+                                let end = at + blocks(op);
                                 (server.answer_parked(from, &request, true).expect("timed out"), end)
                             }
                         }
                     } else {
-                        (server.apply(now, from, request.clone()), at)
+                        (server.apply(Now::at(at as i64), from, request.clone(), &mut out), at)
                     };
+                    for (to, pushed) in out.pushes {
+                        let message = pushed.downcast::<PubSubMessage>().expect("a server pushes messages");
+                        inbox[to.0 as usize].push(*message);
+                    }
                     answers.push(Answer { text: show(&request, &reply), at_ms: at });
                 }
             }
@@ -280,41 +416,76 @@ impl Family for Redis {
 
     fn reset(server: &Server) -> anyhow::Result<()> {
         let mut c = Self::connect(&server.addr(), &Arc::new(()), 0)?;
-        match c.conn()?.command(&["FLUSHALL"])? {
-            resp::Value::Simple(ok) if ok == "OK" => Ok(()),
-            other => anyhow::bail!("FLUSHALL answered {other:?}"),
+        // The data, and the scripts an earlier script loaded (FLUSHALL keeps those).
+        for command in [&["FLUSHALL"][..], &["SCRIPT", "FLUSH"]] {
+            match Client::open(&mut c.conn, c.addr)?.command(command)? {
+                resp::Value::Simple(ok) if ok == "OK" => {}
+                other => anyhow::bail!("{} answered {other:?}", command.join(" ")),
+            }
         }
+        Ok(())
     }
 
     fn connect(addr: &Addr, _: &Arc<()>, _: usize) -> anyhow::Result<Client> {
-        Ok(Client { addr: *addr, conn: None })
+        Ok(Client { addr: *addr, conn: None, pubsub: None })
     }
 
     fn send(client: &mut Client, op: &Op) -> anyhow::Result<String> {
-        let args = command(&op.0);
+        let (conn, request) = match op {
+            Op::Request(r) => (Client::open(&mut client.conn, client.addr)?, r.clone()),
+            Op::Subscribe(channel) => {
+                (Client::open(&mut client.pubsub, client.addr)?, RedisRequest::Subscribe { channel: channel.clone() })
+            }
+            Op::Messages => return client.messages(),
+        };
+        let args = request.to_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let value = client.conn()?.command(&args)?;
-        Ok(show(&op.0, &reply(value)))
+        Ok(show(&request, &reply(conn.command(&args)?)))
     }
 
     fn reconnect(client: &mut Client) {
-        client.conn = None;
+        (client.conn, client.pubsub) = (None, None);
     }
 }
 
-/// A client's connection, opened when first used (and again after a restart).
+/// A client's connections, opened when first used (and again after a restart): one for commands, one
+/// for pub/sub (a subscribed connection takes no other commands).
 pub struct Client {
     addr: Addr,
     conn: Option<resp::Conn>,
+    pubsub: Option<resp::Conn>,
 }
 
+/// How long to listen for one more message: they were published a slot or more ago, on loopback.
+const MESSAGE_WAIT: Duration = Duration::from_millis(5);
+
 impl Client {
-    fn conn(&mut self) -> anyhow::Result<&mut resp::Conn> {
-        if self.conn.is_none() {
-            let stream = std::net::TcpStream::connect(self.addr.0)?;
-            self.conn = Some(resp::Conn::on(stream));
+    fn open(conn: &mut Option<resp::Conn>, addr: Addr) -> anyhow::Result<&mut resp::Conn> {
+        if conn.is_none() {
+            let stream = std::net::TcpStream::connect(addr.0)?;
+            *conn = Some(resp::Conn::on(stream));
         }
-        Ok(self.conn.as_mut().expect("just connected"))
+        Ok(conn.as_mut().expect("just connected"))
+    }
+
+    /// The `message` pushes waiting on the pub/sub connection.
+    fn messages(&mut self) -> anyhow::Result<String> {
+        let Some(conn) = &mut self.pubsub else { return Ok(show_messages(&[])) };
+        let mut read = Vec::new();
+        for push in conn.pushes(MESSAGE_WAIT)? {
+            match push {
+                resp::Value::Array(Some(parts)) => match &parts[..] {
+                    [resp::Value::Bulk(Some(kind)), resp::Value::Bulk(Some(channel)), resp::Value::Bulk(Some(message))]
+                        if kind == "message" =>
+                    {
+                        read.push(PubSubMessage { channel: channel.clone(), message: message.clone() })
+                    }
+                    other => anyhow::bail!("not a message: {other:?}"),
+                },
+                other => anyhow::bail!("not a push: {other:?}"),
+            }
+        }
+        Ok(show_messages(&read))
     }
 }
 
@@ -324,7 +495,7 @@ mod tests {
     use crate::conform::{coverage, script};
 
     fn client(at_ms: u64, client: usize, request: RedisRequest) -> Step<Op> {
-        Step { at_ms, action: Action::Client { client, op: Op(request) } }
+        Step { at_ms, action: Action::Client { client, op: Op::Request(request) } }
     }
 
     #[test]
@@ -366,8 +537,23 @@ mod tests {
             "INCR",
             "PEXPIRE",
             "PTTL",
+            "EXISTS",
+            "HSET",
+            "HGET",
+            "HINCRBY",
+            "HEXISTS",
+            "HDEL",
+            "PUBLISH",
+            "SUBSCRIBE",
+            "messages",
             "EVAL compare-and-delete",
             "EVAL compare-and-pexpire",
+            "EVAL redisson-lock",
+            "EVAL redisson-unlock",
+            "EVAL redisson-renew",
+            "EVAL redsync",
+            "EVALSHA",
+            "SCRIPT LOAD",
             "WAIT",
             "restart (data kept)",
             "restart (data lost)",

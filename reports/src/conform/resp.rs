@@ -38,6 +38,23 @@ impl Conn {
         self.read()
     }
 
+    /// What the server pushed unasked (pub/sub messages): values until none comes within `wait`.
+    pub fn pushes(&mut self, wait: std::time::Duration) -> std::io::Result<Vec<Value>> {
+        self.reader.get_ref().set_read_timeout(Some(wait))?;
+        let mut values = Vec::new();
+        let end = loop {
+            match self.read() {
+                Ok(v) => values.push(v),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    break Ok(values)
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.reader.get_ref().set_read_timeout(Some(super::ANSWER_TIMEOUT))?;
+        end
+    }
+
     fn line(&mut self) -> std::io::Result<String> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {

@@ -1,0 +1,361 @@
+//! A simulated Redis 7 server: strings and hashes with millisecond expiry, Lua scripts, pub/sub, and
+//! asynchronous replication to one replica with Sentinel-style failover.
+//!
+//! Modelled behaviour, from the Redis 7.0 command reference and source (`src/t_string.c`, `t_hash.c`,
+//! `expire.c`, `pubsub.c`, `eval.c`, `script_lua.c`, `replication.c`):
+//! - A key holds a string or a hash. `SET k v [NX|XX] [PX ms|EX s]` replies `OK`, or nil when the NX/XX
+//!   condition fails, and discards any previous TTL. `GET` replies the value or nil. `DEL` and `EXISTS`
+//!   count keys. `GETSET` replies the old value (or nil), sets the new one and discards the TTL.
+//!   `PEXPIRE` replies 1, or 0 when the key does not exist; a non-positive TTL deletes the key. `PTTL`
+//!   replies -2 for a missing key, -1 for a key without expiry, else the remaining milliseconds. `INCR`
+//!   treats a missing key as 0, keeps the TTL, and errors on a non-integer value. `HSET` replies the
+//!   fields it added, `HGET` the value or nil, `HINCRBY` the new value (a missing key or field counts as
+//!   0), `HEXISTS` 1 or 0, `HDEL` the fields removed (a hash left empty is deleted). A string command on
+//!   a hash, or a hash command on a string, is a `WRONGTYPE` error.
+//! - Commands arrive typed or as a command line (`COMMAND`, and a script's `redis.call`), parsed with
+//!   Redis's arity checks and error messages (`command.rs`); both run the same code (`data.rs`).
+//! - Expiry is by the server's wall clock: a key stores its absolute expiry time in Unix milliseconds
+//!   ("Expires and clock" in the EXPIRE docs), so a forward clock jump on the server expires keys early.
+//!   Expired keys are removed lazily on access; the removal is replicated as a `DEL`, as Redis does.
+//! - `EVAL`, `EVALSHA` and `SCRIPT LOAD` run Lua 5.1 scripts atomically (`lua.rs`): a script runs
+//!   inside one request. `EVALSHA` of a script this server life has not seen is `NOSCRIPT`.
+//! - `PUBLISH` pushes the message to every node subscribed to the channel, as a stream message (a
+//!   partition delays it; a subscriber that crashes loses it), and replies how many there were.
+//!   `SUBSCRIBE`/`UNSUBSCRIBE` reply `[kind, channel, count]`. The model keeps one pub/sub connection
+//!   per client node.
+//! - Replication is asynchronous: the master acknowledges a write before the replica has it, and ships its
+//!   effects (the key's new value with an absolute expiry, or its deletion) after a lag — a script's
+//!   effects too, never the script. A failover promotes the replica with whatever it has: writes not yet
+//!   shipped are lost, as the Redis replication docs warn.
+//! - `WAIT numreplicas timeout` blocks until the replica has acknowledged every write this client made so
+//!   far, or the timeout (ms; 0 = forever) passes, and replies how many replicas acknowledged (0 or 1).
+//!   The replica acknowledges each batch it applies by its replication offset (`REPLCONF ACK`).
+//! - Persistence: with `persist = false` (no AOF) a crashed server restarts empty. Whatever `persist`
+//!   says, a restart forgets loaded scripts and subscriptions, which live only in the process.
+
+pub mod client;
+mod command;
+mod data;
+mod lua;
+#[cfg(test)]
+mod tests;
+
+pub use command::{parse, parse_int, Caller};
+pub use lua::{format_g17, sha1_hex, INSTRUCTION_BUDGET};
+
+use super::{Backend, Now, Out};
+use crate::history::NodeIx;
+use crate::net::Rpc;
+use crate::world::NodeEnv;
+use data::Data;
+use lua::Scripting;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// The NX/XX option of SET.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetCondition {
+    Always,
+    /// Only if the key does not exist.
+    Nx,
+    /// Only if the key exists.
+    Xx,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisRequest {
+    Set {
+        key: String,
+        value: String,
+        condition: SetCondition,
+        px_ms: Option<i64>,
+    },
+    Get {
+        key: String,
+    },
+    Del {
+        keys: Vec<String>,
+    },
+    Exists {
+        keys: Vec<String>,
+    },
+    GetSet {
+        key: String,
+        value: String,
+    },
+    PExpire {
+        key: String,
+        ms: i64,
+    },
+    PTtl {
+        key: String,
+    },
+    Incr {
+        key: String,
+    },
+    HSet {
+        key: String,
+        pairs: Vec<(String, String)>,
+    },
+    HGet {
+        key: String,
+        field: String,
+    },
+    HIncrBy {
+        key: String,
+        field: String,
+        by: i64,
+    },
+    HExists {
+        key: String,
+        field: String,
+    },
+    HDel {
+        key: String,
+        fields: Vec<String>,
+    },
+    Publish {
+        channel: String,
+        message: String,
+    },
+    /// Subscribe the sending node to a channel; messages arrive as [`PubSubMessage`] pushes.
+    Subscribe {
+        channel: String,
+    },
+    Unsubscribe {
+        channel: String,
+    },
+    Ping,
+    /// `EVAL script numkeys key… arg…`.
+    Eval {
+        script: String,
+        keys: Vec<String>,
+        args: Vec<String>,
+    },
+    /// `EVALSHA sha1 numkeys key… arg…`.
+    EvalSha {
+        sha: String,
+        keys: Vec<String>,
+        args: Vec<String>,
+    },
+    /// `SCRIPT LOAD script`.
+    ScriptLoad {
+        script: String,
+    },
+    /// Any command as a command line, parsed by the server ([`RedisRequest::parse`]).
+    Command {
+        args: Vec<String>,
+    },
+    /// `INFO replication`, reduced to `connected_slaves`.
+    InfoReplicas,
+    /// `WAIT numreplicas timeout_ms`.
+    Wait {
+        numreplicas: i64,
+        timeout_ms: i64,
+    },
+    /// Replication stream from the master, up to the master's replication offset `offset` (never sent
+    /// by clients).
+    Replicate {
+        ops: Vec<ReplOp>,
+        offset: u64,
+    },
+    /// The replica's acknowledgement: it has applied everything up to `offset` (`REPLCONF ACK`).
+    ReplAck {
+        offset: u64,
+    },
+}
+
+/// RESP2 replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisReply {
+    /// The status `OK`.
+    Ok,
+    /// Any other status (`PONG`, a script's `{ok = …}`).
+    Status(String),
+    Nil,
+    Int(i64),
+    Bulk(String),
+    Array(Vec<RedisReply>),
+    Error(String),
+}
+
+/// What a key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Str(String),
+    Hash(BTreeMap<String, String>),
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Value {
+        Value::Str(s.to_string())
+    }
+}
+
+/// The effect of a write, as shipped to the replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplOp {
+    Set { key: String, value: Value, expires_at_ms: Option<i64> },
+    Del { key: String },
+}
+
+/// A message pushed to a subscribed node (RESP's `message` push).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubSubMessage {
+    pub channel: String,
+    pub message: String,
+}
+
+/// One Redis server: its dataset, and the Lua VM of this life of its process (made at the first
+/// script).
+#[derive(Debug, Default)]
+pub struct RedisState {
+    data: Data,
+    scripting: Option<Scripting>,
+    /// Wakes the task that ships the backlog to the replica.
+    shipper: Arc<Notify>,
+}
+
+impl RedisState {
+    /// A server whose writes are shipped to a replica.
+    pub fn with_replica() -> RedisState {
+        let mut state = RedisState::default();
+        state.data.backlog = Some(Vec::new());
+        state
+    }
+
+    /// The server process restarted with its dataset (AOF): what lives only in the process is gone —
+    /// the script cache and the subscriptions.
+    pub fn restart(&mut self) {
+        self.scripting = None;
+        self.data.forget_subscribers();
+    }
+
+    fn command(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        let data = &mut self.data;
+        match request {
+            RedisRequest::Eval { script, keys, args } => {
+                let lua = self.scripting.get_or_insert_with(Scripting::new);
+                lua.eval(data, out, now_ms, from, &script, keys, args)
+            }
+            RedisRequest::EvalSha { sha, keys, args } => match &mut self.scripting {
+                Some(lua) => lua.evalsha(data, out, now_ms, from, &sha, keys, args),
+                None => RedisReply::Error("NOSCRIPT No matching script. Please use EVAL.".into()),
+            },
+            RedisRequest::ScriptLoad { script } => self.scripting.get_or_insert_with(Scripting::new).load(&script),
+            RedisRequest::Command { args } => match RedisRequest::parse(&args) {
+                Ok(RedisRequest::Command { .. }) => unreachable!("a command line never parses to a command line"),
+                Ok(request) => self.command(now_ms, from, request, out),
+                Err(e) => RedisReply::Error(e),
+            },
+            request => data.execute(now_ms, from, request, out),
+        }
+    }
+}
+
+impl Backend for RedisState {
+    type Request = RedisRequest;
+    type Reply = RedisReply;
+
+    /// Key expiry follows the wall clock: Redis 7 stores absolute Unix-time deadlines (`mstime()`),
+    /// so a jump of the server's clock expires keys early or late.
+    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        let offset = self.data.offset;
+        let reply = self.command(now.wall_ms, from, request, out);
+        if self.data.offset > offset {
+            self.data.written.insert(from, self.data.offset);
+            self.shipper.notify_one();
+        }
+        reply
+    }
+
+    fn parks(&self, request: &RedisRequest) -> Option<Duration> {
+        match request {
+            // 0: wait for ever (a day is for ever in a run).
+            RedisRequest::Wait { timeout_ms: 0, .. } => Some(Duration::from_secs(86_400)),
+            RedisRequest::Wait { timeout_ms, .. } => Some(Duration::from_millis(*timeout_ms as u64)),
+            _ => None,
+        }
+    }
+
+    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
+        let RedisRequest::Wait { numreplicas, .. } = request else { return None };
+        let synced = self.data.synced(from);
+        (synced >= *numreplicas || timed_out).then_some(RedisReply::Int(synced))
+    }
+}
+
+/// Which node is the master of each Redis shard now; failover rewrites it. Clients look it up per call,
+/// as a Sentinel-aware client does after a `+switch-master` event.
+#[derive(Clone, Debug)]
+pub struct Shards(Arc<Mutex<Vec<NodeIx>>>);
+
+impl Shards {
+    pub fn new(masters: Vec<NodeIx>) -> Shards {
+        Shards(Arc::new(Mutex::new(masters)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("shards lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn master(&self, shard: usize) -> NodeIx {
+        self.0.lock().expect("shards lock")[shard]
+    }
+
+    /// Make `replica` the master of the shard `old` served; returns the shard, if `old` was a master.
+    pub fn promote(&self, old: NodeIx, replica: NodeIx) -> Option<usize> {
+        let mut masters = self.0.lock().expect("shards lock");
+        let shard = masters.iter().position(|m| *m == old)?;
+        masters[shard] = replica;
+        Some(shard)
+    }
+}
+
+/// How a Redis server node runs.
+#[derive(Clone, Debug)]
+pub struct RedisNode {
+    pub state: Arc<Mutex<RedisState>>,
+    /// Restart with the dataset (AOF with fsync always) or empty.
+    pub persist: bool,
+    /// The replica this master ships its writes to, and after how long.
+    pub replica: Option<(NodeIx, Duration)>,
+}
+
+impl RedisNode {
+    /// The node's program: serve requests, and ship writes to the replica if there is one.
+    pub async fn run(self, env: NodeEnv) {
+        let mut state = self.state.lock().expect("redis lock");
+        match self.persist {
+            false => *state = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() },
+            true => state.restart(),
+        }
+        drop(state);
+        let rpc = std::rc::Rc::new(Rpc::bind(&env));
+        if let Some((replica, lag)) = self.replica {
+            let (state, rpc) = (self.state.clone(), rpc.clone());
+            madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag).await });
+        }
+        super::serve(self.state, &rpc, &env.clock, &env.recorder).await
+    }
+}
+
+async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Duration) {
+    let shipper = state.lock().expect("redis lock").shipper.clone();
+    loop {
+        shipper.notified().await;
+        madsim::time::sleep(lag).await;
+        let mut s = state.lock().expect("redis lock");
+        let (ops, offset) = (std::mem::take(s.data.backlog.get_or_insert_with(Vec::new)), s.data.offset);
+        drop(s);
+        if !ops.is_empty() {
+            rpc.tell(replica, RedisRequest::Replicate { ops, offset });
+        }
+    }
+}
