@@ -15,7 +15,7 @@ use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, EtcdState, Op as KvOp};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
 use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, SqlRequest, SqlState, Stmt, Value};
 use locksim_sim::backend::zk::{CreateMode, ZkOp, ZkReply, ZkRequest, ZkState};
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::NodeIx;
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ impl RedisModel for SetNxOverwrites {
     }
 
     fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
-        self.0.answer_parked(from, request, timed_out)
+        RedisModel::answer_parked(&mut self.0, from, request, timed_out)
     }
 
     fn restart(&mut self) {

@@ -122,7 +122,7 @@ fn typed(name: &str, a: &[&str]) -> Result<RedisRequest, String> {
         "pexpire" => RedisRequest::PExpire { key: key(), ms: int(a[1])? },
         "pttl" => RedisRequest::PTtl { key: key() },
         "incr" => RedisRequest::Incr { key: key() },
-        "hset" if a.len() % 2 == 0 => return Err("ERR wrong number of arguments for 'hset' command".into()),
+        "hset" if a.len().is_multiple_of(2) => return Err("ERR wrong number of arguments for 'hset' command".into()),
         "hset" => {
             let pairs = a[1..].chunks(2).map(|p| (p[0].to_string(), p[1].to_string())).collect();
             RedisRequest::HSet { key: key(), pairs }

@@ -331,12 +331,15 @@ pub struct RedisNode {
 impl RedisNode {
     /// The node's program: serve requests, and ship writes to the replica if there is one.
     pub async fn run(self, env: NodeEnv) {
-        let mut state = self.state.lock().expect("redis lock");
-        match self.persist {
-            false => *state = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() },
-            true => state.restart(),
+        {
+            let mut state = self.state.lock().expect("redis lock");
+            match self.persist {
+                false => {
+                    *state = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() }
+                }
+                true => state.restart(),
+            }
         }
-        drop(state);
         let rpc = std::rc::Rc::new(Rpc::bind(&env));
         if let Some((replica, lag)) = self.replica {
             let (state, rpc) = (self.state.clone(), rpc.clone());
