@@ -427,16 +427,23 @@ impl Family for Redis {
     }
 
     fn connect(addr: &Addr, _: &Arc<()>, _: usize) -> anyhow::Result<Client> {
-        Ok(Client { addr: *addr, conn: None, pubsub: None })
+        Ok(Client { addr: *addr, conn: None, pubsub: None, unread: Vec::new() })
     }
 
     fn send(client: &mut Client, op: &Op) -> anyhow::Result<String> {
         let (conn, request) = match op {
             Op::Request(r) => (Client::open(&mut client.conn, client.addr)?, r.clone()),
             Op::Subscribe(channel) => {
+                // Messages already waiting on the connection come before the confirmation: keep them.
+                let waiting = client.read_messages()?;
+                client.unread.extend(waiting);
                 (Client::open(&mut client.pubsub, client.addr)?, RedisRequest::Subscribe { channel: channel.clone() })
             }
-            Op::Messages => return client.messages(),
+            Op::Messages => {
+                let mut read = std::mem::take(&mut client.unread);
+                read.extend(client.read_messages()?);
+                return Ok(show_messages(&read));
+            }
         };
         let args = request.to_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -445,6 +452,7 @@ impl Family for Redis {
 
     fn reconnect(client: &mut Client) {
         (client.conn, client.pubsub) = (None, None);
+        client.unread.clear();
     }
 }
 
@@ -454,6 +462,8 @@ pub struct Client {
     addr: Addr,
     conn: Option<resp::Conn>,
     pubsub: Option<resp::Conn>,
+    /// Messages read off the pub/sub connection before a `SUBSCRIBE`'s answer, not yet shown.
+    unread: Vec<PubSubMessage>,
 }
 
 /// How long to listen for one more message: they were published a slot or more ago, on loopback.
@@ -469,8 +479,8 @@ impl Client {
     }
 
     /// The `message` pushes waiting on the pub/sub connection.
-    fn messages(&mut self) -> anyhow::Result<String> {
-        let Some(conn) = &mut self.pubsub else { return Ok(show_messages(&[])) };
+    fn read_messages(&mut self) -> anyhow::Result<Vec<PubSubMessage>> {
+        let Some(conn) = &mut self.pubsub else { return Ok(Vec::new()) };
         let mut read = Vec::new();
         for push in conn.pushes(MESSAGE_WAIT)? {
             match push {
@@ -485,7 +495,7 @@ impl Client {
                 other => anyhow::bail!("not a push: {other:?}"),
             }
         }
-        Ok(show_messages(&read))
+        Ok(read)
     }
 }
 
