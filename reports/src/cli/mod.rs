@@ -57,7 +57,7 @@ enum Command {
 ///
 /// ```no_run
 /// fn main() -> std::process::ExitCode {
-///     crate::cli::main(locksim_locks::Registry::builtin() /* .with(MY_LOCK) */)
+///     locksim_reports::cli::main(locksim_locks::Registry::builtin() /* .with(MY_LOCK) */)
 /// }
 /// ```
 ///
