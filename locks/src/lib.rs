@@ -14,6 +14,7 @@
 //! - [`baseline`]: the flash sale's floor and ceiling, `none` and `sql.conditional-update`.
 //! - [`etcd`]: the etcd family — the `EtcdApi` client trait, sessions (leases kept alive), and
 //!   `etcd.txn-lease`, `etcd.txn-lease-wait`, `etcd.mutex`, `etcd.election`.
+//! - [`work`]: a user's own critical section on the fenced store, and the invariant it keeps.
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
@@ -24,6 +25,7 @@ pub mod etcd;
 pub mod params;
 pub mod redis;
 pub mod sql;
+pub mod work;
 pub mod zk;
 
 use locksim_sim::ctx::Ctx;
@@ -141,23 +143,45 @@ pub fn no_constraints(_: &Params, _: &Params) -> Result<(), String> {
     Ok(())
 }
 
-/// The recipes a scenario file may name: the built-in zoo plus any a user adds.
+/// The recipes and workloads a scenario file may name: the built-in zoo plus any a user adds.
 #[derive(Clone)]
 pub struct Registry {
     recipes: Vec<RecipeSpec>,
+    works: Vec<work::WorkSpec>,
 }
 
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
         let families = [redis::RECIPES, zk::RECIPES, etcd::RECIPES, sql::RECIPES, &[baseline::NONE]];
-        Registry { recipes: families.into_iter().flatten().copied().collect() }
+        Registry { recipes: families.into_iter().flatten().copied().collect(), works: Vec::new() }
     }
 
     /// This registry and `recipe` (e.g. a user's own lock).
     pub fn with(mut self, recipe: RecipeSpec) -> Registry {
         self.recipes.push(recipe);
         self
+    }
+
+    /// This registry and `work`, a user's critical section and invariant (`[workload] kind = "<id>"`).
+    /// Its id must not be `counter` or `flash-sale`, nor another work's.
+    pub fn with_work(mut self, work: work::WorkSpec) -> Registry {
+        assert!(
+            !["counter", "flash-sale"].contains(&work.id) && self.work(work.id).is_none(),
+            "workload kind {:?} is taken",
+            work.id
+        );
+        self.works.push(work);
+        self
+    }
+
+    /// The user's workload of this `kind`.
+    pub fn work(&self, kind: &str) -> Option<&work::WorkSpec> {
+        self.works.iter().find(|w| w.id == kind)
+    }
+
+    pub fn works(&self) -> &[work::WorkSpec] {
+        &self.works
     }
 
     pub fn get(&self, id: &str) -> Option<&RecipeSpec> {

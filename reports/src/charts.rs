@@ -285,6 +285,6 @@ mod tests {
     fn the_matrix_counts_broken_locks_not_slow_or_unfair_service() {
         let broken: Vec<&str> =
             FindingKind::ALL.into_iter().filter(|k| breaks_the_lock(*k)).map(|k| k.name()).collect();
-        assert_eq!(broken, ["double-holder", "unsafe-write", "deadlock", "oversell", "lost-update"]);
+        assert_eq!(broken, ["double-holder", "unsafe-write", "deadlock", "oversell", "lost-update", "invariant"]);
     }
 }

@@ -188,9 +188,9 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
                         chart.draw_series([bar(&s, 0.0, 1.0, OVERLAP.mix(0.35).filled())]).expect("overlap");
                     }
                 }
-                FindingKind::UnsafeWrite | FindingKind::StaleWriteRejected => {
+                FindingKind::UnsafeWrite | FindingKind::Invariant | FindingKind::StaleWriteRejected => {
                     if let Some(lane) = lanes.first() {
-                        let marker = if f.kind == FindingKind::UnsafeWrite { OVERLAP } else { SERIES_OK };
+                        let marker = if f.kind == FindingKind::StaleWriteRejected { SERIES_OK } else { OVERLAP };
                         let at = (to, row(*lane) + 0.5);
                         chart.draw_series([Cross::new(at, 7, marker.stroke_width(3))]).expect("write");
                     }

@@ -123,7 +123,8 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
                 workload: scenario.workload.clone(),
             });
             for i in 0..scenario.workload.clients {
-                world.add_node(&Scenario::client_name(i), client_program(plan.clone()));
+                let name = Scenario::client_name(i);
+                world.add_node(&name, client_program(plan.clone(), name.clone()));
             }
             world.run(&faults, scenario.workload.duration).await;
             if let Some(at) = world.recorder().over_budget_at() {

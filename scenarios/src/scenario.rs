@@ -5,6 +5,7 @@ use crate::checkers::{CheckConfig, FindingKind};
 use crate::duration::DurRange;
 use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
 use locksim_locks::params::Params;
+use locksim_locks::work::WorkSpec;
 use locksim_locks::{RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology};
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,8 @@ pub struct Workload {
     pub reads: f64,
     /// `Some(items)`: a flash sale of this stock (`kind = "flash-sale"`); `None`: the counter.
     pub stock: Option<i64>,
+    /// A user's critical section on the store instead of the counter (`kind = "<its id>"`).
+    pub work: Option<WorkSpec>,
 }
 
 #[derive(Clone)]
@@ -115,8 +118,8 @@ impl Scenario {
         let backend_params = backend.params(recipe.family.params)?;
         backend.finish(&names(recipe.family.params))?;
         (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
-        let workload = workload(&src, &file, &recipe)?;
-        let stock = workload.stock;
+        let workload = workload(&src, &file, &recipe, registry)?;
+        let (stock, invariant) = (workload.stock, workload.work);
         let topo = topology(&recipe, &backend_params, workload.clients);
         let schedule: Vec<Fault> =
             file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
@@ -156,6 +159,7 @@ impl Scenario {
                 fifo: file.check.fifo.unwrap_or(recipe.promises_fifo),
                 starvation,
                 stock,
+                invariant,
                 exclusive: recipe.guard == locksim_locks::Guard::Lock,
             },
             expect,
@@ -239,16 +243,34 @@ fn range(r: &DurRange) -> (Duration, Duration) {
     (r.0, r.1)
 }
 
-fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Workload, ScenarioError> {
+fn workload(
+    src: &Source,
+    file: &ScenarioFile,
+    recipe: &RecipeSpec,
+    registry: &Registry,
+) -> Result<Workload, ScenarioError> {
     let w = &file.workload;
-    let flash_sale = match w.kind.get_ref().as_str() {
-        "counter" => false,
-        "flash-sale" => true,
-        other => {
-            let m = format!("kind: expected \"counter\" or \"flash-sale\", found \"{other}\"");
-            return Err(src.error(w.kind.span(), m));
-        }
+    let (flash_sale, work) = match w.kind.get_ref().as_str() {
+        "counter" => (false, None),
+        "flash-sale" => (true, None),
+        other => match registry.work(other) {
+            Some(work) => (false, Some(*work)),
+            None => {
+                let mut known = vec!["\"counter\"".to_string(), "\"flash-sale\"".to_string()];
+                known.extend(registry.works().iter().map(|w| format!("\"{}\"", w.id)));
+                let m = format!("kind: expected one of {}, found \"{other}\"", known.join(", "));
+                return Err(src.error(w.kind.span(), m));
+            }
+        },
     };
+    if let Some(work) = work.filter(|_| recipe.guard == locksim_locks::Guard::ConditionalUpdate) {
+        let m = format!(
+            "kind = \"{}\" runs its own critical section under a lock, and {} is no lock (its work is one \
+             conditional UPDATE); use a lock, or `none` for no lock at all",
+            work.id, recipe.id
+        );
+        return Err(src.error(w.kind.span(), m));
+    }
     let stock = match (&w.stock, flash_sale) {
         (None, true) => return Err(src.error(w.kind.span(), "a flash sale needs `stock`, the items on sale")),
         (Some(s), false) => {
@@ -289,7 +311,7 @@ fn workload(src: &Source, file: &ScenarioFile, recipe: &RecipeSpec) -> Result<Wo
         return Err(src.error(r.span(), "reads: buyers in a flash sale always write; leave reads out"));
     }
     let (hold, think) = (range(&w.hold), range(&w.think));
-    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads, stock })
+    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads, stock, work })
 }
 
 fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, ScenarioError> {

@@ -22,7 +22,7 @@ pub struct ScenarioResult {
     pub recipe: String,
     /// The kinds of fault it injects, scheduled or drawn (empty: none), for the safety matrix.
     pub fault_kinds: Vec<String>,
-    /// `counter` or `flash-sale`.
+    /// `counter`, `flash-sale`, or a user's workload id.
     pub workload: String,
     pub clients: usize,
     /// Simulated seconds each seed runs.
@@ -208,7 +208,12 @@ impl Meta {
             path: s.path.clone(),
             recipe: s.recipe.id.to_string(),
             fault_kinds: kinds,
-            workload: if s.workload.stock.is_some() { "flash-sale" } else { "counter" }.to_string(),
+            workload: match (s.workload.work, s.workload.stock) {
+                (Some(work), _) => work.id,
+                (None, Some(_)) => "flash-sale",
+                (None, None) => "counter",
+            }
+            .to_string(),
             clients: s.workload.clients,
             duration_s: s.workload.duration.as_secs_f64(),
             expect: s.expect.clone(),

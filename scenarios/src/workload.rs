@@ -5,6 +5,9 @@
 //!   and write stock − 1 with the order → release → think, and goes home once it has seen the stock
 //!   sold out.
 //!
+//! - a user's own (`kind` = a [`WorkSpec`]'s id): each client loops acquire → the spec's critical
+//!   section on the store, with a hold drawn as for the counter → release → think.
+//!
 //! Under a recipe guarded by a conditional update (no lock; the database does the locking) the critical section is
 //! one conditional statement after the hold: `n = n + 1`, or `n = n − 1 WHERE n > 0` with the order.
 //!
@@ -14,12 +17,13 @@
 
 use crate::scenario::Workload;
 use locksim_locks::params::Params;
+use locksim_locks::work::{Section, WorkSpec};
 use locksim_locks::{Outcome, RecipeSpec, Servers};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::net::Rpc;
-use locksim_sim::resource::{ResourceReply, ResourceRequest};
+use locksim_sim::resource::{ResourceReply, ResourceRequest, Store};
 use locksim_sim::rng::{stream, Rng, Stream};
 use locksim_sim::world::{NodeEnv, Program};
 use std::rc::Rc;
@@ -38,15 +42,15 @@ pub struct ClientPlan {
     pub workload: Workload,
 }
 
-/// The program of every client node.
-pub fn client_program(plan: Arc<ClientPlan>) -> Program {
+/// The program of the client node `name`.
+pub fn client_program(plan: Arc<ClientPlan>, name: String) -> Program {
     Arc::new(move |env| {
-        let plan = plan.clone();
-        Box::pin(async move { client(env, &plan).await })
+        let (plan, name) = (plan.clone(), name.clone());
+        Box::pin(async move { client(env, &plan, name).await })
     })
 }
 
-async fn client(env: NodeEnv, plan: &ClientPlan) {
+async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
     let rpc = Rc::new(Rpc::bind(&env));
     let ctx = Ctx::new(&env, rpc.clone());
     let mut lock = (plan.recipe.build)(&plan.params, ctx.clone(), &plan.servers);
@@ -74,7 +78,7 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token, shared });
                 let access = Access { resource: plan.resource, token: grant.token, shared, work: plan.work() };
-                let work = critical_section(&rpc, access, &ctx, draw(plan.workload.hold));
+                let work = critical_section(&rpc, access, &ctx, draw(plan.workload.hold), &name);
                 // A recipe that learns its lock is gone stops its holder before the write.
                 tokio::select! {
                     biased;
@@ -97,6 +101,9 @@ async fn client(env: NodeEnv, plan: &ClientPlan) {
 
 impl ClientPlan {
     fn work(&self) -> Work {
+        if let Some(spec) = self.workload.work {
+            return Work::User(spec);
+        }
         let atomic = self.recipe.guard == locksim_locks::Guard::ConditionalUpdate;
         match (self.workload.stock.is_some(), atomic) {
             (false, false) => Work::Increment,
@@ -118,6 +125,8 @@ enum Work {
     Buy,
     /// Process the order, then `UPDATE stock SET n = n - 1 WHERE n > 0` with the order.
     AtomicBuy,
+    /// The user's critical section, on the store.
+    User(WorkSpec),
 }
 
 /// Where a critical section goes and what it does there.
@@ -130,8 +139,14 @@ struct Access {
 }
 
 /// The critical section; true when it found the stock sold out.
-async fn critical_section(rpc: &Rpc, access: Access, ctx: &Ctx, hold: Duration) -> bool {
+async fn critical_section(rpc: &Rc<Rpc>, access: Access, ctx: &Ctx, hold: Duration, client: &str) -> bool {
     let Access { resource, token, shared, work } = access;
+    if let Work::User(spec) = work {
+        let store = Store::new(rpc.clone(), resource, token);
+        let client = client.to_string();
+        (spec.critical)(Section { store, ctx: ctx.clone(), hold, client, shared }).await;
+        return false;
+    }
     let call = |request| rpc.call::<_, ResourceReply>(resource, request, RESOURCE_TIMEOUT);
     if let Work::AtomicIncrement | Work::AtomicBuy = work {
         ctx.sleep(hold).await;

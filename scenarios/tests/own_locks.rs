@@ -1,9 +1,12 @@
 //! The locks of `examples/own-locks` — a crate outside the workspace, written with only the public API —
 //! are judged like built-in ones: the ZooKeeper one is caught, the SQL and etcd ones stay clean, and
-//! their sessions' events reach the history.
+//! their sessions' events reach the history. Its own state, a ledger with its invariant, is broken by
+//! an unfenced pause and kept whole by fencing.
 
 #[path = "../examples/own-locks/src/etcd_lock.rs"]
 mod etcd_lock;
+#[path = "../examples/own-locks/src/ledger.rs"]
+mod ledger;
 #[path = "../examples/own-locks/src/sql_lock.rs"]
 mod sql_lock;
 #[path = "../examples/own-locks/src/zk_lock.rs"]
@@ -16,8 +19,12 @@ use locksim_scenarios::sweep::{sweep, ScenarioResult};
 use locksim_scenarios::Scenario;
 use locksim_sim::history::EventKind;
 
+fn registry() -> Registry {
+    Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(etcd_lock::RECIPE).with_work(ledger::WORK)
+}
+
 fn scenario(name: &str) -> Scenario {
-    let registry = Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(etcd_lock::RECIPE);
+    let registry = registry();
     let path = format!("{}/examples/own-locks/scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
     Scenario::load(std::path::Path::new(&path), &registry).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -67,4 +74,42 @@ fn the_lease_key_lock_stays_safe_when_holders_crash() {
     assert!(result.as_expected, "{:?}", result.reasons);
     assert_eq!(result.unsafe_seeds, 0);
     assert!(result.results.iter().all(|r| r.measurements.acquisitions > 20), "the lock does work between crashes");
+}
+
+#[test]
+fn the_ledger_loses_entries_to_a_paused_holder_unless_the_store_is_fenced() {
+    let unfenced = swept("ledger-gc-pause", 0..30);
+    assert!(unfenced.as_expected, "{:?}", unfenced.reasons);
+    assert!(unfenced.results.iter().any(|r| r.counts.contains_key(&FindingKind::Invariant)));
+    let run = run_seed(&scenario("ledger-gc-pause"), 1).unwrap();
+    let lost = run.result.findings.iter().find(|f| f.kind == FindingKind::Invariant).expect("seed 1 loses an entry");
+    assert!(lost.detail.contains("append lost"), "{}", lost.detail);
+    let stores = run.history.events.iter().filter(|e| matches!(e.kind, EventKind::Put { accepted: true, .. })).count();
+    assert!(stores > 100, "every critical section writes the ledger: {stores}");
+
+    let fenced = swept("ledger-gc-pause-fencing", 0..100);
+    assert!(fenced.as_expected, "{:?}", fenced.reasons);
+    assert!(fenced.results.iter().all(|r| !r.counts.contains_key(&FindingKind::Invariant)));
+    let refused = fenced.results.iter().filter(|r| r.counts.contains_key(&FindingKind::StaleWriteRejected)).count();
+    assert!(refused > 50, "the pause bites and fencing refuses the stale append: {refused} of 100");
+}
+
+#[test]
+fn a_workload_kind_is_one_of_the_registrys_and_needs_a_lock() {
+    let text = |recipe: &str, kind: &str| {
+        format!("name = \"t\"\n[recipe]\nid = \"{recipe}\"\n[workload]\nkind = \"{kind}\"\nclients = 2\nduration = \"5s\"\n")
+    };
+    let parse = |recipe: &str, kind: &str| {
+        Scenario::parse("f.toml", &text(recipe, kind), &registry()).err().map(|e| e.to_string())
+    };
+    assert_eq!(parse("redis.set-nx-px", "ledger"), None);
+    assert_eq!(
+        parse("redis.set-nx-px", "ledgr").as_deref(),
+        Some("f.toml:5:8: kind: expected one of \"counter\", \"flash-sale\", \"ledger\", found \"ledgr\"")
+    );
+    let no_lock = parse("sql.conditional-update", "ledger").expect("refused");
+    assert!(
+        no_lock.starts_with("f.toml:5:8: kind = \"ledger\" runs its own critical section under a lock"),
+        "{no_lock}"
+    );
 }

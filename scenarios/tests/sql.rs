@@ -103,7 +103,7 @@ fn bad_flash_sale_parameters_are_errors_with_their_line() {
         ),
         (
             "kind = \"auction\"\nclients = 3",
-            "f.toml:6:8: kind: expected \"counter\" or \"flash-sale\", found \"auction\"",
+            "f.toml:6:8: kind: expected one of \"counter\", \"flash-sale\", found \"auction\"",
         ),
     ];
     for (workload, expected) in cases {

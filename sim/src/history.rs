@@ -61,6 +61,21 @@ pub enum EventKind {
     },
     /// The resource saw a client end its critical section.
     Exit,
+    /// The store (a user's state beside the counter) answered a get: `value` is what the key held
+    /// (`None`: nothing, or fencing refused the token).
+    Get {
+        key: String,
+        value: Option<String>,
+        token: Option<u64>,
+        accepted: bool,
+    },
+    /// The store applied (`accepted`) or refused a put of `value` under `key`.
+    Put {
+        key: String,
+        value: String,
+        token: Option<u64>,
+        accepted: bool,
+    },
     /// Flash sale: the resource recorded an order for this buyer with its accepted write.
     Order,
     /// The client lost its lock by its own account (its session or lease is gone) and stops acting on it.

@@ -1,4 +1,5 @@
-//! The resource the lock protects: a counter that records every access with the caller and its token.
+//! The resource the lock protects: a counter that records every access with the caller and its token,
+//! and beside it a key/value store for a user's own state ([`Store`]).
 //!
 //! A client in its critical section reads the value and later writes a new one (read-modify-write). The
 //! resource records `Enter` and `Read` for the read, `Write` and `Exit` for the write. A reader under a
@@ -8,9 +9,18 @@
 //! token it has seen on any access and refuses an exclusive access (a writer's read or write) with a lower
 //! one (recorded with `accepted = false`). Readers share the lock, so their tokens arrive in any order: a
 //! shared read is refused only below the highest token of an exclusive access.
+//!
+//! The store is fenced by the same rule, every get and put being an exclusive access: a user's critical
+//! section may read and write any keys, and each access is recorded (`Get`, `Put`) for the checkers —
+//! `unsafe-write` treats them as it treats the counter's reads and writes, and a user's invariant reads
+//! the accepted ones.
 
 use crate::backend::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
+use crate::net::{CallError, Rpc};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResourceRequest {
@@ -22,11 +32,17 @@ pub enum ResourceRequest {
     /// always), recording an order with it if asked — the flash sale's `UPDATE stock SET n = n - 1
     /// WHERE n > 0`. Answers `Written`, or `Value` with the unchanged value when the condition fails.
     Add { token: Option<u64>, delta: i64, floor: Option<i64>, order: bool },
+    /// The store: what `key` holds. Answers `Stored`.
+    Get { token: Option<u64>, key: String },
+    /// The store: let `key` hold `value`. Answers `Written`.
+    Put { token: Option<u64>, key: String, value: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResourceReply {
     Value(i64),
+    /// What a store key holds (`None`: nothing yet).
+    Stored(Option<String>),
     Written,
     /// Fencing refused a token lower than one already seen.
     StaleToken {
@@ -40,12 +56,13 @@ pub struct ResourceState {
     pub fencing: bool,
     highest: Option<u64>,
     highest_exclusive: Option<u64>,
+    store: BTreeMap<String, String>,
 }
 
 impl ResourceState {
     /// A resource starting at `value` (0 for the counter, the stock for a flash sale).
     pub fn new(fencing: bool, value: i64) -> ResourceState {
-        ResourceState { value, fencing, highest: None, highest_exclusive: None }
+        ResourceState { value, fencing, highest: None, highest_exclusive: None, store: BTreeMap::new() }
     }
 
     /// Write `value` if `token` is admitted: the events of a write that ends a critical section.
@@ -118,6 +135,96 @@ impl Backend for ResourceState {
                     ResourceReply::Value(self.value)
                 }
             }
+            ResourceRequest::Get { token, key } => {
+                let admitted = self.admit(token, false);
+                let value = admitted.ok().and_then(|()| self.store.get(&key).cloned());
+                out.record(from, EventKind::Get { key, value: value.clone(), token, accepted: admitted.is_ok() });
+                match admitted {
+                    Ok(()) => ResourceReply::Stored(value),
+                    Err(highest) => ResourceReply::StaleToken { highest },
+                }
+            }
+            ResourceRequest::Put { token, key, value } => {
+                let admitted = self.admit(token, false);
+                if admitted.is_ok() {
+                    self.store.insert(key.clone(), value.clone());
+                }
+                out.record(from, EventKind::Put { key, value, token, accepted: admitted.is_ok() });
+                match admitted {
+                    Ok(()) => ResourceReply::Written,
+                    Err(highest) => ResourceReply::StaleToken { highest },
+                }
+            }
+        }
+    }
+}
+
+/// How long a store access waits for the resource to answer.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a store access did not happen as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreError {
+    /// Fencing refused the holder's token: a later holder has been at the store.
+    Stale { highest: u64 },
+    /// No answer within [`STORE_TIMEOUT`] (a partition, a pause): it may or may not have happened.
+    Unknown,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Stale { highest } => write!(f, "fencing refused the token: the store has seen token {highest}"),
+            StoreError::Unknown => f.write_str("the store did not answer; the access may have happened"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A holder's handle on the store for one critical section: every access carries the holder's
+/// fencing token (refused below one seen, when the scenario fences).
+#[derive(Clone)]
+pub struct Store {
+    rpc: Rc<Rpc>,
+    resource: NodeIx,
+    token: Option<u64>,
+}
+
+impl Store {
+    /// The store at `resource`, reached with `rpc`, for a holder with `token`.
+    pub fn new(rpc: Rc<Rpc>, resource: NodeIx, token: Option<u64>) -> Store {
+        Store { rpc, resource, token }
+    }
+
+    /// The token this holder's accesses carry.
+    pub fn token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// What `key` holds (`None`: nothing yet).
+    pub async fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        match self.call(ResourceRequest::Get { token: self.token, key: key.to_string() }).await? {
+            ResourceReply::Stored(value) => Ok(value),
+            other => unreachable!("a get is answered with what is stored, not {other:?}"),
+        }
+    }
+
+    /// Let `key` hold `value`.
+    pub async fn put(&self, key: &str, value: impl Into<String>) -> Result<(), StoreError> {
+        let request = ResourceRequest::Put { token: self.token, key: key.to_string(), value: value.into() };
+        match self.call(request).await? {
+            ResourceReply::Written => Ok(()),
+            other => unreachable!("a put is answered `Written`, not {other:?}"),
+        }
+    }
+
+    async fn call(&self, request: ResourceRequest) -> Result<ResourceReply, StoreError> {
+        let reply = self.rpc.call::<_, ResourceReply>(self.resource, request, STORE_TIMEOUT).await;
+        // A plain call opens a fresh connection, so its only failure is no answer.
+        match reply.map_err(|_: CallError| StoreError::Unknown)? {
+            ResourceReply::StaleToken { highest } => Err(StoreError::Stale { highest }),
+            reply => Ok(reply),
         }
     }
 }
@@ -193,6 +300,24 @@ mod tests {
                 (3, EventKind::Exit),
             ]
         );
+    }
+
+    #[test]
+    fn the_store_keeps_keys_and_fences_them_with_the_counter() {
+        let mut r = ResourceState::new(true, 0);
+        let get = |token| ResourceRequest::Get { token: Some(token), key: "k".into() };
+        let put =
+            |token, value: &str| ResourceRequest::Put { token: Some(token), key: "k".into(), value: value.into() };
+        assert_eq!(apply(&mut r, get(3)), ResourceReply::Stored(None));
+        assert_eq!(apply(&mut r, put(3, "a")), ResourceReply::Written);
+        assert_eq!(apply(&mut r, get(3)), ResourceReply::Stored(Some("a".into())));
+        // A holder with token 4 reads the counter; a stale put to the store is refused.
+        assert_eq!(apply(&mut r, ResourceRequest::Read { token: Some(4), shared: false }), ResourceReply::Value(0));
+        let mut out = Out::default();
+        assert_eq!(r.apply(Now::at(0), NodeIx(2), put(3, "b"), &mut out), ResourceReply::StaleToken { highest: 4 });
+        let refused = EventKind::Put { key: "k".into(), value: "b".into(), token: Some(3), accepted: false };
+        assert_eq!(out.events, vec![(NodeIx(2), refused)]);
+        assert_eq!(apply(&mut r, get(4)), ResourceReply::Stored(Some("a".into())));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub struct Args {
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq)]
 enum What {
     Recipes,
+    Workloads,
     Faults,
     Scenarios,
 }
@@ -29,6 +30,9 @@ pub fn list(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     let mut out = String::new();
     if all || args.what == Some(What::Recipes) {
         recipes(&mut out, registry);
+    }
+    if all || args.what == Some(What::Workloads) {
+        workloads(&mut out, registry);
     }
     if all || args.what == Some(What::Faults) {
         faults(&mut out);
@@ -60,6 +64,17 @@ fn recipes(out: &mut String, registry: &Registry) {
             let _ = writeln!(out, "\n  {}  — {} ({token}; {})", r.id, r.summary, r.source);
             params(out, r.params, "      ");
         }
+    }
+    out.push('\n');
+}
+
+fn workloads(out: &mut String, registry: &Registry) {
+    let _ = writeln!(out, "Workloads ([workload] kind = ...):");
+    let _ = writeln!(out, "  {:<12} read the counter, hold, write it plus one (readers only read)", "counter");
+    let _ =
+        writeln!(out, "  {:<12} buyers take one item each from `stock`; checks oversell and lost-update", "flash-sale");
+    for w in registry.works() {
+        let _ = writeln!(out, "  {:<12} {} (your own; its invariant is checked as `invariant`)", w.id, w.summary);
     }
     out.push('\n');
 }

@@ -36,7 +36,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List recipes (with their parameters), fault kinds, or shipped scenarios.
+    /// List recipes (with their parameters), workloads, fault kinds, or shipped scenarios.
     List(list::Args),
     /// Run a scenario over a range of seeds and compare the verdicts with its [expect].
     Run(run::Args),
@@ -52,12 +52,13 @@ enum Command {
     Conform(conform::Args),
 }
 
-/// `locksim`'s `main`, with the recipes scenario files may name: `Registry::builtin()` for the shipped
-/// command, or the built-ins and your own for a command of yours that tests your locks —
+/// `locksim`'s `main`, with the recipes and workloads scenario files may name: `Registry::builtin()`
+/// for the shipped command, or the built-ins and your own for a command of yours that tests your locks
+/// (and your own state under them) —
 ///
 /// ```no_run
 /// fn main() -> std::process::ExitCode {
-///     locksim_reports::cli::main(locksim_locks::Registry::builtin() /* .with(MY_LOCK) */)
+///     locksim_reports::cli::main(locksim_locks::Registry::builtin() /* .with(MY_LOCK).with_work(MY_WORK) */)
 /// }
 /// ```
 ///

@@ -8,6 +8,7 @@ mod double_holder;
 mod flash_sale;
 pub mod herd;
 pub mod holds;
+mod invariant;
 mod measure;
 pub mod starvation;
 mod unfair;
@@ -15,6 +16,7 @@ mod unsafe_write;
 
 pub use measure::{measure, Measurements};
 
+use locksim_locks::work::WorkSpec;
 use locksim_sim::fault::{fmt_duration, FaultKind};
 use locksim_sim::history::{EventKind, History, NodeIx};
 use serde::{Deserialize, Serialize};
@@ -34,10 +36,11 @@ pub enum FindingKind {
     Starvation,
     Oversell,
     LostUpdate,
+    Invariant,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 9] = [
+    pub const ALL: [FindingKind; 10] = [
         FindingKind::DoubleHolder,
         FindingKind::UnsafeWrite,
         FindingKind::StaleWriteRejected,
@@ -47,6 +50,7 @@ impl FindingKind {
         FindingKind::Starvation,
         FindingKind::Oversell,
         FindingKind::LostUpdate,
+        FindingKind::Invariant,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +64,7 @@ impl FindingKind {
             FindingKind::Starvation => "starvation",
             FindingKind::Oversell => "oversell",
             FindingKind::LostUpdate => "lost-update",
+            FindingKind::Invariant => "invariant",
         }
     }
 
@@ -100,6 +105,8 @@ pub struct CheckConfig {
     pub starvation: Option<starvation::Bounds>,
     /// A flash sale's initial stock: `oversell` and `lost-update` are checked only then.
     pub stock: Option<i64>,
+    /// A user's workload, whose invariant over the store is checked (`invariant`).
+    pub invariant: Option<WorkSpec>,
     /// Whether the recipe is a lock (`double-holder` and `unsafe-write` are checked), or a baseline
     /// that keeps nobody apart.
     pub exclusive: bool,
@@ -127,6 +134,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     raw.extend(unfair::check(h, config.fifo));
     raw.extend(starvation::check(h, config.starvation));
     raw.extend(flash_sale::check(h, config.stock));
+    raw.extend(invariant::check(h, config.invariant.as_ref()));
     let faults = fault_windows(h);
     raw.into_iter()
         .map(|r| Finding {

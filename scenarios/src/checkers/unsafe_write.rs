@@ -4,6 +4,9 @@
 //! after A's hold began, had already been admitted to the resource (its read accepted): A is acting on a lock that has passed on, and
 //! B has already read state A is about to overwrite. It is also unsafe when its token is lower than one
 //! the resource already accepted. A refused access (`accepted = false`) is `stale-write-rejected`.
+//!
+//! The store's accesses count as the counter's do: an accepted `Get` admits its client like a `Read`,
+//! and a `Put` is judged like a `Write`.
 
 use super::{FindingKind, Raw};
 use locksim_sim::history::{EventKind, History, NodeIx};
@@ -26,12 +29,15 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
             k if super::holds::kills(k) => {
                 hold_start.remove(&e.node);
             }
-            EventKind::Read { accepted: true, .. } => {
+            EventKind::Read { accepted: true, .. } | EventKind::Get { accepted: true, .. } => {
                 if let Some(start) = hold_start.get(&e.node) {
                     entered.insert(e.node, (*start, e.t));
                 }
             }
-            EventKind::Read { accepted: false, token, .. } | EventKind::Write { accepted: false, token, .. } => {
+            EventKind::Read { accepted: false, token, .. }
+            | EventKind::Write { accepted: false, token, .. }
+            | EventKind::Get { accepted: false, token, .. }
+            | EventKind::Put { accepted: false, token, .. } => {
                 found.push(Raw {
                     kind: FindingKind::StaleWriteRejected,
                     clients: vec![e.node],
@@ -40,7 +46,7 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
                     detail: format!("the resource refused token {}", show(token)),
                 });
             }
-            EventKind::Write { accepted: true, token, .. } => {
+            EventKind::Write { accepted: true, token, .. } | EventKind::Put { accepted: true, token, .. } => {
                 let mine = hold_start.get(&e.node).copied();
                 let newer = entered.iter().find(|(c, (start, _))| **c != e.node && mine.is_some_and(|m| *start > m));
                 if let Some((other, (_, at))) = newer {
@@ -124,6 +130,21 @@ mod tests {
             ],
         );
         let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
+    }
+
+    #[test]
+    fn the_stores_gets_and_puts_are_judged_as_reads_and_writes() {
+        let get = |token| Get { key: "k".into(), value: None, token: Some(token), accepted: true };
+        let put = |token, accepted| Put { key: "k".into(), value: "v".into(), token: Some(token), accepted };
+        let h = history(
+            10.0,
+            vec![(1.0, 0, ok(1)), (1.1, 0, get(1)), (5.0, 1, ok(2)), (5.1, 1, get(2)), (9.0, 0, put(1, true))],
+        );
+        let found = check(&h);
+        assert_eq!((found.len(), found[0].kind), (1, FindingKind::UnsafeWrite));
+        let fenced = history(10.0, vec![(1.0, 0, ok(1)), (5.0, 1, ok(2)), (5.1, 1, get(2)), (9.0, 0, put(1, false))]);
+        let kinds: Vec<_> = check(&fenced).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
     }
 
