@@ -5,13 +5,12 @@ mod common;
 use common::{locksim, stderr, stdout};
 use std::path::PathBuf;
 
-/// A scenario file in a temporary directory.
-fn scenario_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("locksim-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// A scenario file in a temporary directory of its own, removed when the directory is dropped.
+fn scenario_file(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new().prefix("locksim-cli-test-").tempdir().unwrap();
+    let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
-    path
+    (dir, path)
 }
 
 const GOOD: &str = r#"name = "t"
@@ -42,7 +41,7 @@ fn run_exits_0_when_the_verdict_is_as_expected_and_names_a_repro() {
 
 #[test]
 fn run_exits_1_when_a_verdict_differs() {
-    let flipped = scenario_file(
+    let (_dir, flipped) = scenario_file(
         "flipped.toml",
         &GOOD.replace("verdict = \"unsafe\"\nfindings = [\"double-holder\"]", "verdict = \"safe\""),
     );
@@ -148,7 +147,7 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
         ),
     ];
     for (name, from, to, expected) in cases {
-        let path = scenario_file(name, &GOOD.replacen(from, to, 1));
+        let (_dir, path) = scenario_file(name, &GOOD.replacen(from, to, 1));
         let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..2"]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{name}: {err}");
@@ -180,7 +179,7 @@ fn an_output_that_cannot_be_written_is_refused_before_the_run() {
 fn a_fault_test_whose_faults_never_take_effect_fails_and_says_so() {
     // One buyer, one item: sold out and gone long before the pause is due, so there is no holder to hit.
     let text = GOOD.replace("kind = \"counter\"\nclients = 3", "kind = \"flash-sale\"\nstock = 1\nclients = 1");
-    let path = scenario_file("no-waiter.toml", &text);
+    let (_dir, path) = scenario_file("no-waiter.toml", &text);
     let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("every fault of every seed was skipped when due"), "{}", stdout(&o));
@@ -190,7 +189,7 @@ fn a_fault_test_whose_faults_never_take_effect_fails_and_says_so() {
 fn a_seed_too_big_for_its_event_budget_stops_with_a_clear_error() {
     let huge = "name = \"huge\"\n[recipe]\nid = \"none\"\n[workload]\nkind = \"flash-sale\"\nstock = 1000000\n\
                 clients = 64\nduration = \"24h\"\nhold = [\"0ms\", \"0ms\"]\nthink = [\"0ms\", \"0ms\"]\n";
-    let path = scenario_file("huge.toml", huge);
+    let (_dir, path) = scenario_file("huge.toml", huge);
     let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..1"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("used up its budget of 2000000 history events"), "{}", stderr(&o));
@@ -198,7 +197,7 @@ fn a_seed_too_big_for_its_event_budget_stops_with_a_clear_error() {
 
 #[test]
 fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
-    let path = scenario_file(
+    let (_dir, path) = scenario_file(
         "tiny.toml",
         &GOOD.replace("duration = \"20s\"", "duration = \"2s\"").replace("at = \"5s\"", "at = \"1s\""),
     );
@@ -217,7 +216,7 @@ fn a_missing_file_and_bad_arguments_exit_2() {
     assert_eq!(o.status.code(), Some(2), "--jobs 0 is refused");
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "7"]);
     assert!(stdout(&o).contains(": 1 seeds"), "one seed: {}", stdout(&o));
-    let binary = scenario_file("latin1.toml", "");
+    let (_dir, binary) = scenario_file("latin1.toml", "");
     std::fs::write(&binary, b"name = \"caf\xe9\"\n").unwrap();
     let o = locksim(&["run", binary.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
@@ -239,9 +238,8 @@ fn repro_prints_a_byte_identical_trace_in_two_processes() {
 
 #[test]
 fn json_results_are_the_same_at_any_jobs() {
-    let dir = std::env::temp_dir().join(format!("locksim-json-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one.json"), dir.path().join("two.json"));
     let base = ["run", "scenarios/catalog/redis-nemesis-del.toml", "--seeds", "0..30"];
     let o1 = locksim(&[&base[..], &["--jobs", "1", "--json", one.to_str().unwrap()]].concat());
     let o2 = locksim(&[&base[..], &["--jobs", "2", "--json", two.to_str().unwrap()]].concat());

@@ -3,14 +3,11 @@
 mod common;
 
 use common::{locksim, root, stderr, stdout};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A fresh directory for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("locksim-suite-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for one test's files, removed when dropped.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("locksim-suite-test-{name}-")).tempdir().unwrap()
 }
 
 fn read(path: &Path) -> String {
@@ -20,7 +17,7 @@ fn read(path: &Path) -> String {
 #[test]
 fn the_smoke_suite_passes_with_junit_and_a_flipped_expectation_fails_it() {
     let dir = scratch("smoke");
-    let junit = dir.join("junit.xml");
+    let junit = dir.path().join("junit.xml");
     let o = locksim(&["suite", "scenarios/suites/smoke.toml", "--junit", junit.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).contains("as expected, 0 not"), "{}", stdout(&o));
@@ -32,9 +29,9 @@ fn the_smoke_suite_passes_with_junit_and_a_flipped_expectation_fails_it() {
     let text = read(&root().join("scenarios/suites/smoke.toml")).replace("../catalog/", catalog.to_str().unwrap());
     let flipped = text.replacen("seeds = \"0..50\"\n", "seeds = \"0..50\"\n[run.expect]\nverdict = \"safe\"\n", 1);
     assert_ne!(flipped, text);
-    let suite = dir.join("flipped.toml");
+    let suite = dir.path().join("flipped.toml");
     std::fs::write(&suite, flipped).unwrap();
-    let shrunk = dir.join("shrunk");
+    let shrunk = dir.path().join("shrunk");
     let o = locksim(&[
         "suite",
         suite.to_str().unwrap(),
@@ -55,7 +52,7 @@ fn the_smoke_suite_passes_with_junit_and_a_flipped_expectation_fails_it() {
 #[test]
 fn a_bad_suite_file_is_one_precise_error_and_exit_2() {
     let dir = scratch("bad");
-    let suite = dir.join("bad.toml");
+    let suite = dir.path().join("bad.toml");
     std::fs::write(&suite, "name = \"x\"\n[[run]]\nscenario = \"../catalog/nope.toml\"\nseeds = \"0..5\"\n").unwrap();
     let o = locksim(&["suite", suite.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
@@ -82,7 +79,7 @@ fn numbers(results: &Path) -> Vec<String> {
 #[test]
 fn two_shards_merged_by_report_give_the_numbers_of_one_unsharded_run() {
     let dir = scratch("shards");
-    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let path = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
     let scenario = "scenarios/catalog/redis-nemesis-del.toml";
     for (shard, file) in [("1/2", "a.json"), ("2/2", "b.json")] {
         let o = locksim(&["run", scenario, "--seeds", "0..41", "--shard", shard, "--json", &path(file)]);
@@ -93,18 +90,18 @@ fn two_shards_merged_by_report_give_the_numbers_of_one_unsharded_run() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     // The report's inputs merged, written back as results, equal the unsharded run's.
     let merged = locksim_reports::results::ResultsFile::merge(vec![
-        locksim_reports::results::ResultsFile::read(&dir.join("a.json")).unwrap(),
-        locksim_reports::results::ResultsFile::read(&dir.join("b.json")).unwrap(),
+        locksim_reports::results::ResultsFile::read(&dir.path().join("a.json")).unwrap(),
+        locksim_reports::results::ResultsFile::read(&dir.path().join("b.json")).unwrap(),
     ]);
-    merged.unwrap().write(&dir.join("merged.json")).unwrap();
-    assert_eq!(numbers(&dir.join("merged.json")), numbers(&dir.join("all.json")));
-    assert!(read(&dir.join("merged/report.md")).contains("redis-nemesis-del"));
+    merged.unwrap().write(&dir.path().join("merged.json")).unwrap();
+    assert_eq!(numbers(&dir.path().join("merged.json")), numbers(&dir.path().join("all.json")));
+    assert!(read(&dir.path().join("merged/report.md")).contains("redis-nemesis-del"));
 }
 
 #[test]
 fn report_refuses_missing_or_repeated_shards_and_an_empty_shard_runs_nothing_and_passes() {
     let dir = scratch("missing-shards");
-    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let path = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
     let scenario = "scenarios/catalog/redis-nemesis-del.toml";
     for shard in ["1/3", "3/3"] {
         let o = locksim(&[
@@ -134,7 +131,7 @@ fn report_refuses_missing_or_repeated_shards_and_an_empty_shard_runs_nothing_and
 #[test]
 fn a_random_nemesis_seed_of_set_nx_px_with_del_shrinks_to_one_pause_that_repro_replays() {
     let dir = scratch("shrink");
-    let out = dir.join("shrunk.toml");
+    let out = dir.path().join("shrunk.toml");
     let scenario = "scenarios/catalog/redis-nemesis-del.toml";
     let o = locksim(&["shrink", scenario, "--seed", "0", "--finding", "double-holder", "-o", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
@@ -153,10 +150,10 @@ fn a_random_nemesis_seed_of_set_nx_px_with_del_shrinks_to_one_pause_that_repro_r
 #[test]
 fn the_report_has_every_chart_and_a_timeline_draws_the_overlap() {
     let dir = scratch("report");
-    let results = dir.join("r.json");
+    let results = dir.path().join("r.json");
     let o = locksim(&["suite", "scenarios/suites/smoke.toml", "--json", results.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
-    let out = dir.join("report");
+    let out = dir.path().join("report");
     assert_eq!(locksim(&["report", results.to_str().unwrap(), "--out", out.to_str().unwrap()]).status.code(), Some(0));
     let html = read(&out.join("index.html"));
     for title in ["Safety matrix", "Herd curve", "Flash sale", "Latency", "Throughput", "Messages and notifications"] {
@@ -164,7 +161,7 @@ fn the_report_has_every_chart_and_a_timeline_draws_the_overlap() {
     }
     let md = read(&out.join("report.md"));
     assert!(md.contains("![Safety matrix](safety-matrix.svg)") && out.join("safety-matrix.svg").exists());
-    let timeline = dir.join("t.svg");
+    let timeline = dir.path().join("t.svg");
     let o = locksim(&[
         "repro",
         "scenarios/catalog/redis-del-gc-pause.toml",
