@@ -8,11 +8,15 @@
 //! client that crashes keeps it until the server's TCP keep-alive ends the session, and a cut-off
 //! client's late write is refused by the token. `scenarios/sql-job-lock-nemesis.toml` checks that it
 //! stays safe under client partitions and crashes.
+//!
+//! The statements are written as SQL, as they would be for PostgreSQL, and parsed into the model's
+//! statements once, against the table's `CREATE TABLE`.
 
 use locksim_locks::params::Params;
 use locksim_locks::sql::{grant_outcome, outcome, SqlApi, SqlClient, FAMILY, SOCKET_TIMEOUT};
 use locksim_locks::{async_trait, no_constraints, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::sql::{Expr, SqlError, SqlResult, Stmt, Value};
+use locksim_sim::backend::sql::text::Schema;
+use locksim_sim::backend::sql::{SqlError, SqlResult, Stmt, Value};
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -29,11 +33,40 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     build,
 };
 
-const TABLE: &str = "job_locks";
-const JOB: &str = "nightly-report";
+/// Our statements, in PostgreSQL's SQL.
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS job_locks (name text PRIMARY KEY, fence bigint NOT NULL)";
+const INSERT: &str = "INSERT INTO job_locks (name, fence) VALUES ('nightly-report', 0)";
+const LOCK: &str = "SELECT * FROM job_locks WHERE name = 'nightly-report' FOR UPDATE";
+const BUMP: &str = "UPDATE job_locks SET fence = fence + 1 WHERE name = 'nightly-report'";
+const READ: &str = "SELECT fence FROM job_locks WHERE name = 'nightly-report'";
+
+/// The statements, parsed into the model's.
+struct Statements {
+    create: Stmt,
+    insert: Stmt,
+    lock: Stmt,
+    bump: Stmt,
+    read: Stmt,
+}
+
+impl Statements {
+    fn parse() -> Statements {
+        let mut schema = Schema::new();
+        // Constant SQL: a mistake in it is ours, found by the first test that runs the lock.
+        let mut parse = |sql| schema.parse(sql).unwrap_or_else(|e| panic!("my.sql-job-lock: {e}"));
+        Statements {
+            create: parse(CREATE),
+            insert: parse(INSERT),
+            lock: parse(LOCK),
+            bump: parse(BUMP),
+            read: parse(READ),
+        }
+    }
+}
 
 struct JobLock {
     db: SqlClient,
+    sql: Statements,
     holding: bool,
     /// Whether this client has made sure of the table and the row. Once is enough — and every time
     /// would be unfair: an INSERT of the row waits for the holder's transaction (which updated it),
@@ -43,7 +76,7 @@ struct JobLock {
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let db = SqlClient::new(&ctx, servers, params.duration("socket_timeout"));
-    Box::new(JobLock { db, holding: false, schema_ready: false })
+    Box::new(JobLock { db, sql: Statements::parse(), holding: false, schema_ready: false })
 }
 
 impl JobLock {
@@ -52,9 +85,8 @@ impl JobLock {
         if self.schema_ready {
             return Ok(());
         }
-        outcome(self.db.execute(Stmt::CreateTable { table: TABLE.into(), if_not_exists: true }).await)?;
-        let row = vec![("fence".to_string(), Expr::Value(Value::Int(0)))];
-        match self.db.execute(Stmt::Insert { table: TABLE.into(), key: JOB.into(), row }).await {
+        outcome(self.db.execute(self.sql.create.clone()).await)?;
+        match self.db.execute(self.sql.insert.clone()).await {
             Ok(SqlResult::Error(SqlError::UniqueViolation)) => {}
             result => drop(outcome(result)?),
         }
@@ -68,10 +100,9 @@ impl JobLock {
         let conn = self.db.connection().await.ok_or(Outcome::Fail("cannot reach the database".into()))?;
         let run = |stmt| async { outcome(conn.execute(stmt).await) };
         run(Stmt::Begin).await?;
-        run(Stmt::Select { table: TABLE.into(), key: JOB.into(), for_update: true }).await?;
-        let bump = vec![("fence".to_string(), Expr::ColumnPlus("fence".into(), 1))];
-        run(Stmt::Update { table: TABLE.into(), key: JOB.into(), set: bump, cond: vec![] }).await?;
-        match run(Stmt::Select { table: TABLE.into(), key: JOB.into(), for_update: false }).await? {
+        run(self.sql.lock.clone()).await?;
+        run(self.sql.bump.clone()).await?;
+        match run(self.sql.read.clone()).await? {
             SqlResult::Rows(rows) => match rows.first().and_then(|r| r.get("fence")) {
                 Some(Value::Int(fence)) => Ok(*fence as u64),
                 other => Err(Outcome::Fail(format!("no fence in the job's row: {other:?}"))),

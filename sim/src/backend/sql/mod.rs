@@ -48,6 +48,9 @@
 //! cycle), `statement_timeout`, `SET` and `CREATE` undone by `ROLLBACK` (recipes set and create outside transactions), and
 //! checkpoints on a timer (the real server logs a sequence ahead again after each).
 //!
+//! Statements are the typed [`Stmt`]; [`text`] parses them from PostgreSQL's SQL, with a clear error
+//! for anything outside the subset.
+//!
 //! Clients talk to it over connections that behave as TCP streams: statements and results are stream
 //! messages (a partition delays them), results come back when the statement finishes — which may be
 //! much later for one that waits on a lock.
@@ -56,6 +59,7 @@ pub mod client;
 mod exec;
 #[cfg(test)]
 mod tests;
+pub mod text;
 
 use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};

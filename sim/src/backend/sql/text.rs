@@ -1,0 +1,725 @@
+//! SQL as text: the statements the model understands, parsed from PostgreSQL's syntax into [`Stmt`].
+//!
+//! A lock written against PostgreSQL is a handful of SQL strings; this lets a user keep them as
+//! strings. A [`Schema`] knows the tables its `CREATE TABLE` statements declared — each has exactly one
+//! `text PRIMARY KEY` column, the key the model's rows are found by — so that every other statement
+//! can be checked against it: a column that does not exist, or a `WHERE` that does not name the row by
+//! its key, is an error here, with the column of the statement where it went wrong, before anything
+//! runs. What the model cannot do is an error too, never a different statement.
+//!
+//! The subset (keywords in any case; one statement, an optional `;` at the end):
+//! - `BEGIN` (`START TRANSACTION`), `COMMIT` (`END`), `ROLLBACK` (`ABORT`)
+//! - `CREATE TABLE [IF NOT EXISTS] t (k text PRIMARY KEY, c type, …)`, `CREATE SEQUENCE [IF NOT EXISTS] s`
+//! - `SELECT * | c, … FROM t WHERE k = 'key' [FOR UPDATE]` (every column comes back, as with `*`)
+//! - `INSERT INTO t [(k, c, …)] VALUES ('key', expr, …)` (no column list: the table's columns in order)
+//! - `UPDATE t SET c = expr, … WHERE k = 'key' [AND c op expr …]`, `DELETE FROM t WHERE k = 'key' [AND …]`
+//! - `SELECT nextval('s')`, `SELECT pg_advisory_lock(n)`, `pg_try_advisory_lock(n)`, `pg_advisory_unlock(n)`
+//! - `SET lock_timeout = …`, `SET idle_in_transaction_session_timeout = …` (`0`, milliseconds, or a
+//!   string with a unit: `'500ms'`, `'5s'`, `'1min'`)
+//!
+//! `expr` is a literal (`'text'`, an integer, `NULL`), `now()` or `now() ± interval '…'` (the model
+//! keeps times as milliseconds), or a column `±` an integer; `op` is `=`, `<>`, `!=`, `<`, `<=`, `>`, `>=`.
+
+use super::{Cond, Expr, Op, Stmt, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// A statement the model cannot run: where in it, and what was expected there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlTextError {
+    pub statement: String,
+    /// 1-based character column of the statement where it went wrong.
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for SqlTextError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}, column {}: {}", self.statement, self.column, self.message)
+    }
+}
+
+impl std::error::Error for SqlTextError {}
+
+/// The tables statements may name: each `CREATE TABLE` parsed adds one.
+#[derive(Debug, Clone, Default)]
+pub struct Schema {
+    tables: BTreeMap<String, Table>,
+}
+
+#[derive(Debug, Clone)]
+struct Table {
+    /// The `text PRIMARY KEY` column.
+    key: String,
+    /// Every column, the key among them, in declared order.
+    columns: Vec<String>,
+}
+
+impl Schema {
+    pub fn new() -> Schema {
+        Schema::default()
+    }
+
+    /// Parse one statement. A `CREATE TABLE` also declares its table here, for the statements after it.
+    pub fn parse(&mut self, sql: &str) -> Result<Stmt, SqlTextError> {
+        let tokens = lex(sql)?;
+        let mut p = Parser { sql, tokens, at: 0, declared: None };
+        let stmt = p.statement(self)?;
+        p.eat_symbol(";");
+        if let Some(t) = p.peek() {
+            return Err(p.error_at(t, format!("expected the end of the statement, found {}", t.shown())));
+        }
+        if let (Stmt::CreateTable { table, .. }, Some(declared)) = (&stmt, p.declared) {
+            self.tables.entry(table.clone()).or_insert(declared);
+        }
+        Ok(stmt)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Word(String),
+    Str(String),
+    Int(i64),
+    Symbol(&'static str),
+}
+
+#[derive(Debug, Clone)]
+struct Token {
+    tok: Tok,
+    /// Byte offset in the statement.
+    at: usize,
+}
+
+impl Token {
+    fn shown(&self) -> String {
+        match &self.tok {
+            Tok::Word(w) => format!("`{w}`"),
+            Tok::Str(s) => format!("'{s}'"),
+            Tok::Int(n) => n.to_string(),
+            Tok::Symbol(s) => format!("`{s}`"),
+        }
+    }
+}
+
+const SYMBOLS: [&str; 13] = ["<>", "!=", "<=", ">=", "(", ")", ",", "*", "=", "<", ">", "+", "-"];
+
+fn lex(sql: &str) -> Result<Vec<Token>, SqlTextError> {
+    let mut tokens = Vec::new();
+    let mut rest = sql.char_indices().peekable();
+    while let Some(&(at, c)) = rest.peek() {
+        if c.is_whitespace() {
+            rest.next();
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let mut word = String::new();
+            while let Some(&(_, c)) = rest.peek().filter(|(_, c)| c.is_ascii_alphanumeric() || *c == '_') {
+                word.push(c.to_ascii_lowercase());
+                rest.next();
+            }
+            tokens.push(Token { tok: Tok::Word(word), at });
+        } else if c.is_ascii_digit() {
+            let mut digits = String::new();
+            while let Some(&(_, c)) = rest.peek().filter(|(_, c)| c.is_ascii_digit()) {
+                digits.push(c);
+                rest.next();
+            }
+            let n = digits.parse().map_err(|_| error(sql, at, "an integer out of range (64-bit)"))?;
+            tokens.push(Token { tok: Tok::Int(n), at });
+        } else if c == '\'' {
+            rest.next();
+            let mut s = String::new();
+            loop {
+                match rest.next() {
+                    Some((_, '\'')) if rest.peek().is_some_and(|(_, c)| *c == '\'') => {
+                        rest.next();
+                        s.push('\'');
+                    }
+                    Some((_, '\'')) => break,
+                    Some((_, c)) => s.push(c),
+                    None => return Err(error(sql, at, "a string that is never closed (expected a closing `'`)")),
+                }
+            }
+            tokens.push(Token { tok: Tok::Str(s), at });
+        } else if c == ';' && sql[at + 1..].trim().is_empty() {
+            tokens.push(Token { tok: Tok::Symbol(";"), at });
+            break;
+        } else if let Some(sym) = SYMBOLS.iter().find(|s| sql[at..].starts_with(**s)) {
+            for _ in 0..sym.len() {
+                rest.next();
+            }
+            tokens.push(Token { tok: Tok::Symbol(sym), at });
+        } else {
+            let what = if c == ';' {
+                "one statement at a time (a `;` only at the end)".to_string()
+            } else {
+                format!("`{c}`, which the model's SQL does not use")
+            };
+            return Err(error(sql, at, format!("unexpected {what}")));
+        }
+    }
+    Ok(tokens)
+}
+
+fn error(sql: &str, at: usize, message: impl Into<String>) -> SqlTextError {
+    let column = sql[..at.min(sql.len())].chars().count() + 1;
+    SqlTextError { statement: sql.to_string(), column, message: message.into() }
+}
+
+struct Parser<'a> {
+    sql: &'a str,
+    tokens: Vec<Token>,
+    at: usize,
+    /// The table a `CREATE TABLE` declares, once parsed.
+    declared: Option<Table>,
+}
+
+impl Parser<'_> {
+    /// Where the next token starts (the end when there is none).
+    fn offset(&self) -> usize {
+        self.peek().map_or(self.sql.trim_end().trim_end_matches(';').len(), |t| t.at)
+    }
+
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.at).filter(|t| t.tok != Tok::Symbol(";"))
+    }
+
+    fn error_at(&self, t: &Token, message: String) -> SqlTextError {
+        error(self.sql, t.at, message)
+    }
+
+    /// An error at the next token (or the end): `expected …, found …`.
+    fn expected(&self, what: &str) -> SqlTextError {
+        match self.peek() {
+            Some(t) => self.error_at(t, format!("expected {what}, found {}", t.shown())),
+            None => error(self.sql, self.offset(), format!("expected {what}, found the end")),
+        }
+    }
+
+    fn is_word(&self, word: &str) -> bool {
+        matches!(self.peek(), Some(Token { tok: Tok::Word(w), .. }) if w == word)
+    }
+
+    fn eat_word(&mut self, word: &str) -> bool {
+        let yes = self.is_word(word);
+        self.at += usize::from(yes);
+        yes
+    }
+
+    fn word(&mut self, word: &str) -> Result<(), SqlTextError> {
+        if self.eat_word(word) {
+            Ok(())
+        } else {
+            Err(self.expected(&format!("`{}`", word.to_uppercase())))
+        }
+    }
+
+    fn eat_symbol(&mut self, symbol: &str) -> bool {
+        let yes = matches!(self.tokens.get(self.at), Some(Token { tok: Tok::Symbol(s), .. }) if *s == symbol);
+        self.at += usize::from(yes);
+        yes
+    }
+
+    fn symbol(&mut self, symbol: &str) -> Result<(), SqlTextError> {
+        if self.eat_symbol(symbol) {
+            Ok(())
+        } else {
+            Err(self.expected(&format!("`{symbol}`")))
+        }
+    }
+
+    fn name(&mut self, what: &str) -> Result<String, SqlTextError> {
+        match self.peek().map(|t| t.tok.clone()) {
+            Some(Tok::Word(w)) => {
+                self.at += 1;
+                Ok(w)
+            }
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, SqlTextError> {
+        match self.peek().map(|t| t.tok.clone()) {
+            Some(Tok::Str(s)) => {
+                self.at += 1;
+                Ok(s)
+            }
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    fn int(&mut self, what: &str) -> Result<i64, SqlTextError> {
+        let negative = self.eat_symbol("-");
+        match self.peek().map(|t| t.tok.clone()) {
+            Some(Tok::Int(n)) => {
+                self.at += 1;
+                Ok(if negative { -n } else { n })
+            }
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    fn statement(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
+        let first = self.peek().cloned().ok_or_else(|| self.expected("a statement"))?;
+        let Tok::Word(verb) = &first.tok else { return Err(self.expected("a statement")) };
+        self.at += 1;
+        match verb.as_str() {
+            "begin" => Ok(Stmt::Begin),
+            "start" => self.word("transaction").map(|()| Stmt::Begin),
+            "commit" | "end" => Ok(Stmt::Commit),
+            "rollback" | "abort" => Ok(Stmt::Rollback),
+            "create" => self.create(),
+            "select" => self.select(schema),
+            "insert" => self.insert(schema),
+            "update" => self.update(schema),
+            "delete" => self.delete(schema),
+            "set" => self.set(),
+            _ => Err(self.error_at(
+                &first,
+                format!(
+                    "expected BEGIN, COMMIT, ROLLBACK, CREATE, SELECT, INSERT, UPDATE, DELETE or SET, found {} (the \
+                     model's SQL is listed in locksim_sim::backend::sql::text)",
+                    first.shown()
+                ),
+            )),
+        }
+    }
+
+    fn if_not_exists(&mut self) -> Result<bool, SqlTextError> {
+        if self.eat_word("if") {
+            self.word("not")?;
+            self.word("exists")?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn create(&mut self) -> Result<Stmt, SqlTextError> {
+        if self.eat_word("sequence") {
+            let if_not_exists = self.if_not_exists()?;
+            let sequence = self.name("a sequence name")?;
+            return Ok(Stmt::CreateSequence { sequence, if_not_exists });
+        }
+        self.word("table").map_err(|_| self.expected("`TABLE` or `SEQUENCE`"))?;
+        let if_not_exists = self.if_not_exists()?;
+        let table = self.name("a table name")?;
+        self.symbol("(")?;
+        let mut columns = Vec::new();
+        let mut key = None;
+        loop {
+            let start = self.offset();
+            let column = self.name("a column name")?;
+            let ty = self.name("the column's type (text, bigint, integer, timestamptz, …)")?;
+            if self.eat_word("primary") {
+                self.word("key")?;
+                if ty != "text" && ty != "varchar" {
+                    return Err(error(
+                        self.sql,
+                        start,
+                        format!("the model keys rows by text; make {column} `text PRIMARY KEY`"),
+                    ));
+                }
+                if key.replace(column.clone()).is_some() {
+                    return Err(error(self.sql, start, "expected one PRIMARY KEY column, found a second"));
+                }
+            } else if self.eat_word("not") {
+                self.word("null")?;
+            }
+            if columns.contains(&column) {
+                return Err(error(self.sql, start, format!("column {column} is declared twice")));
+            }
+            columns.push(column);
+            if !self.eat_symbol(",") {
+                break;
+            }
+        }
+        let Some(key) = key else {
+            return Err(self.expected("a `text PRIMARY KEY` column before `)` (the model finds rows by one text key)"));
+        };
+        self.symbol(")")?;
+        self.declared = Some(Table { key, columns });
+        Ok(Stmt::CreateTable { table, if_not_exists })
+    }
+
+    fn table<'s>(&mut self, schema: &'s Schema) -> Result<(String, &'s Table), SqlTextError> {
+        let at = self.offset();
+        let name = self.name("a table name")?;
+        match schema.tables.get(&name) {
+            Some(t) => Ok((name, t)),
+            None => {
+                Err(error(self.sql, at, format!("table {name} is not in the schema: parse its CREATE TABLE first")))
+            }
+        }
+    }
+
+    fn column(&mut self, table: &Table, what: &str) -> Result<String, SqlTextError> {
+        let at = self.offset();
+        let column = self.name(what)?;
+        if table.columns.contains(&column) {
+            Ok(column)
+        } else {
+            Err(error(
+                self.sql,
+                at,
+                format!("column {column} does not exist; expected one of {}", table.columns.join(", ")),
+            ))
+        }
+    }
+
+    /// `WHERE key = 'k' [AND column op expr …]`: the key, and the other conditions.
+    fn where_key(&mut self, table: &Table) -> Result<(String, Vec<Cond>), SqlTextError> {
+        self.word("where")?;
+        let at = self.offset();
+        let column = self.column(table, "the key column")?;
+        if column != table.key {
+            let m = format!("expected the row's key first (`{} = '…'`): the model finds rows by their key", table.key);
+            return Err(error(self.sql, at, m));
+        }
+        self.symbol("=")?;
+        let key = self.string("the key, a text literal ('…')")?;
+        let mut cond = Vec::new();
+        while self.eat_word("and") {
+            let column = self.column(table, "a column")?;
+            let op = self.op()?;
+            let rhs = self.expr(table)?;
+            cond.push(Cond { column, op, rhs });
+        }
+        Ok((key, cond))
+    }
+
+    fn op(&mut self) -> Result<Op, SqlTextError> {
+        let ops = [
+            ("=", Op::Eq),
+            ("<>", Op::Ne),
+            ("!=", Op::Ne),
+            ("<=", Op::Le),
+            (">=", Op::Ge),
+            ("<", Op::Lt),
+            (">", Op::Gt),
+        ];
+        for (symbol, op) in ops {
+            if self.eat_symbol(symbol) {
+                return Ok(op);
+            }
+        }
+        Err(self.expected("a comparison (=, <>, <, <=, >, >=)"))
+    }
+
+    fn expr(&mut self, table: &Table) -> Result<Expr, SqlTextError> {
+        match self.peek().map(|t| t.tok.clone()) {
+            Some(Tok::Str(s)) => {
+                self.at += 1;
+                Ok(Expr::Value(Value::Text(s)))
+            }
+            Some(Tok::Int(_)) | Some(Tok::Symbol("-")) => Ok(Expr::Value(Value::Int(self.int("an integer")?))),
+            Some(Tok::Word(w)) if w == "null" => {
+                self.at += 1;
+                Ok(Expr::Value(Value::Null))
+            }
+            Some(Tok::Word(w)) if w == "now" => {
+                self.at += 1;
+                self.symbol("(")?;
+                self.symbol(")")?;
+                let sign = if self.eat_symbol("+") {
+                    1
+                } else if self.eat_symbol("-") {
+                    -1
+                } else {
+                    return Ok(Expr::NowPlus(0));
+                };
+                self.word("interval")?;
+                let at = self.offset();
+                let text = self.string("an interval ('30 seconds', '500ms', …)")?;
+                let d = duration(&text).ok_or_else(|| {
+                    error(self.sql, at, format!("expected an interval like '30 seconds' or '500ms', found '{text}'"))
+                })?;
+                Ok(Expr::NowPlus(sign * d.as_millis() as i64))
+            }
+            Some(Tok::Word(_)) => {
+                let column = self.column(table, "a column")?;
+                let sign = if self.eat_symbol("+") {
+                    1
+                } else if self.eat_symbol("-") {
+                    -1
+                } else {
+                    return Err(self.expected(
+                        "`+` or `-` and an integer after the column (a bare column is not a value the model computes)",
+                    ));
+                };
+                Ok(Expr::ColumnPlus(column, sign * self.int("an integer")?))
+            }
+            _ => {
+                Err(self.expected("a value: 'text', an integer, NULL, now() [± interval '…'] or a column ± an integer"))
+            }
+        }
+    }
+
+    fn select(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
+        if let Some(Tok::Word(f)) = self.peek().map(|t| t.tok.clone()) {
+            let calls = ["nextval", "pg_advisory_lock", "pg_try_advisory_lock", "pg_advisory_unlock"];
+            if calls.contains(&f.as_str()) && self.tokens.get(self.at + 1).is_some_and(|t| t.tok == Tok::Symbol("(")) {
+                self.at += 2;
+                let stmt = match f.as_str() {
+                    "nextval" => Stmt::NextVal { sequence: self.string("the sequence's name as a string ('s')")? },
+                    "pg_advisory_lock" => Stmt::AdvisoryLock(self.int("a 64-bit key")?),
+                    "pg_try_advisory_lock" => Stmt::TryAdvisoryLock(self.int("a 64-bit key")?),
+                    _ => Stmt::AdvisoryUnlock(self.int("a 64-bit key")?),
+                };
+                self.symbol(")")?;
+                return Ok(stmt);
+            }
+        }
+        // The columns are checked once the table is known.
+        let list_at = self.at;
+        if !self.eat_symbol("*") {
+            loop {
+                self.name("`*`, a column, nextval('…') or a pg_advisory_* call")?;
+                if !self.eat_symbol(",") {
+                    break;
+                }
+            }
+        }
+        let list_end = self.at;
+        self.word("from")?;
+        let (table, spec) = self.table(schema)?;
+        let after = self.at;
+        self.at = list_at;
+        while self.at < list_end {
+            if !self.eat_symbol("*") && !self.eat_symbol(",") {
+                self.column(spec, "a column")?;
+            }
+        }
+        self.at = after;
+        let (key, cond) = self.where_key(spec)?;
+        if let Some(c) = cond.first() {
+            let m = format!(
+                "a SELECT finds its row by the key alone; the condition on {} is more than the model reads",
+                c.column
+            );
+            return Err(error(self.sql, self.tokens[self.at.saturating_sub(1)].at, m));
+        }
+        let for_update = self.eat_word("for");
+        if for_update {
+            self.word("update")?;
+        }
+        Ok(Stmt::Select { table, key, for_update })
+    }
+
+    fn insert(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
+        self.word("into")?;
+        let (table, spec) = self.table(schema)?;
+        let mut columns = Vec::new();
+        if self.eat_symbol("(") {
+            loop {
+                columns.push(self.column(spec, "a column")?);
+                if !self.eat_symbol(",") {
+                    break;
+                }
+            }
+            self.symbol(")")?;
+        } else {
+            columns = spec.columns.clone();
+        }
+        self.word("values")?;
+        self.symbol("(")?;
+        let mut key = None;
+        let mut row = Vec::new();
+        for (i, column) in columns.iter().enumerate() {
+            if i > 0 {
+                self.symbol(",")?;
+            }
+            if *column == spec.key {
+                key = Some(self.string(&format!("the key ({column}), a text literal ('…')"))?);
+            } else {
+                row.push((column.clone(), self.expr(spec)?));
+            }
+        }
+        if self.eat_symbol(",") {
+            return Err(self.expected(&format!("`)`: {} columns, {} values so far", columns.len(), columns.len())));
+        }
+        self.symbol(")")?;
+        let key = key.ok_or_else(|| self.expected(&format!("a value for the key column {}", spec.key)))?;
+        Ok(Stmt::Insert { table, key, row })
+    }
+
+    fn update(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
+        let (table, spec) = self.table(schema)?;
+        self.word("set")?;
+        let mut set = Vec::new();
+        loop {
+            let at = self.offset();
+            let column = self.column(spec, "a column")?;
+            if column == spec.key {
+                return Err(error(self.sql, at, "the model does not change a row's key"));
+            }
+            self.symbol("=")?;
+            set.push((column, self.expr(spec)?));
+            if !self.eat_symbol(",") {
+                break;
+            }
+        }
+        let (key, cond) = self.where_key(spec)?;
+        Ok(Stmt::Update { table, key, set, cond })
+    }
+
+    fn delete(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
+        self.word("from")?;
+        let (table, spec) = self.table(schema)?;
+        let (key, cond) = self.where_key(spec)?;
+        Ok(Stmt::Delete { table, key, cond })
+    }
+
+    fn set(&mut self) -> Result<Stmt, SqlTextError> {
+        let at = self.offset();
+        let setting = self.name("lock_timeout or idle_in_transaction_session_timeout")?;
+        if !self.eat_symbol("=") {
+            self.word("to")?;
+        }
+        let d = match self.peek().map(|t| t.tok.clone()) {
+            Some(Tok::Int(ms)) if ms >= 0 => {
+                self.at += 1;
+                Some(Duration::from_millis(ms as u64))
+            }
+            Some(Tok::Str(s)) => {
+                self.at += 1;
+                duration(&s)
+            }
+            _ => None,
+        };
+        let d = d.ok_or_else(|| self.expected("0, milliseconds, or a string with a unit ('500ms', '5s', '1min')"))?;
+        match setting.as_str() {
+            "lock_timeout" => Ok(Stmt::SetLockTimeout(d)),
+            "idle_in_transaction_session_timeout" => Ok(Stmt::SetIdleInTransactionSessionTimeout(d)),
+            other => Err(error(
+                self.sql,
+                at,
+                format!("the model has the settings lock_timeout and idle_in_transaction_session_timeout, not {other}"),
+            )),
+        }
+    }
+}
+
+/// PostgreSQL's time units in a setting or interval: `500ms`, `5s`, `5 seconds`, `1min`, `2 minutes`,
+/// `1h`, or a bare number of milliseconds.
+fn duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let n: u64 = text[..split].parse().ok()?;
+    let ms = match text[split..].trim() {
+        "" | "ms" | "millisecond" | "milliseconds" => 1,
+        "s" | "sec" | "second" | "seconds" => 1_000,
+        "min" | "minute" | "minutes" => 60_000,
+        "h" | "hour" | "hours" => 3_600_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(ms)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema() -> Schema {
+        let mut s = Schema::new();
+        let create = "create table if not exists job_locks (name text primary key, holder text, fence bigint not null)";
+        assert_eq!(s.parse(create), Ok(Stmt::CreateTable { table: "job_locks".into(), if_not_exists: true }));
+        s
+    }
+
+    #[test]
+    fn a_lock_tables_statements_parse_into_the_models() {
+        let mut s = schema();
+        let key = || "nightly".to_string();
+        let table = || "job_locks".to_string();
+        let cases = [
+            ("BEGIN", Stmt::Begin),
+            ("start transaction;", Stmt::Begin),
+            (
+                "SELECT * FROM job_locks WHERE name = 'nightly' FOR UPDATE",
+                Stmt::Select { table: table(), key: key(), for_update: true },
+            ),
+            (
+                "select fence from job_locks where name = 'nightly'",
+                Stmt::Select { table: table(), key: key(), for_update: false },
+            ),
+            (
+                "INSERT INTO job_locks VALUES ('nightly', 'client-0', 1)",
+                Stmt::Insert {
+                    table: table(),
+                    key: key(),
+                    row: vec![
+                        ("holder".into(), Expr::Value(Value::Text("client-0".into()))),
+                        ("fence".into(), Expr::Value(Value::Int(1))),
+                    ],
+                },
+            ),
+            (
+                "UPDATE job_locks SET fence = fence + 1, holder = NULL WHERE name = 'nightly' AND fence >= -2",
+                Stmt::Update {
+                    table: table(),
+                    key: key(),
+                    set: vec![
+                        ("fence".into(), Expr::ColumnPlus("fence".into(), 1)),
+                        ("holder".into(), Expr::Value(Value::Null)),
+                    ],
+                    cond: vec![Cond { column: "fence".into(), op: Op::Ge, rhs: Expr::Value(Value::Int(-2)) }],
+                },
+            ),
+            (
+                "DELETE FROM job_locks WHERE name = 'nightly' AND holder <> 'it''s me'",
+                Stmt::Delete {
+                    table: table(),
+                    key: key(),
+                    cond: vec![Cond {
+                        column: "holder".into(),
+                        op: Op::Ne,
+                        rhs: Expr::Value(Value::Text("it's me".into())),
+                    }],
+                },
+            ),
+            ("SELECT nextval('fence')", Stmt::NextVal { sequence: "fence".into() }),
+            ("SELECT pg_try_advisory_lock(-42)", Stmt::TryAdvisoryLock(-42)),
+            ("SET lock_timeout = '2s'", Stmt::SetLockTimeout(Duration::from_secs(2))),
+            ("SET idle_in_transaction_session_timeout TO 0", Stmt::SetIdleInTransactionSessionTimeout(Duration::ZERO)),
+            ("CREATE SEQUENCE fence", Stmt::CreateSequence { sequence: "fence".into(), if_not_exists: false }),
+        ];
+        for (text, stmt) in cases {
+            assert_eq!(s.parse(text), Ok(stmt), "{text}");
+        }
+        let lease =
+            s.parse("UPDATE job_locks SET fence = 1 WHERE name = 'nightly' AND fence < now() - interval '30 seconds'");
+        let Ok(Stmt::Update { cond, .. }) = lease else { panic!("{lease:?}") };
+        assert_eq!(cond[0].rhs, Expr::NowPlus(-30_000));
+    }
+
+    #[test]
+    fn what_the_model_cannot_run_is_an_error_at_its_column() {
+        let mut s = schema();
+        let cases = [
+            ("SELEC * FROM job_locks", 1, "expected BEGIN, COMMIT, ROLLBACK, CREATE, SELECT, INSERT, UPDATE, DELETE or SET, found `selec` (the model's SQL is listed in locksim_sim::backend::sql::text)"),
+            ("SELECT * FROM jobs WHERE name = 'x'", 15, "table jobs is not in the schema: parse its CREATE TABLE first"),
+            ("SELECT * FROM job_locks WHERE holder = 'x'", 31, "expected the row's key first (`name = '…'`): the model finds rows by their key"),
+            ("UPDATE job_locks SET fenc = 1 WHERE name = 'x'", 22, "column fenc does not exist; expected one of name, holder, fence"),
+            ("DELETE FROM job_locks WHERE name = 'x' OR fence = 1", 40, "expected the end of the statement, found `or`"),
+            ("SELECT * FROM job_locks WHERE name = 'x", 38, "a string that is never closed (expected a closing `'`)"),
+            ("BEGIN; COMMIT", 6, "unexpected one statement at a time (a `;` only at the end)"),
+            ("SET statement_timeout = 0", 5, "the model has the settings lock_timeout and idle_in_transaction_session_timeout, not statement_timeout"),
+            ("UPDATE job_locks SET holder = fence WHERE name = 'x'", 37, "expected `+` or `-` and an integer after the column (a bare column is not a value the model computes), found `where`"),
+            ("CREATE TABLE t (a bigint)", 25, "expected a `text PRIMARY KEY` column before `)` (the model finds rows by one text key), found `)`"),
+            ("INSERT INTO job_locks (holder) VALUES ('me')", 45, "expected a value for the key column name, found the end"),
+        ];
+        let wrong: Vec<String> = cases
+            .iter()
+            .filter_map(|(text, column, message)| match s.parse(text) {
+                Err(e) if (e.column, e.message.as_str()) == (*column, *message) => None,
+                other => Some(format!("{text}: {other:?}")),
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        let e = s.parse("SELECT * FROM jobs").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "\"SELECT * FROM jobs\", column 15: table jobs is not in the schema: parse its CREATE TABLE first"
+        );
+    }
+}
