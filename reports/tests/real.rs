@@ -111,3 +111,51 @@ fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
     let ps = String::from_utf8_lossy(&ps.stdout);
     assert!(!ps.lines().any(|l| l.contains("adapters/redis_py_lock.py")), "a client process was left: {ps}");
 }
+
+/// A scenario in a fresh directory whose command is the redis-py adapter, by absolute path.
+fn redis_py_scenario(body: &str) -> (tempfile::TempDir, String) {
+    let real = root().join("scenarios/real");
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "name = \"t\"\n[recipe]\ncommand = [\"{}\", \"{}\"]\ntimeout = \"1s\"\nsleep = \"10ms\"\n{body}",
+        real.join(".venv/bin/python").display(),
+        real.join("adapters/redis_py_lock.py").display()
+    );
+    let path = dir.path().join("t.toml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.display().to_string();
+    (dir, path)
+}
+
+#[test]
+fn a_crashed_holder_comes_back_as_a_new_process_and_the_lock_recovers() {
+    if !ready_for_real() {
+        return;
+    }
+    let (_dir, path) = redis_py_scenario(
+        "[workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n\
+         [[faults.schedule]]\nat = \"1s\"\nkind = \"crash\"\ntarget = \"holder\"\nduration = \"500ms\"\n",
+    );
+    let out = locksim(&["run", &path, "--real"]);
+    let (text, err) = (stdout(&out), stderr(&out));
+    // The crashed holder's key expires after its 1 s timeout; the other client then takes the lock.
+    assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+    assert!(text.contains("expected safe: as expected"), "{text}");
+    assert!(text.contains("recovery after a holder crash"), "the crash hit a holder: {text}");
+    assert!(!text.contains("never recovered"), "{text}");
+}
+
+#[test]
+fn a_command_that_breaks_the_protocol_is_a_harness_error_naming_the_client_and_the_line() {
+    if !ready_for_real() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = "name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"read l; echo hello; sleep 10\"]\n\
+                [workload]\nkind = \"counter\"\nclients = 1\nduration = \"3s\"\n";
+    let path = dir.path().join("t.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("client-0: bad line from the command: \"hello\": not JSON"), "{}", stderr(&out));
+}

@@ -3,8 +3,8 @@
 //!
 //! A reader thread turns the process's stdout into [`Line`]s on a channel, so that the workload can
 //! wait for an answer with a deadline; another keeps the last lines of its stderr for error messages.
-//! The process gets `PR_SET_PDEATHSIG` = SIGKILL, so it dies with locksim however locksim ends
-//! (Ctrl-C included).
+//! The process leads its own process group, which faults and the final kill signal as a whole, and
+//! gets `PR_SET_PDEATHSIG` = SIGKILL, so it dies with locksim however locksim ends (Ctrl-C included).
 
 use super::protocol::{parse, Message, ProtocolError, Request};
 use std::collections::VecDeque;
@@ -126,22 +126,23 @@ impl Drop for ClientProcess {
     }
 }
 
-/// SIGCONT (a stopped process is killed all the same, but be plain), SIGKILL, then wait for it.
+/// SIGKILL to the process and its group (whatever it started), then wait for it.
 fn kill_and_reap(child: &mut Child) {
     let pid = child.id() as libc::pid_t;
-    if let Ok(None) = child.try_wait() {
-        // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs).
-        unsafe {
-            libc::kill(pid, libc::SIGCONT);
-        }
-        let _ = child.kill();
+    // SAFETY: kill(2) on our own child's group; the child is not reaped yet (wait below), so its pid
+    // (the group's id) is still ours.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
     }
+    let _ = child.kill();
     let _ = child.wait();
 }
 
-/// The child gets SIGKILL when locksim dies (Linux `PR_SET_PDEATHSIG`).
+/// The child leads a process group of its own (a fault signals the whole group: the adapter and
+/// anything it started), and gets SIGKILL when locksim dies (Linux `PR_SET_PDEATHSIG`).
 fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
     unsafe {
         cmd.pre_exec(|| {

@@ -1,4 +1,5 @@
-//! Real faults on client processes: `pause` is SIGSTOP, then SIGCONT after its duration (a
+//! Real faults on client processes (signals to the process group each client leads): `pause` is
+//! SIGSTOP, then SIGCONT after its duration (a
 //! stop-the-world pause: the kernel still holds its sockets); `crash` is SIGKILL, and the client comes
 //! back as a new process after `duration` if given (its workload draws from a new stream, as a
 //! restarted simulated node does), else stays down. They are recorded as the simulator records them:
@@ -64,7 +65,11 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) {
             let Some(pid) = signal_live(run, slot, node, start, libc::SIGSTOP) else {
                 return skip(node, format!("{target} is down"));
             };
-            run.sleep_until(fault.at + duration);
+            if !run.sleep_until(fault.at + duration) {
+                // The run ended first: the process is killed with the others, as the simulator ends
+                // the world with the node still paused.
+                return;
+            }
             let s = slot.lock().expect("slot lock");
             if s.pid == Some(pid) {
                 send(pid, libc::SIGCONT);
@@ -126,10 +131,11 @@ fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
     }
 }
 
-/// kill(2) on a client process locksim started and has not reaped (the caller holds its slot).
+/// kill(2) on a client process's group (it leads one: the adapter and whatever it started), which
+/// locksim started and has not reaped (the caller holds its slot).
 fn send(pid: i32, sig: i32) {
-    // SAFETY: plain kill(2); the pid is our unreaped child while its slot is locked.
+    // SAFETY: plain kill(2); the pid is our unreaped child's, and so its group's, while its slot is locked.
     unsafe {
-        libc::kill(pid, sig);
+        libc::kill(-pid, sig);
     }
 }
