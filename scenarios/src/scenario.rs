@@ -252,7 +252,8 @@ fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<R
         return Err(src.error(id.span(), m));
     }
     let spec = *registry.get(&name).ok_or_else(|| {
-        let known: Vec<&str> = registry.recipes().iter().map(|r| r.id).collect();
+        let known: Vec<&str> =
+            registry.recipes().iter().map(|r| r.id).filter(|id| *id != locksim_locks::command::ID).collect();
         src.error(id.span(), format!("unknown recipe id \"{name}\"; expected one of: {}", known.join(", ")))
     })?;
     let mut section = Section::new(src, format!("[recipe] of {name}"), table.get_ref());

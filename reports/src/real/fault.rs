@@ -1,7 +1,6 @@
 //! Real faults on client processes (signals to the process group each client leads): `pause` is
-//! SIGSTOP, then SIGCONT after its duration (a
-//! stop-the-world pause: the kernel still holds its sockets); `crash` is SIGKILL, and the client comes
-//! back as a new process after `duration` if given (its workload draws from a new stream, as a
+//! SIGSTOP, then SIGCONT after its duration (a stop-the-world pause: the kernel still holds its
+//! sockets); `crash` is SIGKILL, and the client comes back as a new process after `duration` if given (its workload draws from a new stream, as a
 //! restarted simulated node does), else stays down. They are recorded as the simulator records them:
 //! `FaultStart` with the target and detail, `FaultEnd` when a pause ends or a crashed client restarts,
 //! `FaultSkipped` when `holder` or `waiter` finds nobody or the target is down.

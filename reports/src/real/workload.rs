@@ -95,15 +95,13 @@ impl Session<'_> {
         };
         let workload = &self.run.workload;
         while !self.run.over() {
-            let hold = draw(workload.hold);
-            let think = draw(workload.think);
             self.record(EventKind::AcquireInvoke);
             match self.call(Request::Acquire)? {
                 Answer::End(end) => return Ok(end),
                 Answer::Message(Message::Ok { token }) => {
                     self.record(EventKind::AcquireOk { token, shared: false });
                     self.lost = false;
-                    if let Some(end) = self.critical_section(token, hold)? {
+                    if let Some(end) = self.critical_section(token, draw(workload.hold))? {
                         return Ok(end);
                     }
                     self.record(EventKind::ReleaseInvoke);
@@ -120,7 +118,7 @@ impl Session<'_> {
                 Answer::Message(Message::Unknown { reason }) => self.record(EventKind::AcquireUnknown { reason }),
                 Answer::Message(other) => return Err(self.unexpected(&other, "acquire")),
             }
-            if let Some(end) = self.idle(think)? {
+            if let Some(end) = self.idle(draw(workload.think))? {
                 return Ok(end);
             }
         }
