@@ -12,6 +12,7 @@
 //! - [`sql`]: the database family — the `SqlApi` connection trait, the PostgreSQL deployment, and
 //!   `sql.for-update`, `sql.unique-insert`, `sql.unique-insert-expiry`, `sql.advisory`.
 //! - [`baseline`]: the flash sale's floor and ceiling, `none` and `sql.conditional-update`.
+//! - [`command`]: `[recipe] command = [...]`, a lock in any language run as client processes (real mode).
 //! - [`etcd`]: the etcd family — the `EtcdApi` client trait, sessions (leases kept alive), and
 //!   `etcd.txn-lease`, `etcd.txn-lease-wait`, `etcd.mutex`, `etcd.election`.
 //! - [`work`]: a user's own critical section on the fenced store, and the invariant it keeps.
@@ -21,6 +22,7 @@
 //! workload records around their calls); they never see checkers.
 
 pub mod baseline;
+pub mod command;
 pub mod etcd;
 pub mod params;
 pub mod redis;
@@ -153,7 +155,8 @@ pub struct Registry {
 impl Registry {
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
-        let families = [redis::RECIPES, zk::RECIPES, etcd::RECIPES, sql::RECIPES, &[baseline::NONE]];
+        let families =
+            [redis::RECIPES, &[command::COMMAND], zk::RECIPES, etcd::RECIPES, sql::RECIPES, &[baseline::NONE]];
         Registry { recipes: families.into_iter().flatten().copied().collect(), works: Vec::new() }
     }
 
@@ -190,5 +193,10 @@ impl Registry {
 
     pub fn recipes(&self) -> &[RecipeSpec] {
         &self.recipes
+    }
+
+    /// The recipe `[recipe] command = [...]` stands for ([`command::COMMAND`]), if this registry has it.
+    pub fn command(&self) -> Option<&RecipeSpec> {
+        self.get(command::ID)
     }
 }

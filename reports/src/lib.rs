@@ -9,11 +9,13 @@
 //! - [`report`]: the comparison report — `index.html` and `report.md` with the charts.
 //! - [`timeline`]: one seed drawn as lanes of waiting, holding and faults.
 //! - [`conform`]: the simulated servers against the real ones on loopback (`locksim conform`).
+//! - [`real`]: real mode (`locksim run FILE --real`): a command recipe's client processes against a real Redis.
 
 pub mod charts;
 pub mod cli;
 pub mod conform;
 pub mod junit;
+pub mod real;
 pub mod report;
 pub mod results;
 pub mod text;

@@ -156,7 +156,8 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
     Ok(SeedRun { result, history, faults })
 }
 
-fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
+/// The first few findings of each kind (five).
+pub fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
     let mut seen: BTreeMap<FindingKind, usize> = BTreeMap::new();
     findings
         .into_iter()

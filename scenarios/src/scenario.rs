@@ -63,6 +63,18 @@ pub struct Scenario {
     pub random: Option<RandomFaults>,
     pub check: CheckConfig,
     pub expect: Expect,
+    /// `[recipe] command = [...]`: a lock in any language, run only in real mode (`recipe` is then
+    /// the registry's `command` recipe).
+    pub command: Option<CommandRecipe>,
+}
+
+/// `[recipe] command = ["prog", "arg", ...]` and its other keys, as the client processes get them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRecipe {
+    /// The program and its arguments, as written (relative to the scenario file's directory).
+    pub argv: Vec<String>,
+    /// Every other `[recipe]` key, its value as a string (`"1s"`, `5`, `true` → `"1s"`, `"5"`, `"true"`).
+    pub params: std::collections::BTreeMap<String, String>,
 }
 
 /// A file that could not be read, or could not be used.
@@ -113,7 +125,7 @@ impl Scenario {
         let src = Source { path, text };
         let file = src.parse()?;
         check_name(&src, &file.name)?;
-        let (recipe, recipe_params) = recipe(&src, &file.recipe, registry)?;
+        let (recipe, recipe_params, command) = recipe(&src, &file.recipe, registry)?;
         let mut backend = Section::new(&src, format!("[backend] of the {} family", recipe.family.name), &file.backend);
         let backend_params = backend.params(recipe.family.params)?;
         backend.finish(&names(recipe.family.params))?;
@@ -163,6 +175,7 @@ impl Scenario {
                 exclusive: recipe.guard == locksim_locks::Guard::Lock,
             },
             expect,
+            command,
         })
     }
 }
@@ -220,14 +233,31 @@ fn topology(recipe: &RecipeSpec, backend: &Params, clients: usize) -> Topology {
     topo
 }
 
-fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<(RecipeSpec, Params), ScenarioError> {
+type RecipeParts = (RecipeSpec, Params, Option<CommandRecipe>);
+
+fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<RecipeParts, ScenarioError> {
     let mut section = Section::new(src, "[recipe]", table.get_ref());
+    if let Some(argv) = section.take("command") {
+        if let Some(id) = section.take("id") {
+            return Err(src.error(id.span(), "[recipe] has `command`, so no `id`: leave one of them out"));
+        }
+        let spec = *registry
+            .command()
+            .ok_or_else(|| src.error(argv.span(), "command: this locksim has no `command` recipe in its registry"))?;
+        let command = command(&section, &argv, table.get_ref())?;
+        return Ok((spec, Params::resolve(&[], []), Some(command)));
+    }
     let id = section
         .take("id")
-        .ok_or_else(|| src.error(table.span(), "[recipe] needs `id` (see `locksim list recipes`)"))?;
+        .ok_or_else(|| src.error(table.span(), "[recipe] needs `id` (see `locksim list recipes`) or `command`"))?;
     let name = section.string("id", &id)?;
+    if name == locksim_locks::command::ID {
+        let m = "id: the command recipe is written `command = [\"program\", \"arg\"]`, without an id";
+        return Err(src.error(id.span(), m));
+    }
     let spec = *registry.get(&name).ok_or_else(|| {
-        let known: Vec<&str> = registry.recipes().iter().map(|r| r.id).collect();
+        let known: Vec<&str> =
+            registry.recipes().iter().map(|r| r.id).filter(|id| *id != locksim_locks::command::ID).collect();
         src.error(id.span(), format!("unknown recipe id \"{name}\"; expected one of: {}", known.join(", ")))
     })?;
     let mut section = Section::new(src, format!("[recipe] of {name}"), table.get_ref());
@@ -236,7 +266,37 @@ fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<(
     let mut accepted = vec!["id"];
     accepted.extend(names(spec.params));
     section.finish(&accepted)?;
-    Ok((spec, params))
+    Ok((spec, params, None))
+}
+
+/// `command = [...]` and the `[recipe]` keys beside it, which become `LOCKSIM_PARAM_<KEY>` strings.
+fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Result<CommandRecipe, ScenarioError> {
+    let bad = || {
+        section.error(argv.span(), "command: expected a non-empty array of strings, e.g. [\"python3\", \"lock.py\"]")
+    };
+    let items = argv.get_ref().as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
+    let argv: Vec<String> =
+        items.iter().map(|v| v.as_str().map(str::to_string)).collect::<Option<_>>().ok_or_else(bad)?;
+    let mut params = std::collections::BTreeMap::new();
+    for (key, value) in table.iter().filter(|(k, _)| k.get_ref() != "command") {
+        let name = key.get_ref();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+            let m = format!("{name:?}: a command's parameter names are lower-case letters, digits and '_' (they become LOCKSIM_PARAM_<KEY>)");
+            return Err(section.error(key.span(), m));
+        }
+        let text = match value.get_ref() {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => {
+                let m = format!("{name}: a command's parameter is a string, number or boolean (passed as a string)");
+                return Err(section.error(value.span(), m));
+            }
+        };
+        params.insert(name.clone(), text);
+    }
+    Ok(CommandRecipe { argv, params })
 }
 
 fn range(r: &DurRange) -> (Duration, Duration) {

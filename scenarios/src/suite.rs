@@ -104,6 +104,10 @@ impl Suite {
                 }
                 other => other?,
             };
+            if scenario.command.is_some() {
+                let m = format!("scenario: {}: {}", scenario_path.display(), locksim_locks::command::ONLY_REAL);
+                return Err(src.error(run.scenario.span(), m).into());
+            }
             if let Some(clients) = &run.clients {
                 override_clients(&src, &mut scenario, clients)?;
             }

@@ -92,8 +92,18 @@ fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Load a scenario naming recipes of `registry`; errors are bad input (exit 2).
+/// Load a scenario to simulate, naming recipes of `registry`; errors are bad input (exit 2). A command
+/// recipe runs only in real mode: see [`load_any`].
 fn load(path: &Path, registry: &Registry) -> anyhow::Result<Scenario> {
+    let scenario = load_any(path, registry)?;
+    if scenario.command.is_some() {
+        anyhow::bail!("{}: {}", path.display(), locksim_locks::command::ONLY_REAL);
+    }
+    Ok(scenario)
+}
+
+/// Load a scenario for a simulated or a real run.
+fn load_any(path: &Path, registry: &Registry) -> anyhow::Result<Scenario> {
     Ok(Scenario::load(path, registry)?)
 }
 

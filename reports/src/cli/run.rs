@@ -26,6 +26,13 @@ pub struct Args {
     /// `locksim report` merges the parts' JSON files. A shard checks only what its seeds can show.
     #[arg(long, value_parser = super::parse_shard)]
     shard: Option<(u64, u64)>,
+    /// Run on real servers and real client processes instead of simulating (a `command` recipe against
+    /// a real Redis on loopback; see README "Real mode"). Not reproducible from a seed.
+    #[arg(long)]
+    real: bool,
+    /// With --real: how many real runs; the i-th draws hold and think from seed `--seeds` start + i.
+    #[arg(long, requires = "real", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    runs: Option<u64>,
 }
 
 /// What `run` prints: the counts, the verdict against `[expect]`, and the repro line.
@@ -57,6 +64,9 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
 }
 
 pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
+    if args.real {
+        return real(args, registry);
+    }
     let scenario = super::load(&args.scenario, registry)?;
     super::check_outputs([&args.json], [])?;
     let jobs = super::jobs(args.jobs);
@@ -94,4 +104,57 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
         simulated / wall
     );
     Ok(if super::shard_ok(&result, args.shard.is_some()) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `run --real`: real runs, one after another, judged as a sweep is.
+fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
+    if args.json.is_some() || args.shard.is_some() || args.jobs.is_some() {
+        anyhow::bail!("--real does not take --json, --shard or --jobs yet");
+    }
+    let scenario = super::load_any(&args.scenario, registry)?;
+    let runs = args.runs.unwrap_or(1);
+    let started = Instant::now();
+    let result = crate::real::run(&scenario, runs, args.seeds.start, |run| {
+        let r = &run.result;
+        let kinds: Vec<String> = r.counts.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
+        let verdict = format!("{:?}", r.verdict).to_lowercase();
+        let kinds = if kinds.is_empty() { String::new() } else { format!(" — {}", kinds.join(", ")) };
+        let mut text = format!("real run with seed {}: {verdict}{kinds}\n", r.seed);
+        let mut shown = std::collections::BTreeSet::new();
+        for f in r.findings.iter().filter(|f| f.kind.is_violation() && shown.insert(f.kind)) {
+            text.push_str(&format!("  {}\n", text::finding(f)));
+        }
+        super::emit(&text)
+    })?;
+    super::emit(&real_summary(&result, runs))?;
+    eprintln!("{runs} real runs in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// What `run --real` prints: `run`'s lines, in runs, with the seeds instead of a repro line (a real
+/// run does not replay).
+pub fn real_summary(result: &ScenarioResult, runs: u64) -> String {
+    let mut out = String::new();
+    for line in summary(result, runs).lines() {
+        if line.starts_with("reproduce:") {
+            continue;
+        }
+        let line = match line.split_once(&format!("): {runs} seeds, ")) {
+            Some((head, tail)) => format!("{head}): {runs} real runs, {tail}"),
+            // No messages are counted on real servers.
+            None if line.starts_with("measured:") => {
+                let line = line.replace(" per seed;", " per run;").replace("(median over seeds)", "(median over runs)");
+                line.split("; 0 messages per acquisition").collect()
+            }
+            None => line.to_string(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let (start, end) = (result.seeds.start, result.seeds.end);
+    out.push_str(&format!(
+        "seeds {start}..{end} drew hold and think (real runs are not reproducible from their seed){}\n",
+        result.example_seed.map_or(String::new(), |s| format!("; first unsafe run: seed {s}"))
+    ));
+    out
 }

@@ -1,0 +1,52 @@
+//! `command`: a lock written in any language, run as one client process per scenario client.
+//!
+//! A scenario names it with `[recipe] command = ["prog", "arg", ...]` instead of an `id`; its other
+//! `[recipe]` keys go to the process as `LOCKSIM_PARAM_<KEY>` strings. It runs only in real mode
+//! (`locksim run FILE --real`), against real servers on loopback: the protocol and the process handling
+//! are in the `locksim` binary (`reports/src/real/`). In this slice its servers are one real Redis,
+//! so its family is the Redis family (`redis-0` names the server). A simulated run refuses it before
+//! starting; [`COMMAND`]'s `build` exists only so that a simulation that got this far fails every
+//! acquisition with that reason rather than panicking.
+
+use crate::params::Params;
+use crate::{no_constraints, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
+use locksim_sim::ctx::Ctx;
+
+/// The id the registry keeps the command recipe under. Scenario files never write it as `id`.
+pub const ID: &str = "command";
+
+/// Why a simulated run cannot run a command recipe.
+pub const ONLY_REAL: &str = "recipe `command` runs only with --real";
+
+pub const COMMAND: RecipeSpec = RecipeSpec {
+    id: ID,
+    family: &crate::redis::FAMILY,
+    summary: "any-language lock: [recipe] command = [\"prog\", \"arg\"], one process per client speaking JSON lines \
+              (real mode only: locksim run FILE --real)",
+    source: "your own lock library, through an adapter (scenarios/real/adapters/)",
+    params: &[],
+    // Whether a token comes depends on the adapter (`{"ok":true,"token":N}`).
+    offers_token: true,
+    offers_shared: false,
+    guard: Guard::Lock,
+    promises_fifo: false,
+    validate: no_constraints,
+    build,
+};
+
+struct OnlyReal;
+
+#[crate::async_trait(?Send)]
+impl Lock for OnlyReal {
+    async fn acquire(&mut self) -> Outcome<Grant> {
+        Outcome::Fail(ONLY_REAL.into())
+    }
+
+    async fn release(&mut self) -> Outcome<()> {
+        Outcome::Fail(ONLY_REAL.into())
+    }
+}
+
+fn build(_: &Params, _: Ctx, _: &Servers) -> Box<dyn Lock> {
+    Box::new(OnlyReal)
+}

@@ -1,0 +1,219 @@
+//! The counter workload of a real run, one thread per client: acquire → enter (read) → hold → write
+//! (value + 1) → release → think, as `scenarios/src/workload.rs` runs it in the simulator, with hold
+//! and think drawn from the same `Workload` stream of the seed (per client and incarnation). Every lock
+//! event is recorded when its line is sent or read.
+
+use super::client::{ClientProcess, Line, Spawn};
+use super::protocol::{Message, Request};
+use super::Run;
+use locksim_sim::history::{EventKind, NodeIx};
+use locksim_sim::resource::{ResourceReply, ResourceRequest};
+use locksim_sim::rng::{stream, Rng, Stream};
+use std::time::Duration;
+
+/// How a client process's session ended.
+enum End {
+    /// The run is over (or stopped).
+    Over,
+    /// The process died (its stdout closed).
+    Died,
+}
+
+/// The answer to a request, or the end of the session.
+enum Answer {
+    Message(Message),
+    End(End),
+}
+
+/// What waiting for a line gave.
+enum Got {
+    Message(Message),
+    End(End),
+    /// The time asked for passed.
+    Idle,
+}
+
+/// One client for the whole run: its processes, one after another when a crash restarts it.
+pub fn client(run: &Run, index: usize) -> anyhow::Result<()> {
+    let node = NodeIx((index + super::FIRST_CLIENT) as u32);
+    let name = run.nodes[node.0 as usize].clone();
+    let slot = &run.slots[index];
+    let env = run.env(&name);
+    let spawn = Spawn { client: &name, argv: &run.argv, dir: &run.dir, env: &env };
+    for incarnation in 0u64.. {
+        let mut process = ClientProcess::spawn(&spawn)?;
+        slot.lock().expect("slot lock").pid = Some(process.pid());
+        let end = Session { run, node, process: &mut process, lost: false }.go(incarnation);
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                slot.lock().expect("slot lock").pid = None;
+                return Err(e);
+            }
+        };
+        let crashed = {
+            let mut s = slot.lock().expect("slot lock");
+            s.pid = None;
+            s.down.is_some()
+        };
+        if let End::Died = end {
+            if !crashed && !run.stopped() {
+                return Err(anyhow::anyhow!(process.death()));
+            }
+        }
+        drop(process);
+        // Down until its crash fault restarts it (`down` lifted), or for good.
+        loop {
+            if !run.sleep_until(run.elapsed() + Duration::from_millis(20)) {
+                return Ok(());
+            }
+            if slot.lock().expect("slot lock").down.is_none() {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Session<'a> {
+    run: &'a Run,
+    node: NodeIx,
+    process: &'a mut ClientProcess,
+    /// The process said `lost` during the current hold.
+    lost: bool,
+}
+
+impl Session<'_> {
+    fn go(mut self, incarnation: u64) -> anyhow::Result<End> {
+        let mut rng = stream(self.run.seed, Stream::Workload, (u64::from(self.node.0) << 16) | incarnation);
+        let mut draw = |(lo, hi): (Duration, Duration)| {
+            if hi <= lo {
+                lo
+            } else {
+                Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
+            }
+        };
+        let workload = &self.run.workload;
+        while !self.run.over() {
+            self.record(EventKind::AcquireInvoke);
+            match self.call(Request::Acquire)? {
+                Answer::End(end) => return Ok(end),
+                Answer::Message(Message::Ok { token }) => {
+                    self.record(EventKind::AcquireOk { token, shared: false });
+                    self.lost = false;
+                    if let Some(end) = self.critical_section(token, draw(workload.hold))? {
+                        return Ok(end);
+                    }
+                    self.record(EventKind::ReleaseInvoke);
+                    let kind = match self.call(Request::Release)? {
+                        Answer::End(end) => return Ok(end),
+                        Answer::Message(Message::Ok { .. }) => EventKind::ReleaseOk,
+                        Answer::Message(Message::Fail { reason }) => EventKind::ReleaseFail { reason },
+                        Answer::Message(Message::Unknown { reason }) => EventKind::ReleaseUnknown { reason },
+                        Answer::Message(other) => return Err(self.unexpected(&other, "release")),
+                    };
+                    self.record(kind);
+                }
+                Answer::Message(Message::Fail { reason }) => self.record(EventKind::AcquireFail { reason }),
+                Answer::Message(Message::Unknown { reason }) => self.record(EventKind::AcquireUnknown { reason }),
+                Answer::Message(other) => return Err(self.unexpected(&other, "acquire")),
+            }
+            if let Some(end) = self.idle(draw(workload.think))? {
+                return Ok(end);
+            }
+        }
+        Ok(End::Over)
+    }
+
+    /// enter → read → hold → write, each access when the process answers; `Some` if the session ended.
+    fn critical_section(&mut self, token: Option<u64>, hold: Duration) -> anyhow::Result<Option<End>> {
+        match self.call(Request::Enter)? {
+            Answer::End(end) => return Ok(Some(end)),
+            Answer::Message(Message::Entered) => {}
+            Answer::Message(other) => return Err(self.unexpected(&other, "enter")),
+        }
+        if self.lost {
+            return Ok(None);
+        }
+        let read =
+            self.run.resource.apply(&self.run.recorder, self.node, ResourceRequest::Read { token, shared: false });
+        let ResourceReply::Value(value) = read else { return Ok(None) };
+        if let Some(end) = self.idle(hold)? {
+            return Ok(Some(end));
+        }
+        if self.lost {
+            return Ok(None);
+        }
+        match self.call(Request::Write)? {
+            Answer::End(end) => return Ok(Some(end)),
+            Answer::Message(Message::Writing) => {}
+            Answer::Message(other) => return Err(self.unexpected(&other, "write")),
+        }
+        if !self.lost {
+            let write = ResourceRequest::Write { token, value: value + 1, order: false };
+            self.run.resource.apply(&self.run.recorder, self.node, write);
+        }
+        Ok(None)
+    }
+
+    /// Send `request` and wait for its answer until the run ends.
+    fn call(&mut self, request: Request) -> anyhow::Result<Answer> {
+        if !self.process.send(request) {
+            return Ok(Answer::End(End::Died));
+        }
+        // Without a time limit only the run's end stops the wait.
+        Ok(match self.wait(None)? {
+            Got::Idle => Answer::End(End::Over),
+            Got::End(end) => Answer::End(end),
+            Got::Message(m) => Answer::Message(m),
+        })
+    }
+
+    /// Let `d` pass, hearing any `lost` notice; `Some` if the session ended meanwhile.
+    fn idle(&mut self, d: Duration) -> anyhow::Result<Option<End>> {
+        match self.wait(Some(self.run.elapsed() + d))? {
+            Got::Idle => Ok(None),
+            Got::End(end) => Ok(Some(end)),
+            Got::Message(m) => Err(self.unexpected(&m, "nothing (an unprompted line)")),
+        }
+    }
+
+    /// The next message other than `lost` (recorded as `LockLost` while holding), the end of the run or
+    /// of the process, or `Idle` at `until`.
+    fn wait(&mut self, until: Option<Duration>) -> anyhow::Result<Got> {
+        loop {
+            let now = self.run.elapsed();
+            if self.run.over() {
+                return Ok(Got::End(End::Over));
+            }
+            if until.is_some_and(|u| now >= u) {
+                return Ok(Got::Idle);
+            }
+            let step = until.unwrap_or(self.run.end).min(now + Duration::from_millis(50)).min(self.run.end);
+            let deadline = self.run.instant(step);
+            match self.process.next(deadline) {
+                None => {}
+                Some(Line::Closed) => return Ok(Got::End(End::Died)),
+                Some(Line::Bad(e)) => return Err(e.into()),
+                Some(Line::Message(Message::Lost { reason })) => self.heard_lost(reason),
+                Some(Line::Message(m)) => return Ok(Got::Message(m)),
+            }
+        }
+    }
+
+    /// A `lost` notice counts while the client holds the lock, once per hold; otherwise it is old news.
+    fn heard_lost(&mut self, reason: String) {
+        if self.run.recorder.holders().contains(&self.node) && !self.lost {
+            self.lost = true;
+            self.record(EventKind::LockLost { reason });
+        }
+    }
+
+    fn record(&self, kind: EventKind) {
+        self.run.recorder.record(self.node, kind);
+    }
+
+    fn unexpected(&self, m: &Message, to: &str) -> anyhow::Error {
+        anyhow::anyhow!("{}: the command answered {m:?} to {to}", self.run.nodes[self.node.0 as usize])
+    }
+}

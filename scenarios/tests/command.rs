@@ -1,0 +1,57 @@
+//! `[recipe] command = [...]`: a lock in any language, which the parser accepts (with its keys as
+//! strings for the process) and which runs only in real mode.
+
+use locksim_locks::Registry;
+use locksim_scenarios::Scenario;
+
+fn parse(recipe: &str) -> Result<Scenario, String> {
+    let text =
+        format!("name = \"c\"\n[recipe]\n{recipe}\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n");
+    Scenario::parse("c.toml", &text, &Registry::builtin()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
+    let s =
+        parse("command = [\"python3\", \"lock.py\"]\ntimeout = \"1s\"\nretries = 3\nfair = true\nratio = 0.5").unwrap();
+    let c = s.command.expect("a command recipe");
+    assert_eq!(c.argv, ["python3", "lock.py"]);
+    let params: Vec<(&str, &str)> = c.params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(params, [("fair", "true"), ("ratio", "0.5"), ("retries", "3"), ("timeout", "1s")]);
+    assert_eq!(s.recipe.id, locksim_locks::command::ID);
+}
+
+#[test]
+fn a_recipe_by_id_has_no_command() {
+    assert!(parse("id = \"redis.set-nx-px\"").unwrap().command.is_none());
+}
+
+#[test]
+fn bad_command_recipes_are_refused_at_their_line() {
+    for (recipe, said) in [
+        ("command = []", "c.toml:3:11: command: expected a non-empty array of strings"),
+        ("command = [\"a\", 1]", "c.toml:3:11: command: expected a non-empty array of strings"),
+        ("command = \"lock.py\"", "c.toml:3:11: command: expected a non-empty array of strings"),
+        ("command = [\"a\"]\nid = \"redis.set-nx\"", "c.toml:4:6: [recipe] has `command`, so no `id`"),
+        ("id = \"command\"", "c.toml:3:6: id: the command recipe is written `command = [\"program\", \"arg\"]`"),
+        ("command = [\"a\"]\nTimeOut = \"1s\"", "c.toml:4:1: \"TimeOut\": a command's parameter names are lower-case"),
+        ("command = [\"a\"]\nt = [1]", "c.toml:4:5: t: a command's parameter is a string, number or boolean"),
+    ] {
+        let e = parse(recipe).err().unwrap_or_else(|| panic!("{recipe} parsed"));
+        assert!(e.starts_with(said), "{recipe}: {e}");
+    }
+}
+
+#[test]
+fn a_suite_refuses_a_command_scenario() {
+    let dir = std::env::temp_dir().join(format!("locksim-command-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenario =
+        "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 1\nduration = \"1s\"\n";
+    std::fs::write(dir.join("c.toml"), scenario).unwrap();
+    std::fs::write(dir.join("s.toml"), "[[run]]\nscenario = \"c.toml\"\nseeds = \"0..2\"\n").unwrap();
+    let loaded = locksim_scenarios::suite::Suite::load(&dir.join("s.toml"), &Registry::builtin());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let e = loaded.err().unwrap();
+    assert!(e.to_string().contains("recipe `command` runs only with --real"), "{e}");
+}
