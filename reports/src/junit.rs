@@ -1,7 +1,7 @@
 //! JUnit XML, the test report format CI systems render: one test case per suite run, failed when its
 //! verdict differs from the expectation, with the reasons and the repro command as the message.
 
-use crate::text::{escape_xml as escape, repro_line};
+use crate::text::{escape_xml as escape, example_line};
 use locksim_scenarios::sweep::ScenarioResult;
 
 /// The report for `runs` of suite `name`; `seconds[i]` is how long run `i` took.
@@ -30,8 +30,8 @@ pub fn junit(name: &str, runs: &[ScenarioResult], seconds: &[f64]) -> String {
             continue;
         }
         let mut body = run.reasons.join("\n");
-        if let Some(seed) = run.example_seed {
-            body.push_str(&format!("\nreproduce: {}", repro_line(&run.path, seed)));
+        if let Some(line) = example_line(run) {
+            body.push_str(&format!("\nreproduce: {line}"));
         }
         xml.push_str(&format!(
             ">\n      <failure message=\"{}\" type=\"verdict\">{}</failure>\n    </testcase>\n",

@@ -3,7 +3,7 @@
 
 use crate::charts;
 use crate::results::ResultsFile;
-use crate::text::{escape_markdown, escape_xml as escape, kinds_summary as findings, repro_line};
+use crate::text::{escape_markdown, escape_xml as escape, example_line, kinds_summary as findings};
 use locksim_scenarios::sweep::ScenarioResult;
 use std::fmt::Write;
 use std::path::Path;
@@ -59,8 +59,8 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
         md.push_str("\n## Not as expected\n\n");
         for run in failing {
             let _ = writeln!(md, "- **{}**: {}", md_(&run.scenario), md_(&run.reasons.join("; ")));
-            if let Some(seed) = run.example_seed {
-                let _ = writeln!(md, "  `{}`", repro_line(&run.path, seed).replace('`', "'"));
+            if let Some(line) = example_line(run) {
+                let _ = writeln!(md, "  `{}`", line.replace('`', "'"));
             }
         }
     }
@@ -91,7 +91,7 @@ pub fn html(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
                    <th>unsafe</th><th>findings</th><th>verdict</th><th>reproduce</th></tr>\n",
     );
     for run in runs {
-        let repro = run.example_seed.map(|s| repro_line(&run.path, s)).unwrap_or_default();
+        let repro = example_line(run).unwrap_or_default();
         let _ = writeln!(
             page,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",

@@ -36,14 +36,15 @@ impl ResultsFile {
     }
 
     /// Several files (shards, or different suites) as one: runs of the same scenario file, name and
-    /// client count are merged and judged again; the order is that of first appearance. Refused when a
+    /// client count (simulated, or one real run) are merged and judged again; the order is that of first appearance. Refused when a
     /// run's parts do not add up to one sweep (see [`merge`]).
     pub fn merge(files: Vec<ResultsFile>) -> Result<ResultsFile, String> {
         let name = files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(" + ");
-        let mut order: Vec<(String, String, usize)> = Vec::new();
-        let mut groups: BTreeMap<(String, String, usize), Vec<ScenarioResult>> = BTreeMap::new();
+        // Real runs stand beside the simulated runs of the same scenario, never merged with them.
+        let mut order: Vec<(String, String, usize, bool)> = Vec::new();
+        let mut groups: BTreeMap<(String, String, usize, bool), Vec<ScenarioResult>> = BTreeMap::new();
         for run in files.into_iter().flat_map(|f| f.runs) {
-            let key = (run.path.clone(), run.scenario.clone(), run.clients);
+            let key = (run.path.clone(), run.scenario.clone(), run.clients, run.real);
             if !groups.contains_key(&key) {
                 order.push(key.clone());
             }

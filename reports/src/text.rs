@@ -28,6 +28,16 @@ pub fn repro_line(path: &str, seed: u64) -> String {
     format!("locksim repro {path} --seed {seed}")
 }
 
+/// How to see a run's example seed again: its repro line — or, for real runs, which run it was (a real
+/// run does not replay; `run --real --history-dir` keeps its history).
+pub fn example_line(result: &ScenarioResult) -> Option<String> {
+    let seed = result.example_seed?;
+    Some(match result.real {
+        true => format!("real run with seed {seed} (real runs do not replay; see run --real --history-dir)"),
+        false => repro_line(&result.path, seed),
+    })
+}
+
 /// `double-holder in 187, unsafe-write in 150`
 pub fn kinds_summary(result: &ScenarioResult) -> String {
     result.seeds_with.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")

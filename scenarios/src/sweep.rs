@@ -47,6 +47,10 @@ pub struct ScenarioResult {
     /// Which part of a sharded sweep this is (`None`: the whole of `seeds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+    /// Real runs on real servers (`run --real`), not simulated seeds: each seed only drew the run's
+    /// hold and think times, and replays nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub real: bool,
 }
 
 /// Part `index` (from 1) of `count` of the seed range `of`.
@@ -239,9 +243,19 @@ impl Meta {
 /// stand for one sweep: shards of one split missing or given twice, or seeds that leave a gap — a
 /// merged result must never claim seeds that were not run. Unsharded runs may overlap (a seed's result
 /// is the same in every run).
-pub fn merge(parts: Vec<ScenarioResult>) -> Result<ScenarioResult, String> {
+pub fn merge(mut parts: Vec<ScenarioResult>) -> Result<ScenarioResult, String> {
     let meta = Meta::of_result(&parts[0]);
     let name = meta.scenario.clone();
+    // A real run's seeds do not replay: two real runs of the same seeds are different runs, and a
+    // seed's result in one says nothing of the other.
+    if parts.iter().any(|p| p.real) {
+        if parts.len() > 1 {
+            return Err(format!(
+                "{name}: real runs are not merged with other runs of the scenario (their seeds do not replay)"
+            ));
+        }
+        return Ok(parts.remove(0));
+    }
     check_shards(&name, &parts)?;
     let mut ranges: Vec<Range<u64>> = parts.iter().map(|p| p.seeds.clone()).filter(|r| !r.is_empty()).collect();
     ranges.sort_by_key(|r| (r.start, r.end));
@@ -438,6 +452,7 @@ impl Judge {
             summary,
             results: Vec::new(),
             shard: None,
+            real: false,
         }
     }
 }

@@ -50,3 +50,21 @@ fn a_drawn_schedule_written_out_gives_the_same_run() {
     let b = run_seed(&written, seed).unwrap();
     assert_eq!(a.history.hash(), b.history.hash(), "the nemesis draws from its own stream only");
 }
+
+#[test]
+fn overlapping_simulated_runs_merge_but_real_runs_never_do() {
+    let scenario = catalog("redis-del-gc-pause");
+    let a = locksim_scenarios::sweep::sweep(&scenario, 0..6, 2, &|| {}).unwrap();
+    let b = locksim_scenarios::sweep::sweep(&scenario, 3..9, 2, &|| {}).unwrap();
+    let merged = locksim_scenarios::sweep::merge(vec![a.clone(), b.clone()]).unwrap();
+    assert_eq!((merged.seeds, merged.results.len()), (0..9, 9), "a simulated seed's result is the same in every run");
+    // Real runs of the same seeds are different runs: kept as they are alone, refused together.
+    let real = |r: &locksim_scenarios::sweep::ScenarioResult| locksim_scenarios::sweep::ScenarioResult {
+        real: true,
+        ..r.clone()
+    };
+    let alone = locksim_scenarios::sweep::merge(vec![real(&a)]).unwrap();
+    assert_eq!((alone.real, alone.results.len()), (true, 6));
+    let refused = locksim_scenarios::sweep::merge(vec![real(&a), real(&b)]).unwrap_err();
+    assert!(refused.contains("real runs are not merged"), "{refused}");
+}

@@ -33,6 +33,10 @@ pub struct Args {
     /// With --real: how many real runs; the i-th draws hold and think from seed `--seeds` start + i.
     #[arg(long, requires = "real", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     runs: Option<u64>,
+    /// With --real: write the history of every unsafe run here, as `<scenario>-seed-<N>.jsonl` (the
+    /// JSON lines `repro --history` writes), to inspect what really happened.
+    #[arg(long, requires = "real")]
+    history_dir: Option<PathBuf>,
 }
 
 /// What `run` prints: the counts, the verdict against `[expect]`, and the repro line.
@@ -108,14 +112,31 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
 
 /// `run --real`: real runs, one after another, judged as a sweep is.
 fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCode> {
-    if args.json.is_some() || args.shard.is_some() || args.jobs.is_some() {
-        anyhow::bail!("--real does not take --json, --shard or --jobs yet");
+    if args.shard.is_some() || args.jobs.is_some() {
+        anyhow::bail!("--real runs one run at a time, on one machine: it does not take --shard or --jobs");
     }
     let scenario = super::load_any(&args.scenario, registry)?;
+    super::check_outputs([&args.json], [])?;
+    if let Some(dir) = &args.history_dir {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    }
     let runs = args.runs.unwrap_or(1);
+    let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &scenario.name)).transpose()?;
     let started = Instant::now();
-    let result = crate::real::run(&scenario, runs, args.seeds.start, |run| {
+    let mut result = crate::real::run(&scenario, runs, args.seeds.start, |run| {
         let r = &run.result;
+        if let Some(out) = json.as_mut() {
+            out.seed(r)?;
+        }
+        let saved = match &args.history_dir {
+            Some(dir) if r.verdict == locksim_scenarios::Verdict::Unsafe => {
+                let path = dir.join(format!("{}-seed-{}.jsonl", scenario.name, r.seed));
+                std::fs::write(&path, run.history.to_jsonl())
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                Some(path)
+            }
+            _ => None,
+        };
         let kinds: Vec<String> = r.counts.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
         let verdict = format!("{:?}", r.verdict).to_lowercase();
         let kinds = if kinds.is_empty() { String::new() } else { format!(" — {}", kinds.join(", ")) };
@@ -124,8 +145,16 @@ fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCo
         for f in r.findings.iter().filter(|f| f.kind.is_violation() && shown.insert(f.kind)) {
             text.push_str(&format!("  {}\n", text::finding(f)));
         }
+        if let Some(path) = saved {
+            text.push_str(&format!("  history: {}\n", path.display()));
+        }
         super::emit(&text)
     })?;
+    result.real = true;
+    if let Some(mut out) = json {
+        out.run(&result)?;
+        out.finish()?;
+    }
     super::emit(&real_summary(&result, runs))?;
     eprintln!("{runs} real runs in {:.1} s", started.elapsed().as_secs_f64());
     Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
