@@ -1,36 +1,20 @@
 """locksim adapter for redis-py's Lock (https://github.com/redis/redis-py, redis/lock.py).
 
-One process per client. locksim writes one JSON request per line on stdin and reads one JSON reply per
-line on stdout (README, "Real mode"). Copy this file for your own lock library: only `acquire` and
-`release` below are about redis-py.
-
-Environment: LOCKSIM_REDIS (host:port), LOCKSIM_CLIENT, LOCKSIM_LOCK (the lock's name), and the
-scenario's [recipe] keys as LOCKSIM_PARAM_<KEY>: here TIMEOUT (the lock's expiry, e.g. "1s"),
-BLOCKING_TIMEOUT (how long acquire waits, e.g. "5s") and SLEEP (how often a waiter polls, e.g. "100ms").
+The scenario's [recipe] keys: TIMEOUT (the lock's expiry, e.g. "1s"), BLOCKING_TIMEOUT (how long acquire
+waits, e.g. "5s") and SLEEP (how often a waiter polls, e.g. "100ms"). The protocol is in locksim_adapter.
 """
-import json
-import os
-import sys
-
 import redis
 from redis.exceptions import LockError, RedisError
 
+from locksim_adapter import LOCK_NAME, param, redis_address, seconds, serve
 
-def seconds(text):
-    """A locksim duration ("250ms", "1s", "2m") in seconds."""
-    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * scale
-    raise ValueError(f"not a duration: {text!r}")
-
-
-host, port = os.environ["LOCKSIM_REDIS"].rsplit(":", 1)
-client = redis.Redis(host=host, port=int(port), socket_timeout=2.0)
+host, port = redis_address()
+client = redis.Redis(host=host, port=port, socket_timeout=2.0)
 lock = client.lock(
-    os.environ["LOCKSIM_LOCK"],
-    timeout=seconds(os.environ.get("LOCKSIM_PARAM_TIMEOUT", "10s")),
-    blocking_timeout=seconds(os.environ.get("LOCKSIM_PARAM_BLOCKING_TIMEOUT", "5s")),
-    sleep=seconds(os.environ.get("LOCKSIM_PARAM_SLEEP", "100ms")),
+    LOCK_NAME,
+    timeout=seconds(param("timeout", "10s")),
+    blocking_timeout=seconds(param("blocking_timeout", "5s")),
+    sleep=seconds(param("sleep", "100ms")),
 )
 
 
@@ -53,14 +37,4 @@ def release():
         return {"unknown": f"{type(e).__name__}: {e}"}
 
 
-ANSWERS = {
-    "acquire": acquire,
-    "release": release,
-    # The critical section: locksim reads and writes its resource when we answer.
-    "enter": lambda: {"entered": True},
-    "write": lambda: {"writing": True},
-}
-
-for line in sys.stdin:
-    request = json.loads(line)
-    print(json.dumps(ANSWERS[request["op"]]()), flush=True)
+serve(acquire, release)

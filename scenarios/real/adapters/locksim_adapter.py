@@ -1,0 +1,47 @@
+"""The locksim side of an adapter: the environment and the JSON-lines loop (README, "Real mode").
+
+An adapter is one process per client. It builds its library's lock from the environment, then hands
+`serve` two functions, `acquire()` and `release()`, each returning a reply: `{"ok": True, "token": N}`
+(`None`: no fencing token), `{"ok": False, "reason": ...}`, or `{"unknown": ...}` when it cannot tell
+whether the call took effect. Copy this file with the adapter you write for your own library.
+"""
+import json
+import os
+import sys
+
+
+def seconds(text):
+    """A locksim duration ("250ms", "1s", "2m") in seconds."""
+    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(f"not a duration: {text!r}")
+
+
+def param(key, default):
+    """The scenario's `[recipe] key = "..."` (LOCKSIM_PARAM_<KEY>), or `default`."""
+    return os.environ.get(f"LOCKSIM_PARAM_{key.upper()}", default)
+
+
+def redis_address():
+    """The real Redis locksim started: (host, port)."""
+    host, port = os.environ["LOCKSIM_REDIS"].rsplit(":", 1)
+    return host, int(port)
+
+
+LOCK_NAME = os.environ["LOCKSIM_LOCK"]
+CLIENT = os.environ["LOCKSIM_CLIENT"]
+
+
+def serve(acquire, release):
+    """Answer locksim's requests until it closes stdin."""
+    answers = {
+        "acquire": acquire,
+        "release": release,
+        # The critical section: locksim reads and writes its resource when we answer.
+        "enter": lambda: {"entered": True},
+        "write": lambda: {"writing": True},
+    }
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(json.dumps(answers[request["op"]]()), flush=True)
