@@ -75,6 +75,43 @@ pub struct CommandRecipe {
     pub argv: Vec<String>,
     /// Every other `[recipe]` key, its value as a string (`"1s"`, `5`, `true` → `"1s"`, `"5"`, `"true"`).
     pub params: std::collections::BTreeMap<String, String>,
+    /// `server = "..."`: the real server its processes talk to (default Redis).
+    pub server: CommandServer,
+}
+
+/// The real server a command recipe's processes talk to (`[recipe] server`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandServer {
+    Redis,
+    ZooKeeper,
+}
+
+impl CommandServer {
+    pub const ALL: [CommandServer; 2] = [CommandServer::Redis, CommandServer::ZooKeeper];
+
+    /// As `[recipe] server` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommandServer::Redis => "redis",
+            CommandServer::ZooKeeper => "zookeeper",
+        }
+    }
+
+    /// The server's node in the history, named as the simulator names it.
+    pub fn node(self) -> &'static str {
+        match self {
+            CommandServer::Redis => "redis-0",
+            CommandServer::ZooKeeper => "zk-0",
+        }
+    }
+
+    /// The environment variable that gives the processes its `host:port`.
+    pub fn env(self) -> &'static str {
+        match self {
+            CommandServer::Redis => "LOCKSIM_REDIS",
+            CommandServer::ZooKeeper => "LOCKSIM_ZOOKEEPER",
+        }
+    }
 }
 
 /// A file that could not be read, or could not be used.
@@ -277,8 +314,21 @@ fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Res
     let items = argv.get_ref().as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
     let argv: Vec<String> =
         items.iter().map(|v| v.as_str().map(str::to_string)).collect::<Option<_>>().ok_or_else(bad)?;
+    let mut server = CommandServer::Redis;
+    if let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref() == "server") {
+        let name = value.get_ref().as_str().unwrap_or_default();
+        server = CommandServer::ALL.into_iter().find(|s| s.name() == name).ok_or_else(|| {
+            let known: Vec<&str> = CommandServer::ALL.iter().map(|s| s.name()).collect();
+            let m = format!(
+                "server: expected one of {} (the real server locksim starts), found {}",
+                known.join(", "),
+                value.get_ref()
+            );
+            section.error(key.span(), m)
+        })?;
+    }
     let mut params = std::collections::BTreeMap::new();
-    for (key, value) in table.iter().filter(|(k, _)| k.get_ref() != "command") {
+    for (key, value) in table.iter().filter(|(k, _)| !["command", "server"].contains(&k.get_ref().as_str())) {
         let name = key.get_ref();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
             let m = format!("{name:?}: a command's parameter names are lower-case letters, digits and '_' (they become LOCKSIM_PARAM_<KEY>)");
@@ -296,7 +346,7 @@ fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Res
         };
         params.insert(name.clone(), text);
     }
-    Ok(CommandRecipe { argv, params })
+    Ok(CommandRecipe { argv, params, server })
 }
 
 fn range(r: &DurRange) -> (Duration, Duration) {

@@ -2,6 +2,7 @@
 //! strings for the process) and which runs only in real mode.
 
 use locksim_locks::Registry;
+use locksim_scenarios::scenario::CommandServer;
 use locksim_scenarios::Scenario;
 
 fn parse(recipe: &str) -> Result<Scenario, String> {
@@ -19,6 +20,9 @@ fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
     let params: Vec<(&str, &str)> = c.params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(params, [("fair", "true"), ("ratio", "0.5"), ("retries", "3"), ("timeout", "1s")]);
     assert_eq!(s.recipe.id, locksim_locks::command::ID);
+    assert_eq!(c.server, CommandServer::Redis, "Redis unless the file says otherwise");
+    let zk = parse("command = [\"a\"]\nserver = \"zookeeper\"\nsession_timeout = \"2s\"").unwrap().command.unwrap();
+    assert_eq!((zk.server, zk.params.len()), (CommandServer::ZooKeeper, 1), "`server` is not passed as a parameter");
 }
 
 #[test]
@@ -36,6 +40,7 @@ fn bad_command_recipes_are_refused_at_their_line() {
         ("id = \"command\"", "c.toml:3:6: id: the command recipe is written `command = [\"program\", \"arg\"]`"),
         ("command = [\"a\"]\nTimeOut = \"1s\"", "c.toml:4:1: \"TimeOut\": a command's parameter names are lower-case"),
         ("command = [\"a\"]\nt = [1]", "c.toml:4:5: t: a command's parameter is a string, number or boolean"),
+        ("command = [\"a\"]\nserver = \"etcd\"", "c.toml:4:1: server: expected one of redis, zookeeper"),
     ] {
         let e = parse(recipe).err().unwrap_or_else(|| panic!("{recipe} parsed"));
         assert!(e.starts_with(said), "{recipe}: {e}");

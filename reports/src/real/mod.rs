@@ -1,11 +1,12 @@
 //! Real mode (`locksim run FILE --real --runs N`): a scenario whose recipe is a command — a lock in any
-//! language — against a real Redis that locksim starts on loopback, with real client processes and
+//! language — against a real Redis or ZooKeeper that locksim starts on loopback, with real client processes and
 //! real faults, checked by the same checkers as a simulated run.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
 //! name on `PATH`), with this environment:
-//! - `LOCKSIM_REDIS=127.0.0.1:PORT`: the Redis server of this run;
+//! - `LOCKSIM_REDIS=127.0.0.1:PORT` (or `LOCKSIM_ZOOKEEPER` with `[recipe] server = "zookeeper"`): the
+//!   server of this run;
 //! - `LOCKSIM_CLIENT=client-N`: which client it is;
 //! - `LOCKSIM_LOCK=locksim:<scenario name>`: the lock's name;
 //! - `LOCKSIM_PARAM_<KEY>`: every other `[recipe]` key, as a string (`timeout = "1s"` →
@@ -44,7 +45,7 @@ use crate::conform::servers::{Kind, Server};
 use history::Recorder;
 use locksim_scenarios::checkers::{check, measure};
 use locksim_scenarios::run::{describe, keep_first, resolve_schedule, SeedResult};
-use locksim_scenarios::scenario::{CommandRecipe, Workload};
+use locksim_scenarios::scenario::{CommandRecipe, CommandServer, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
 use locksim_scenarios::{Scenario, Verdict};
 use locksim_sim::history::{EventKind, History, NodeIx};
@@ -54,11 +55,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Nodes of a real run: `redis-0`, `resource`, then the clients.
+/// Nodes of a real run: the server (`redis-0`, `zk-0`), `resource`, then the clients.
 pub const FIRST_CLIENT: usize = 2;
 
-/// The client processes' environment variables, besides `LOCKSIM_PARAM_*`.
-pub const ENV_REDIS: &str = "LOCKSIM_REDIS";
+/// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
 pub const ENV_LOCK: &str = "LOCKSIM_LOCK";
 
@@ -153,7 +153,7 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<&CommandRecipe> {
         );
     }
     let backend = &scenario.backend_params;
-    if backend.int("masters") != 1 || backend.int("replicas") != 0 {
+    if command.server == CommandServer::Redis && (backend.int("masters") != 1 || backend.int("replicas") != 0) {
         anyhow::bail!("{}: --real starts one Redis server: [backend] masters = 1, replicas = 0", scenario.path);
     }
     fault::refuse_unsupported(scenario)?;
@@ -188,13 +188,16 @@ pub fn run(
 /// One real run: a fresh Redis, the client processes, the faults; every process killed and reaped
 /// before it returns, whatever happened.
 pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyhow::Result<RealRun> {
-    let server = Server::start(Kind::Redis)?;
+    let server = Server::start(match command.server {
+        CommandServer::Redis => Kind::Redis,
+        CommandServer::ZooKeeper => Kind::ZooKeeper,
+    })?;
     let faults = resolve_schedule(scenario, seed);
     let clients = scenario.workload.clients;
-    let mut nodes = vec!["redis-0".to_string(), "resource".to_string()];
+    let mut nodes = vec![command.server.node().to_string(), "resource".to_string()];
     nodes.extend((0..clients).map(Scenario::client_name));
     let mut env = vec![
-        (ENV_REDIS.to_string(), server.addr().0.to_string()),
+        (command.server.env().to_string(), server.addr().0.to_string()),
         (ENV_LOCK.to_string(), format!("locksim:{}", scenario.name)),
     ];
     env.extend(command.params.iter().map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));

@@ -8,6 +8,7 @@ whether the call took effect. Copy this file with the adapter you write for your
 import json
 import os
 import sys
+import threading
 
 
 def seconds(text):
@@ -29,8 +30,26 @@ def redis_address():
     return host, int(port)
 
 
+def zookeeper_hosts():
+    """The real ZooKeeper locksim started (`[recipe] server = "zookeeper"`): "host:port"."""
+    return os.environ["LOCKSIM_ZOOKEEPER"]
+
+
 LOCK_NAME = os.environ["LOCKSIM_LOCK"]
 CLIENT = os.environ["LOCKSIM_CLIENT"]
+
+
+_SAY = threading.Lock()
+
+
+def _say(reply):
+    with _SAY:
+        print(json.dumps(reply), flush=True)
+
+
+def lost(reason):
+    """Tell locksim, unprompted, that the lock this client held is gone (from any thread)."""
+    _say({"lost": reason})
 
 
 def serve(acquire, release):
@@ -44,4 +63,4 @@ def serve(acquire, release):
     }
     for line in sys.stdin:
         request = json.loads(line)
-        print(json.dumps(answers[request["op"]]()), flush=True)
+        _say(answers[request["op"]]())
