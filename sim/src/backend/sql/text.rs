@@ -535,7 +535,9 @@ impl Parser<'_> {
             }
         }
         if self.eat_symbol(",") {
-            return Err(self.expected(&format!("`)`: {} columns, {} values so far", columns.len(), columns.len())));
+            return Err(
+                self.expected(&format!("`)` ending the values: the column list names {} column(s)", columns.len()))
+            );
         }
         self.symbol(")")?;
         let key = key.ok_or_else(|| self.expected(&format!("a value for the key column {}", spec.key)))?;
@@ -707,6 +709,11 @@ mod tests {
             ("UPDATE job_locks SET holder = fence WHERE name = 'x'", 37, "expected `+` or `-` and an integer after the column (a bare column is not a value the model computes), found `where`"),
             ("CREATE TABLE t (a bigint)", 25, "expected a `text PRIMARY KEY` column before `)` (the model finds rows by one text key), found `)`"),
             ("INSERT INTO job_locks (holder) VALUES ('me')", 45, "expected a value for the key column name, found the end"),
+            (
+                "INSERT INTO job_locks (name) VALUES ('x', 1)",
+                43,
+                "expected `)` ending the values: the column list names 1 column(s), found 1",
+            ),
         ];
         let wrong: Vec<String> = cases
             .iter()
