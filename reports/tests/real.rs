@@ -102,14 +102,15 @@ fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
     let dir = tempfile::tempdir().unwrap();
     let (json, histories) = (dir.path().join("real.json"), dir.path().join("histories"));
     let (json_arg, histories_arg) = (json.to_str().unwrap(), histories.to_str().unwrap());
-    let out = locksim(&["run", SCENARIO, "--real", "--runs", "2", "--json", json_arg, "--history-dir", histories_arg]);
+    let out = locksim(&["run", SCENARIO, "--real", "--runs", "3", "--json", json_arg, "--history-dir", histories_arg]);
     let (text, err) = (stdout(&out), stderr(&out));
     assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
     // The results file is `run`'s, marked real; each unsafe run's history was kept, and said where.
     let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let run = &results["runs"][0];
-    assert_eq!((run["real"].as_bool(), run["results"].as_array().map(Vec::len)), (Some(true), Some(2)), "{run}");
-    let kept = histories.join("redis-py-lock-pause-seed-0.jsonl");
+    assert_eq!((run["real"].as_bool(), run["results"].as_array().map(Vec::len)), (Some(true), Some(3)), "{run}");
+    // A run whose pause found nobody holding the lock is safe (and keeps no history): look for any kept.
+    let kept = std::fs::read_dir(&histories).unwrap().next().expect("an unsafe run's history").unwrap().path();
     assert!(text.contains(&format!("  history: {}", kept.display())), "{text}");
     let history = std::fs::read_to_string(&kept).unwrap();
     assert!(history.lines().any(|l| l.contains("\"kind\":\"acquire-ok\"")), "{history}");
@@ -117,11 +118,11 @@ fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
     let out = locksim(&["report", json_arg, "--out", report.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let page = std::fs::read_to_string(report.join("index.html")).unwrap();
-    assert!(page.contains("real run with seed 0 (real runs do not replay"), "no repro line for a real run");
-    assert!(text.contains("redis-py-lock-pause (command): 2 real runs, "), "{text}");
+    assert!(page.contains("(real runs do not replay"), "no repro line for a real run");
+    assert!(text.contains("redis-py-lock-pause (command): 3 real runs, "), "{text}");
     assert!(text.contains("expected unsafe [double-holder, unsafe-write]: as expected"), "{text}");
     assert!(text.contains("  double-holder client-"), "a finding is shown: {text}");
-    assert!(text.contains("seeds 0..2 drew hold and think (real runs are not reproducible from their seed)"), "{text}");
+    assert!(text.contains("seeds 0..3 drew hold and think (real runs are not reproducible from their seed)"), "{text}");
     // Every client process and the server are gone.
     let ps = std::process::Command::new("ps").args(["-eo", "args"]).output().unwrap();
     let ps = String::from_utf8_lossy(&ps.stdout);
