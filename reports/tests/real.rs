@@ -67,7 +67,42 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
 fn real_mode_refuses_a_built_in_recipe_for_now() {
     let out = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--real"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--real runs a scenario whose [recipe] is a `command`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--real runs a scenario whose [recipe] is a `command` or a baseline"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The flash sale's baselines need no server and no process: they run on any machine.
+#[test]
+fn a_real_flash_sale_without_a_lock_oversells_and_with_a_conditional_update_never_does() {
+    let out = locksim(&["run", "scenarios/real/flash-sale-none.toml", "--real", "--runs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("2 real runs, 2 unsafe — oversell in 2, lost-update in 2"), "{text}");
+    assert!(text.contains("orders for a stock of 20"), "{text}");
+
+    let out = locksim(&["run", "scenarios/real/flash-sale-conditional-update.toml", "--real", "--runs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("2 real runs, 0 unsafe"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = "name = \"t\"\n[recipe]\nid = \"none\"\n[workload]\nkind = \"flash-sale\"\nstock = 5\nclients = 2\n\
+                duration = \"3s\"\n[[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"client-0\"\n\
+                duration = \"1s\"\n";
+    std::fs::write(&path, text).unwrap();
+    let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("fault `at 1s pause client-0 for 1s`: --real runs a baseline's clients as threads"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// Whether the real run can happen here; if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).

@@ -1,6 +1,7 @@
 //! Real mode (`locksim run FILE --real --runs N`): a scenario whose recipe is a command — a lock in any
 //! language — against a real Redis or ZooKeeper that locksim starts on loopback, with real client processes and
-//! real faults, checked by the same checkers as a simulated run.
+//! real faults, checked by the same checkers as a simulated run. A flash sale's baselines (`none`,
+//! `sql.conditional-update`) run too, their clients being locksim's threads ([`Clients::Baseline`]).
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
@@ -43,6 +44,7 @@ pub mod workload;
 
 use crate::conform::servers::{Kind, Server};
 use history::Recorder;
+use locksim_locks::Guard;
 use locksim_scenarios::checkers::{check, measure};
 use locksim_scenarios::run::{describe, keep_first, resolve_schedule, SeedResult};
 use locksim_scenarios::scenario::{CommandRecipe, CommandServer, Workload};
@@ -54,9 +56,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// Nodes of a real run: the server (`redis-0`, `zk-0`), `resource`, then the clients.
-pub const FIRST_CLIENT: usize = 2;
 
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
@@ -79,7 +78,10 @@ pub struct Run {
     pub slots: Vec<Mutex<Slot>>,
     pub resource: resource::Resource,
     pub workload: Workload,
+    /// The command each client runs; empty for a baseline, whose clients are locksim's own threads.
     pub argv: Vec<String>,
+    /// What keeps the clients apart: the command's lock, or a baseline's nothing or conditional update.
+    pub guard: Guard,
     pub dir: PathBuf,
     /// When the run ends (real time since its start).
     pub end: Duration,
@@ -125,8 +127,14 @@ impl Run {
         self.nodes.iter().position(|n| n == name).map(|i| NodeIx(i as u32))
     }
 
+    /// Nodes of a real run: the server (`redis-0`, `zk-0`; a baseline has none), `resource`, then the
+    /// clients.
+    pub fn first_client(&self) -> usize {
+        self.nodes.len() - self.slots.len()
+    }
+
     pub fn client_index(&self, node: NodeIx) -> usize {
-        node.0 as usize - FIRST_CLIENT
+        node.0 as usize - self.first_client()
     }
 
     /// The environment of `client`'s process.
@@ -137,27 +145,46 @@ impl Run {
     }
 }
 
+/// What the clients of a real run are.
+#[derive(Debug, Clone, Copy)]
+pub enum Clients<'a> {
+    /// Processes of a command recipe, against its real server.
+    Command(&'a CommandRecipe),
+    /// A flash sale's baseline (`none`, `sql.conditional-update`): no lock and no server, so the clients
+    /// are locksim's own threads, racing in real time on the resource.
+    Baseline(Guard),
+}
+
 /// Refuse, before anything starts, what real mode cannot run (exit 2).
-pub fn check_supported(scenario: &Scenario) -> anyhow::Result<&CommandRecipe> {
-    let Some(command) = &scenario.command else {
-        anyhow::bail!(
-            "{}: --real runs a scenario whose [recipe] is a `command` (built-in recipes on real servers are not done \
-             yet)",
-            scenario.path
-        );
-    };
-    if scenario.workload.stock.is_some() || scenario.workload.work.is_some() {
-        anyhow::bail!(
-            "{}: --real runs the counter workload only (not a flash sale or a workload of your own) yet",
-            scenario.path
-        );
+pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
+    if scenario.workload.work.is_some() {
+        anyhow::bail!("{}: --real runs the counter and the flash sale, not a workload of your own, yet", scenario.path);
     }
+    let Some(command) = &scenario.command else {
+        if scenario.recipe.guard == Guard::Lock {
+            anyhow::bail!(
+                "{}: --real runs a scenario whose [recipe] is a `command` or a baseline (`none`, \
+                 `sql.conditional-update`); built-in lock recipes on real servers are not done yet",
+                scenario.path
+            );
+        }
+        if let Some(f) = scenario.schedule.first() {
+            anyhow::bail!(
+                "{}: fault `{}`: --real runs a baseline's clients as threads of locksim, which it cannot pause \
+                 or crash; a baseline runs without faults",
+                scenario.path,
+                describe(f)
+            );
+        }
+        fault::refuse_unsupported(scenario)?;
+        return Ok(Clients::Baseline(scenario.recipe.guard));
+    };
     let backend = &scenario.backend_params;
     if command.server == CommandServer::Redis && (backend.int("masters") != 1 || backend.int("replicas") != 0) {
         anyhow::bail!("{}: --real starts one Redis server: [backend] masters = 1, replicas = 0", scenario.path);
     }
     fault::refuse_unsupported(scenario)?;
-    Ok(command)
+    Ok(Clients::Command(command))
 }
 
 /// One run's result and its history.
@@ -174,33 +201,39 @@ pub fn run(
     first_seed: u64,
     mut each: impl FnMut(&RealRun) -> anyhow::Result<()>,
 ) -> anyhow::Result<ScenarioResult> {
-    let command = check_supported(scenario)?;
+    let clients = check_supported(scenario)?;
     let seeds = first_seed..first_seed.saturating_add(runs);
     let mut judge = Judge::new(Meta::of(scenario), seeds.clone());
     for seed in seeds {
-        let run = run_once(scenario, command, seed)?;
+        let run = run_once(scenario, clients, seed)?;
         judge.add(&run.result);
         each(&run)?;
     }
     Ok(judge.finish())
 }
 
-/// One real run: a fresh Redis, the client processes, the faults; every process killed and reaped
+/// One real run: a fresh server, the client processes, the faults; every process killed and reaped
 /// before it returns, whatever happened.
-pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyhow::Result<RealRun> {
-    let server = Server::start(match command.server {
-        CommandServer::Redis => Kind::Redis,
-        CommandServer::ZooKeeper => Kind::ZooKeeper,
-    })?;
+pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result<RealRun> {
     let faults = resolve_schedule(scenario, seed);
     let clients = scenario.workload.clients;
-    let mut nodes = vec![command.server.node().to_string(), "resource".to_string()];
+    let mut nodes = vec!["resource".to_string()];
+    let mut env = vec![(ENV_LOCK.to_string(), format!("locksim:{}", scenario.name))];
+    let (server, argv, guard) = match kind {
+        Clients::Command(command) => {
+            let server = Server::start(match command.server {
+                CommandServer::Redis => Kind::Redis,
+                CommandServer::ZooKeeper => Kind::ZooKeeper,
+            })?;
+            nodes.insert(0, command.server.node().to_string());
+            env.push((command.server.env().to_string(), server.addr().0.to_string()));
+            let params = command.params.iter();
+            env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
+            (Some(server), command.argv.clone(), Guard::Lock)
+        }
+        Clients::Baseline(guard) => (None, Vec::new(), guard),
+    };
     nodes.extend((0..clients).map(Scenario::client_name));
-    let mut env = vec![
-        (command.server.env().to_string(), server.addr().0.to_string()),
-        (ENV_LOCK.to_string(), format!("locksim:{}", scenario.name)),
-    ];
-    env.extend(command.params.iter().map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
     let dir = scenario_dir(&scenario.path)?;
     let start = Instant::now();
     let run = Run {
@@ -208,9 +241,10 @@ pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyh
         recorder: Recorder::new(start),
         nodes,
         slots: (0..clients).map(|_| Mutex::new(Slot::default())).collect(),
-        resource: resource::Resource::new(scenario.workload.fencing),
+        resource: resource::Resource::new(scenario.workload.fencing, scenario.workload.stock.unwrap_or(0)),
         workload: scenario.workload.clone(),
-        argv: command.argv.clone(),
+        argv,
+        guard,
         dir,
         end: scenario.workload.duration,
         start,

@@ -20,6 +20,15 @@ pub enum Request {
 }
 
 impl Request {
+    /// The answer of a client without a lock (a baseline's): every call succeeds at once.
+    pub fn unguarded(self) -> Message {
+        match self {
+            Request::Acquire | Request::Release => Message::Ok { token: None },
+            Request::Enter => Message::Entered,
+            Request::Write => Message::Writing,
+        }
+    }
+
     /// The line to send, newline included.
     pub fn line(self) -> &'static str {
         match self {

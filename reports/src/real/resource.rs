@@ -15,8 +15,9 @@ pub struct Resource {
 }
 
 impl Resource {
-    pub fn new(fencing: bool) -> Resource {
-        Resource { state: Mutex::new(ResourceState::new(fencing, 0)) }
+    /// The counter at 0, or a flash sale's stock.
+    pub fn new(fencing: bool, value: i64) -> Resource {
+        Resource { state: Mutex::new(ResourceState::new(fencing, value)) }
     }
 
     /// Apply one access by `client` now, recording its events (under the resource's lock, so that the

@@ -1,11 +1,17 @@
-//! The counter workload of a real run, one thread per client: acquire → enter (read) → hold → write
-//! (value + 1) → release → think, as `scenarios/src/workload.rs` runs it in the simulator, with hold
-//! and think drawn from the same `Workload` stream of the seed (per client and incarnation). Every lock
-//! event is recorded when its line is sent or read.
+//! The workload of a real run, one thread per client, as `scenarios/src/workload.rs` runs it in the
+//! simulator, with hold and think drawn from the same `Workload` stream of the seed (per client and
+//! incarnation): acquire → enter (read) → hold → write → release → think. The counter writes the value
+//! plus one; a flash sale's buyer writes the stock minus one with an order, and goes home once it has
+//! seen the stock sold out; under `sql.conditional-update` the write is one conditional update and
+//! there is no read. Every lock event is recorded when its line is sent or read.
+//!
+//! A baseline's client (`none`, `sql.conditional-update`) has no process: every call succeeds at once
+//! ([`Request::unguarded`]), and only the resource's accesses race.
 
 use super::client::{ClientProcess, Line, Spawn};
 use super::protocol::{Message, Request};
 use super::Run;
+use locksim_locks::Guard;
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::resource::{ResourceReply, ResourceRequest};
 use locksim_sim::rng::{stream, Rng, Stream};
@@ -35,7 +41,12 @@ enum Got {
 
 /// One client for the whole run: its processes, one after another when a crash restarts it.
 pub fn client(run: &Run, index: usize) -> anyhow::Result<()> {
-    let node = NodeIx((index + super::FIRST_CLIENT) as u32);
+    let node = NodeIx((index + run.first_client()) as u32);
+    if run.argv.is_empty() {
+        // A baseline: no process, and so no fault that could end its one session early.
+        Session { run, node, process: None, lost: false, sold_out: false }.go(0)?;
+        return Ok(());
+    }
     let name = run.nodes[node.0 as usize].clone();
     let slot = &run.slots[index];
     let env = run.env(&name);
@@ -43,7 +54,7 @@ pub fn client(run: &Run, index: usize) -> anyhow::Result<()> {
     for incarnation in 0u64.. {
         let mut process = ClientProcess::spawn(&spawn)?;
         slot.lock().expect("slot lock").pid = Some(process.pid());
-        let end = Session { run, node, process: &mut process, lost: false }.go(incarnation);
+        let end = Session { run, node, process: Some(&mut process), lost: false, sold_out: false }.go(incarnation);
         let end = match end {
             Ok(end) => end,
             Err(e) => {
@@ -78,9 +89,12 @@ pub fn client(run: &Run, index: usize) -> anyhow::Result<()> {
 struct Session<'a> {
     run: &'a Run,
     node: NodeIx,
-    process: &'a mut ClientProcess,
+    /// `None`: a baseline's client, which has no lock to ask.
+    process: Option<&'a mut ClientProcess>,
     /// The process said `lost` during the current hold.
     lost: bool,
+    /// A flash sale's buyer has seen the stock run out: it goes home.
+    sold_out: bool,
 }
 
 impl Session<'_> {
@@ -94,7 +108,7 @@ impl Session<'_> {
             }
         };
         let workload = &self.run.workload;
-        while !self.run.over() {
+        while !self.run.over() && !self.sold_out {
             self.record(EventKind::AcquireInvoke);
             match self.call(Request::Acquire)? {
                 Answer::End(end) => return Ok(end),
@@ -135,9 +149,19 @@ impl Session<'_> {
         if self.lost {
             return Ok(None);
         }
-        let read =
-            self.run.resource.apply(&self.run.recorder, self.node, ResourceRequest::Read { token, shared: false });
-        let ResourceReply::Value(value) = read else { return Ok(None) };
+        let buy = self.run.workload.stock.is_some();
+        let atomic = self.run.guard == Guard::ConditionalUpdate;
+        let read = if atomic {
+            None
+        } else {
+            let read = ResourceRequest::Read { token, shared: false };
+            let ResourceReply::Value(value) = self.access(read) else { return Ok(None) };
+            if buy && value <= 0 {
+                self.sold_out = true;
+                return Ok(None);
+            }
+            Some(value)
+        };
         if let Some(end) = self.idle(hold)? {
             return Ok(Some(end));
         }
@@ -149,16 +173,34 @@ impl Session<'_> {
             Answer::Message(Message::Writing) => {}
             Answer::Message(other) => return Err(self.unexpected(&other, "write")),
         }
-        if !self.lost {
-            let write = ResourceRequest::Write { token, value: value + 1, order: false };
-            self.run.resource.apply(&self.run.recorder, self.node, write);
+        if self.lost {
+            return Ok(None);
+        }
+        let step = if buy { -1 } else { 1 };
+        match read {
+            Some(value) => {
+                self.access(ResourceRequest::Write { token, value: value + step, order: buy });
+            }
+            // `UPDATE stock SET n = n - 1 WHERE n > 0`: an unchanged value means sold out.
+            None => {
+                let floor = buy.then_some(0);
+                let reply = self.access(ResourceRequest::Add { token, delta: step, floor, order: buy });
+                self.sold_out = buy && matches!(reply, ResourceReply::Value(_));
+            }
         }
         Ok(None)
     }
 
+    fn access(&self, request: ResourceRequest) -> ResourceReply {
+        self.run.resource.apply(&self.run.recorder, self.node, request)
+    }
+
     /// Send `request` and wait for its answer until the run ends.
     fn call(&mut self, request: Request) -> anyhow::Result<Answer> {
-        if !self.process.send(request) {
+        let Some(process) = self.process.as_deref_mut() else {
+            return Ok(if self.run.over() { Answer::End(End::Over) } else { Answer::Message(request.unguarded()) });
+        };
+        if !process.send(request) {
             return Ok(Answer::End(End::Died));
         }
         // Without a time limit only the run's end stops the wait.
@@ -191,7 +233,11 @@ impl Session<'_> {
             }
             let step = until.unwrap_or(self.run.end).min(now + Duration::from_millis(50)).min(self.run.end);
             let deadline = self.run.instant(step);
-            match self.process.next(deadline) {
+            let Some(process) = self.process.as_deref() else {
+                std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+                continue;
+            };
+            match process.next(deadline) {
                 None => {}
                 Some(Line::Closed) => return Ok(Got::End(End::Died)),
                 Some(Line::Bad(e)) => return Err(e.into()),
