@@ -211,3 +211,102 @@ fn a_command_that_breaks_the_protocol_is_a_harness_error_naming_the_client_and_t
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(stderr(&out).contains("client-0: bad line from the command: \"hello\": not JSON"), "{}", stderr(&out));
 }
+
+/// A run of locksim whose processes — locksim, the server it starts, the client processes and whatever
+/// they start — all carry a mark in their environment, with its temporary files in a directory of its own.
+struct Marked {
+    mark: String,
+    tmp: tempfile::TempDir,
+}
+
+impl Marked {
+    fn new() -> Marked {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        Marked { mark: format!("locksim-test-{}-{nanos}", std::process::id()), tmp: tempfile::tempdir().unwrap() }
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_locksim"));
+        cmd.args(args).current_dir(root()).env("LOCKSIM_TEST_MARK", &self.mark).env("TMPDIR", self.tmp.path());
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        cmd
+    }
+
+    /// Live processes (zombies hold no port or file) with the mark in their environment.
+    fn processes(&self) -> Vec<String> {
+        let needle = format!("LOCKSIM_TEST_MARK={}", self.mark);
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let proc = entry.path();
+            let Ok(environ) = std::fs::read(proc.join("environ")) else { continue };
+            if !environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+                continue;
+            }
+            let stat = std::fs::read_to_string(proc.join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").map_or("", |(_, rest)| &rest[..1]);
+            if state != "Z" {
+                let cmdline = std::fs::read(proc.join("cmdline")).unwrap_or_default();
+                found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            }
+        }
+        found
+    }
+
+    /// Nothing marked still runs (given a moment: a parent-death signal is delivered asynchronously),
+    /// and the temporary directory is empty.
+    fn assert_nothing_left(&self, case: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut left = self.processes();
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            left = self.processes();
+        }
+        assert!(left.is_empty(), "{case}: processes left behind: {left:#?}");
+        let files: Vec<_> = std::fs::read_dir(self.tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(files.is_empty(), "{case}: temporary files left behind: {files:?}");
+    }
+}
+
+#[test]
+fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
+    if !ready_for_real() {
+        return;
+    }
+    let counter = |duration: &str| format!("[workload]\nkind = \"counter\"\nclients = 2\nduration = \"{duration}\"\n");
+
+    let marked = Marked::new();
+    let (_dir, path) = redis_py_scenario(&counter("2s"));
+    let out = marked.command(&["run", &path, "--real"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    marked.assert_nothing_left("a run as expected");
+
+    // A harness error: the command answers garbage, while a process it started sleeps on.
+    let marked = Marked::new();
+    let dir = tempfile::tempdir().unwrap();
+    let script = "sleep 600 & read line; echo garbage; wait";
+    let text = format!("name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"{script}\"]\n{}", counter("5s"));
+    let bad = dir.path().join("t.toml");
+    std::fs::write(&bad, text).unwrap();
+    let out = marked.command(&["run", bad.to_str().unwrap(), "--real"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad line from the command: \"garbage"), "{}", stderr(&out));
+    marked.assert_nothing_left("a harness error");
+
+    // Ctrl-C once the clients run: exit 130, the server and every client stopped.
+    let marked = Marked::new();
+    let (_dir, path) = redis_py_scenario(&counter("60s"));
+    let mut child = marked.command(&["run", &path, "--real"]).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while marked.processes().iter().filter(|p| p.contains("redis_py_lock.py")).count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the clients never started: {:#?}", marked.processes());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1)); // the clients take and pass the lock meanwhile
+                                                           // SAFETY: kill(2) on our own unreaped child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C");
+    marked.assert_nothing_left("Ctrl-C");
+}
