@@ -16,7 +16,8 @@ use locksim_sim::ctx::Ctx;
 pub const ID: &str = "command";
 
 /// Why a simulated run cannot run a command recipe.
-pub const ONLY_REAL: &str = "recipe `command` runs only with --real";
+pub const ONLY_REAL: &str =
+    "recipe `command` runs only with --real (give it a [model], a built-in recipe, for the simulator to run)";
 
 pub const COMMAND: RecipeSpec = RecipeSpec {
     id: ID,

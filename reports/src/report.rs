@@ -20,6 +20,43 @@ pub fn charts(runs: &[ScenarioResult]) -> Vec<(&'static str, &'static str, Strin
     ]
 }
 
+/// A scenario run for real, beside its simulated runs (of its `[model]`, or of the same baseline).
+struct SimAndReal<'a> {
+    real: &'a ScenarioResult,
+    simulated: Vec<&'a ScenarioResult>,
+}
+
+/// Every real run, with the simulated runs of the same scenario file and name.
+fn sim_and_real(runs: &[ScenarioResult]) -> Vec<SimAndReal<'_>> {
+    let same = |a: &ScenarioResult, b: &ScenarioResult| a.path == b.path && a.scenario == b.scenario;
+    runs.iter()
+        .filter(|r| r.real)
+        .map(|real| SimAndReal { real, simulated: runs.iter().filter(|r| !r.real && same(r, real)).collect() })
+        .collect()
+}
+
+/// `unsafe/total (rate%) noun`, e.g. `16/200 (8.0%) seeds`.
+fn rate(run: &ScenarioResult, noun: &str) -> String {
+    let total = run.seeds.end - run.seeds.start;
+    let pct = if total == 0 { 0.0 } else { 100.0 * run.unsafe_seeds as f64 / total as f64 };
+    format!("{}/{total} ({pct:.1}%) {noun} unsafe", run.unsafe_seeds)
+}
+
+/// The rows of the simulated-and-real table: scenario, simulated (recipe: rate), real (recipe: rate).
+fn sim_and_real_rows(runs: &[ScenarioResult]) -> Vec<[String; 3]> {
+    sim_and_real(runs)
+        .into_iter()
+        .map(|p| {
+            let sim: Vec<String> = p.simulated.iter().map(|r| format!("{}: {}", r.recipe, rate(r, "seeds"))).collect();
+            let sim = if sim.is_empty() { "not simulated in these results".to_string() } else { sim.join("; ") };
+            [p.real.scenario.clone(), sim, format!("{}: {}", p.real.recipe, rate(p.real, "runs"))]
+        })
+        .collect()
+}
+
+const SIM_AND_REAL: &str = "The same scenario simulated (its `[model]`, or the same baseline) and run on real servers \
+                            with the real library (`run --real`).";
+
 fn verdict(run: &ScenarioResult) -> &'static str {
     if run.as_expected {
         "as expected"
@@ -36,6 +73,17 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
     let md_ = escape_markdown;
     let mut md = format!("# locksim report: {}\n\n", md_(&results.name));
     let _ = writeln!(md, "{} runs, {seeds} seeds: {} as expected, {wrong} not.\n", runs.len(), runs.len() - wrong);
+    let pairs = sim_and_real_rows(runs);
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            md,
+            "## Simulated and real\n\n{SIM_AND_REAL}\n\n| scenario | simulated | real |\n| --- | --- | --- |"
+        );
+        for row in &pairs {
+            let _ = writeln!(md, "| {} | {} | {} |", md_(&row[0]), md_(&row[1]), md_(&row[2]));
+        }
+        md.push('\n');
+    }
     for (file, title, _) in charts {
         let _ = writeln!(md, "## {title}\n\n![{title}]({file})\n");
     }
@@ -82,6 +130,24 @@ pub fn html(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
     let _ = writeln!(page, "<h1>locksim report: {}</h1>", escape(&results.name));
     let _ =
         writeln!(page, "<p>{} runs, {seeds} seeds: {} as expected, {wrong} not.</p>", runs.len(), runs.len() - wrong);
+    let pairs = sim_and_real_rows(runs);
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            page,
+            "<section><h2>Simulated and real</h2><p>{}</p><table><tr><th>scenario</th><th>simulated</th><th>real</th></tr>",
+            escape(&SIM_AND_REAL.replace('`', ""))
+        );
+        for row in &pairs {
+            let _ = writeln!(
+                page,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&row[0]),
+                escape(&row[1]),
+                escape(&row[2])
+            );
+        }
+        page.push_str("</table></section>\n");
+    }
     for (_, title, svg) in charts {
         let body = svg.trim_start_matches(|c| c != '<');
         let _ = writeln!(page, "<section><h2>{title}</h2>\n{body}</section>");

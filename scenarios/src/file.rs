@@ -22,6 +22,8 @@ pub struct ScenarioFile {
     #[serde(default)]
     pub description: String,
     pub recipe: Spanned<Table>,
+    /// A command recipe's simulated model: a built-in recipe's `[recipe]` table.
+    pub model: Option<Spanned<Table>>,
     #[serde(default)]
     pub backend: Table,
     pub workload: WorkloadFile,

@@ -63,8 +63,9 @@ pub struct Scenario {
     pub random: Option<RandomFaults>,
     pub check: CheckConfig,
     pub expect: Expect,
-    /// `[recipe] command = [...]`: a lock in any language, run only in real mode (`recipe` is then
-    /// the registry's `command` recipe).
+    /// `[recipe] command = [...]`: a lock in any language, run in real mode. `recipe` is then its
+    /// `[model]`, which a simulated run runs, or without one the registry's `command` recipe, which
+    /// runs only in real mode ([`Scenario::only_real`]).
     pub command: Option<CommandRecipe>,
 }
 
@@ -77,6 +78,14 @@ pub struct CommandRecipe {
     pub params: std::collections::BTreeMap<String, String>,
     /// `server = "..."`: the real server its processes talk to (default Redis).
     pub server: CommandServer,
+}
+
+impl CommandRecipe {
+    /// How results name it: `command <its last argument's file name>` (the adapter, as a rule).
+    pub fn label(&self) -> String {
+        let last = self.argv.last().map_or("", |a| a.rsplit('/').next().unwrap_or(a));
+        format!("command {last}")
+    }
 }
 
 /// The real server a command recipe's processes talk to (`[recipe] server`).
@@ -102,6 +111,14 @@ impl CommandServer {
         match self {
             CommandServer::Redis => "redis-0",
             CommandServer::ZooKeeper => "zk-0",
+        }
+    }
+
+    /// The backend family of its server: a command's `[model]` must be one of its recipes.
+    pub fn family(self) -> &'static str {
+        match self {
+            CommandServer::Redis => "redis",
+            CommandServer::ZooKeeper => "zk",
         }
     }
 
@@ -150,6 +167,11 @@ impl Scenario {
         topology(&self.recipe, &self.backend_params, self.workload.clients)
     }
 
+    /// A command recipe without a `[model]`: nothing to simulate.
+    pub fn only_real(&self) -> bool {
+        self.recipe.id == locksim_locks::command::ID
+    }
+
     /// Read and validate a scenario file.
     pub fn load(path: &Path, registry: &Registry) -> Result<Scenario, LoadError> {
         let shown = path.display().to_string();
@@ -162,7 +184,7 @@ impl Scenario {
         let src = Source { path, text };
         let file = src.parse()?;
         check_name(&src, &file.name)?;
-        let (recipe, recipe_params, command) = recipe(&src, &file.recipe, registry)?;
+        let (recipe, recipe_params, command) = recipe(&src, &file.recipe, file.model.as_ref(), registry)?;
         let mut backend = Section::new(&src, format!("[backend] of the {} family", recipe.family.name), &file.backend);
         let backend_params = backend.params(recipe.family.params)?;
         backend.finish(&names(recipe.family.params))?;
@@ -272,21 +294,60 @@ fn topology(recipe: &RecipeSpec, backend: &Params, clients: usize) -> Topology {
 
 type RecipeParts = (RecipeSpec, Params, Option<CommandRecipe>);
 
-fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<RecipeParts, ScenarioError> {
+/// `[recipe]`, and a command recipe's `[model]`: the recipe a simulated run runs (a command's model, or
+/// without one the registry's `command` recipe, which runs only in real mode) and the command, if any.
+fn recipe(
+    src: &Source,
+    table: &Spanned<Table>,
+    model: Option<&Spanned<Table>>,
+    registry: &Registry,
+) -> Result<RecipeParts, ScenarioError> {
     let mut section = Section::new(src, "[recipe]", table.get_ref());
-    if let Some(argv) = section.take("command") {
-        if let Some(id) = section.take("id") {
-            return Err(src.error(id.span(), "[recipe] has `command`, so no `id`: leave one of them out"));
+    let Some(argv) = section.take("command") else {
+        if let Some(model) = model {
+            let m =
+                "[model] is the simulator's model of a command recipe; this [recipe] has an `id`: leave [model] out";
+            return Err(src.error(model.span(), m));
         }
+        let (spec, params) = builtin(src, "[recipe]", table, registry)?;
+        return Ok((spec, params, None));
+    };
+    if let Some(id) = section.take("id") {
+        return Err(src.error(id.span(), "[recipe] has `command`, so no `id`: leave one of them out"));
+    }
+    let command = command(&section, &argv, table.get_ref())?;
+    let Some(model) = model else {
         let spec = *registry
             .command()
             .ok_or_else(|| src.error(argv.span(), "command: this locksim has no `command` recipe in its registry"))?;
-        let command = command(&section, &argv, table.get_ref())?;
         return Ok((spec, Params::resolve(&[], []), Some(command)));
+    };
+    let (spec, params) = builtin(src, "[model]", model, registry)?;
+    let family = command.server.family();
+    if spec.family.name != family {
+        let m = format!(
+            "[model]: {} is a {} recipe, but the command's server is {}: the model must be a {family} recipe",
+            spec.id,
+            spec.family.name,
+            command.server.name()
+        );
+        return Err(src.error(model.span(), m));
     }
-    let id = section
-        .take("id")
-        .ok_or_else(|| src.error(table.span(), "[recipe] needs `id` (see `locksim list recipes`) or `command`"))?;
+    Ok((spec, params, Some(command)))
+}
+
+/// A built-in recipe's table (`[recipe]`, or a command's `[model]`): its `id` and parameters.
+fn builtin(
+    src: &Source,
+    what: &str,
+    table: &Spanned<Table>,
+    registry: &Registry,
+) -> Result<(RecipeSpec, Params), ScenarioError> {
+    let mut section = Section::new(src, what, table.get_ref());
+    let id = section.take("id").ok_or_else(|| {
+        let or = if what == "[recipe]" { " or `command`" } else { "" };
+        src.error(table.span(), format!("{what} needs `id` (see `locksim list recipes`){or}"))
+    })?;
     let name = section.string("id", &id)?;
     if name == locksim_locks::command::ID {
         let m = "id: the command recipe is written `command = [\"program\", \"arg\"]`, without an id";
@@ -297,13 +358,13 @@ fn recipe(src: &Source, table: &Spanned<Table>, registry: &Registry) -> Result<R
             registry.recipes().iter().map(|r| r.id).filter(|id| *id != locksim_locks::command::ID).collect();
         src.error(id.span(), format!("unknown recipe id \"{name}\"; expected one of: {}", known.join(", ")))
     })?;
-    let mut section = Section::new(src, format!("[recipe] of {name}"), table.get_ref());
+    let mut section = Section::new(src, format!("{what} of {name}"), table.get_ref());
     section.take("id");
     let params = section.params(spec.params)?;
     let mut accepted = vec!["id"];
     accepted.extend(names(spec.params));
     section.finish(&accepted)?;
-    Ok((spec, params, None))
+    Ok((spec, params))
 }
 
 /// `command = [...]` and the `[recipe]` keys beside it, which become `LOCKSIM_PARAM_<KEY>` strings.

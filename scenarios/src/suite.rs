@@ -104,7 +104,7 @@ impl Suite {
                 }
                 other => other?,
             };
-            if scenario.command.is_some() {
+            if scenario.only_real() {
                 let m = format!("scenario: {}: {}", scenario_path.display(), locksim_locks::command::ONLY_REAL);
                 return Err(src.error(run.scenario.span(), m).into());
             }

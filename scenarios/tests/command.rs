@@ -60,3 +60,34 @@ fn a_suite_refuses_a_command_scenario() {
     let e = loaded.err().unwrap();
     assert!(e.to_string().contains("recipe `command` runs only with --real"), "{e}");
 }
+
+#[test]
+fn a_command_with_a_model_simulates_the_model_and_runs_the_command_for_real() {
+    let s = parse("command = [\"a\"]\ntimeout = \"1s\"\n[model]\nid = \"redis.set-nx-px\"\nttl = \"1s\"").unwrap();
+    assert_eq!(s.recipe.id, "redis.set-nx-px");
+    assert_eq!(s.recipe_params.duration("ttl"), std::time::Duration::from_secs(1));
+    assert!(!s.only_real(), "a simulated run runs the model");
+    let c = s.command.expect("the command stays, for --real");
+    assert_eq!((c.label().as_str(), c.params.len()), ("command a", 1));
+    assert!(parse("command = [\"a\"]").unwrap().only_real());
+    let zk = parse("command = [\"a\"]\nserver = \"zookeeper\"\n[model]\nid = \"zk.sequential\"").unwrap();
+    assert_eq!(zk.recipe.id, "zk.sequential");
+}
+
+#[test]
+fn a_model_that_cannot_stand_for_the_command_is_refused_at_its_line() {
+    for (recipe, said) in [
+        ("command = [\"a\"]\n[model]\nttl = \"1s\"", "c.toml:4:1: [model] needs `id` (see `locksim list recipes`)"),
+        (
+            "command = [\"a\"]\n[model]\nid = \"zk.sequential\"",
+            "c.toml:4:1: [model]: zk.sequential is a zk recipe, but the command's server is redis: the model must be a \
+             redis recipe",
+        ),
+        ("command = [\"a\"]\n[model]\nid = \"redis.set-nx-px\"\nttl = 5", "c.toml:6:7: ttl: expected a string"),
+        ("command = [\"a\"]\n[model]\nid = \"redis.set-nx-px\"\nretries = 5", "c.toml:6:1: unknown key `retries` in [model] of redis.set-nx-px"),
+        ("id = \"redis.set-nx-px\"\n[model]\nid = \"redis.set-nx-px\"", "c.toml:4:1: [model] is the simulator's model"),
+    ] {
+        let e = parse(recipe).err().unwrap_or_else(|| panic!("{recipe} parsed"));
+        assert!(e.starts_with(said), "{recipe}: {e}");
+    }
+}

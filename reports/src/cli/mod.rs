@@ -96,7 +96,7 @@ fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
 /// recipe runs only in real mode: see [`load_any`].
 fn load(path: &Path, registry: &Registry) -> anyhow::Result<Scenario> {
     let scenario = load_any(path, registry)?;
-    if scenario.command.is_some() {
+    if scenario.only_real() {
         anyhow::bail!("{}: {}", path.display(), locksim_locks::command::ONLY_REAL);
     }
     Ok(scenario)

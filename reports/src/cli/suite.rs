@@ -34,16 +34,25 @@ pub struct Args {
     /// Do not shrink failing seeds.
     #[arg(long)]
     no_shrink: bool,
+    /// Run each scenario on real servers with real client processes instead of simulating (see README
+    /// "Real mode"): `--runs` runs each, from its seeds' start. Every scenario needs a `[model]` or is a
+    /// baseline, so that the same suite also runs simulated, for `report` to set the two side by side.
+    #[arg(long, conflicts_with_all = ["shard", "jobs"])]
+    real: bool,
+    /// With --real: how many real runs of each scenario.
+    #[arg(long, requires = "real", default_value = "1", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    runs: u64,
 }
 
 /// One line for a run: `ok` or `FAIL`, what it found, and for a failure why and how to replay it.
 fn line(run: &ScenarioResult, ok: bool) -> String {
     let kinds = text::kinds_summary(run);
     let mut out = format!(
-        "{} {:<44} {:<26} seeds {}..{}: {} unsafe{}",
+        "{} {:<44} {:<26} {} {}..{}: {} unsafe{}",
         if ok { "ok  " } else { "FAIL" },
         run.scenario,
         run.recipe,
+        if run.real { "real runs with seeds" } else { "seeds" },
         run.seeds.start,
         run.seeds.end,
         run.unsafe_seeds,
@@ -53,8 +62,8 @@ fn line(run: &ScenarioResult, ok: bool) -> String {
         for reason in &run.reasons {
             out.push_str(&format!("\n     - {reason}"));
         }
-        if let Some(seed) = run.example_seed {
-            out.push_str(&format!("\n     reproduce: {}", text::repro_line(&run.path, seed)));
+        if let Some(example) = text::example_line(run) {
+            out.push_str(&format!("\n     {}: {example}", if run.real { "example" } else { "reproduce" }));
         }
     }
     out
@@ -81,6 +90,9 @@ pub fn suite(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     let suite = Suite::load(&args.suite, registry)?;
     let shrink_dir = (!args.no_shrink).then_some(args.shrink_dir.as_path());
     super::check_outputs([&args.junit, &args.json], shrink_dir)?;
+    if args.real {
+        return real(&args, &suite);
+    }
     let jobs = super::jobs(args.jobs);
     let ranges: Vec<_> = suite.runs.iter().map(|r| super::shard(r.seeds.clone(), args.shard)).collect();
     let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
@@ -127,6 +139,40 @@ pub fn suite(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     eprintln!("{total} seeds in {:.1} s on {jobs} jobs", started.elapsed().as_secs_f64());
     if let Some(path) = &args.junit {
         let xml = junit(&suite.name, &results, &seconds);
+        std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if let Some(out) = json {
+        out.finish()?;
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `suite --real`: each run's scenario `--runs` times for real, one run after another; its line and
+/// JUnit case as a simulated run's, its results marked real.
+fn real(args: &Args, suite: &Suite) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let name = format!("{} (real runs)", suite.name);
+    let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &name)).transpose()?;
+    let (mut results, mut seconds, mut failed) = (Vec::new(), Vec::new(), 0);
+    for run in &suite.runs {
+        let run_started = Instant::now();
+        let mut result = crate::real::run(&run.scenario, args.runs, run.seeds.start, |r| {
+            json.as_mut().map_or(Ok(()), |out| out.seed(&r.result))
+        })?;
+        result.real = true;
+        if let Some(out) = json.as_mut() {
+            out.run(&result)?;
+        }
+        seconds.push(run_started.elapsed().as_secs_f64());
+        failed += usize::from(!result.as_expected);
+        super::emit(&format!("{}\n", line(&result, result.as_expected)))?;
+        results.push(result);
+    }
+    let runs = results.len();
+    super::emit(&format!("suite {name}: {runs} runs, {} as expected, {failed} not\n", runs - failed))?;
+    eprintln!("{} real runs in {:.1} s", runs as u64 * args.runs, started.elapsed().as_secs_f64());
+    if let Some(path) = &args.junit {
+        let xml = junit(&name, &results, &seconds);
         std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if let Some(out) = json {

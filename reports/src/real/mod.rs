@@ -203,7 +203,12 @@ pub fn run(
 ) -> anyhow::Result<ScenarioResult> {
     let clients = check_supported(scenario)?;
     let seeds = first_seed..first_seed.saturating_add(runs);
-    let mut judge = Judge::new(Meta::of(scenario), seeds.clone());
+    let mut meta = Meta::of(scenario);
+    if let Clients::Command(command) = clients {
+        // Not the `[model]`, which only the simulator runs.
+        meta.recipe = command.label();
+    }
+    let mut judge = Judge::new(meta, seeds.clone());
     for seed in seeds {
         let run = run_once(scenario, clients, seed)?;
         judge.add(&run.result);
