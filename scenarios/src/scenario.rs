@@ -147,7 +147,7 @@ impl Scenario {
 
     /// Every node of the world this scenario builds (clients, servers; the resource is `resource`).
     pub fn topology(&self) -> Topology {
-        topology(&self.recipe, &self.backend_params, self.workload.clients)
+        topology(&self.recipe, &self.backend_params, self.command.as_ref(), self.workload.clients)
     }
 
     /// Read and validate a scenario file.
@@ -169,7 +169,7 @@ impl Scenario {
         (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
         let workload = workload(&src, &file, &recipe, registry)?;
         let (stock, invariant) = (workload.stock, workload.work);
-        let topo = topology(&recipe, &backend_params, workload.clients);
+        let topo = topology(&recipe, &backend_params, command.as_ref(), workload.clients);
         let schedule: Vec<Fault> =
             file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
         check_restarts(&src, &file.faults.schedule, &schedule)?;
@@ -264,8 +264,13 @@ fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
     specs.iter().map(|s| s.name).collect()
 }
 
-fn topology(recipe: &RecipeSpec, backend: &Params, clients: usize) -> Topology {
-    let mut topo = (recipe.family.topology)(backend);
+/// The nodes of the world: the family's servers, or a command recipe's one real server (named as in
+/// the history of its real runs, so that a fault can aim at it).
+fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecipe>, clients: usize) -> Topology {
+    let mut topo = match command {
+        Some(c) => Topology { servers: vec![c.server.node().to_string()], ..Topology::default() },
+        None => (recipe.family.topology)(backend),
+    };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
     topo
 }
