@@ -31,13 +31,19 @@
 //! the scenario's `duration`, hold, think and fault times are real time too. A real run is not
 //! reproducible from its seed: the seed only draws hold and think (and `holder`/`waiter` picks).
 //!
+//! **The network.** Each client process reaches the server through a loopback proxy of its own
+//! ([`proxy`]): its `LOCKSIM_REDIS` (or `LOCKSIM_ZOOKEEPER`) names the proxy, which forwards every
+//! connection to the server, and through which the network faults act ([`fault`]).
+//!
 //! Modules: [`protocol`] (the lines), [`client`] (a process), [`history`] (the recorder),
-//! [`resource`] (the resource service), [`fault`] (pause, crash), [`workload`] (the loop).
+//! [`resource`] (the resource service), [`proxy`] (a client's path to the server), [`fault`] (pause,
+//! crash, the network faults), [`workload`] (the loop).
 
 pub mod client;
 pub mod fault;
 pub mod history;
 pub mod protocol;
+pub mod proxy;
 pub mod resource;
 pub mod workload;
 
@@ -49,6 +55,7 @@ use locksim_scenarios::scenario::{CommandRecipe, CommandServer, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
 use locksim_scenarios::{Scenario, Verdict};
 use locksim_sim::history::{EventKind, History, NodeIx};
+use locksim_sim::rng::{stream, Stream};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,6 +64,8 @@ use std::time::{Duration, Instant};
 
 /// Nodes of a real run: the server (`redis-0`, `zk-0`), `resource`, then the clients.
 pub const FIRST_CLIENT: usize = 2;
+/// The server's node.
+pub const SERVER: NodeIx = NodeIx(0);
 
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
@@ -83,8 +92,16 @@ pub struct Run {
     pub dir: PathBuf,
     /// When the run ends (real time since its start).
     pub end: Duration,
+    /// The server, which faults may stop, crash and start again.
+    server: Mutex<Server>,
+    /// Whether the server keeps its data through a crash (see [`fault`]).
+    keep_data: bool,
+    /// Each client's path to the server.
+    proxies: Vec<proxy::Proxy>,
     start: Instant,
     env: Vec<(String, String)>,
+    /// The variable that names the server (its client's proxy) to a client process.
+    server_env: &'static str,
     stop: AtomicBool,
 }
 
@@ -129,9 +146,12 @@ impl Run {
         node.0 as usize - FIRST_CLIENT
     }
 
-    /// The environment of `client`'s process.
+    /// The environment of `client`'s process: the server is its proxy.
     pub fn env(&self, client: &str) -> Vec<(String, String)> {
         let mut env = self.env.clone();
+        if let Some(proxy) = self.node(client).map(|n| &self.proxies[self.client_index(n)]) {
+            env.push((self.server_env.into(), proxy.addr().to_string()));
+        }
         env.push((ENV_CLIENT.into(), client.into()));
         env
     }
@@ -156,7 +176,7 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<&CommandRecipe> {
     if command.server == CommandServer::Redis && (backend.int("masters") != 1 || backend.int("replicas") != 0) {
         anyhow::bail!("{}: --real starts one Redis server: [backend] masters = 1, replicas = 0", scenario.path);
     }
-    fault::refuse_unsupported(scenario)?;
+    fault::refuse_unsupported(scenario, command.server.node())?;
     Ok(command)
 }
 
@@ -185,8 +205,8 @@ pub fn run(
     Ok(judge.finish())
 }
 
-/// One real run: a fresh Redis, the client processes, the faults; every process killed and reaped
-/// before it returns, whatever happened.
+/// One real run: a fresh server, a proxy and a process per client, the faults; every process killed
+/// and reaped, every proxy thread joined and the server stopped before it returns, whatever happened.
 pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyhow::Result<RealRun> {
     let server = Server::start(match command.server {
         CommandServer::Redis => Kind::Redis,
@@ -196,10 +216,10 @@ pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyh
     let clients = scenario.workload.clients;
     let mut nodes = vec![command.server.node().to_string(), "resource".to_string()];
     nodes.extend((0..clients).map(Scenario::client_name));
-    let mut env = vec![
-        (command.server.env().to_string(), server.addr().0.to_string()),
-        (ENV_LOCK.to_string(), format!("locksim:{}", scenario.name)),
-    ];
+    let proxies = (0..clients)
+        .map(|i| proxy::Proxy::start(server.addr().0, stream(seed, Stream::Network, i as u64)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut env = vec![(ENV_LOCK.to_string(), format!("locksim:{}", scenario.name))];
     env.extend(command.params.iter().map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
     let dir = scenario_dir(&scenario.path)?;
     let start = Instant::now();
@@ -213,32 +233,35 @@ pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyh
         argv: command.argv.clone(),
         dir,
         end: scenario.workload.duration,
+        server: Mutex::new(server),
+        // Only Redis runs without persistence; every other server logs before it answers.
+        keep_data: command.server != CommandServer::Redis || scenario.backend_params.bool("persist"),
+        proxies,
         start,
         env,
+        server_env: command.server.env(),
         stop: AtomicBool::new(false),
     };
     let outcomes: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
         let run = &run;
-        let workers: Vec<_> = (0..clients)
-            .map(|i| {
-                scope.spawn(move || {
-                    let outcome = workload::client(run, i);
-                    if outcome.is_err() {
-                        run.stop.store(true, Ordering::Relaxed);
-                    }
-                    outcome
-                })
-            })
+        let failing = |outcome: anyhow::Result<()>| {
+            if outcome.is_err() {
+                run.stop.store(true, Ordering::Relaxed);
+            }
+            outcome
+        };
+        let workers: Vec<_> = (0..clients).map(|i| scope.spawn(move || failing(workload::client(run, i)))).collect();
+        let faults: Vec<_> = faults
+            .iter()
+            .enumerate()
+            .map(|(id, f)| scope.spawn(move || failing(fault::apply(run, id as u32, f))))
             .collect();
-        for (id, f) in faults.iter().enumerate() {
-            scope.spawn(move || fault::apply(run, id as u32, f));
-        }
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a client thread panicked"))))
+            .chain(faults)
+            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a client or fault thread panicked"))))
             .collect()
     });
-    drop(server);
     if let Some(e) = outcomes.into_iter().find_map(Result::err) {
         return Err(e.context(format!("{}: real run with seed {seed}", scenario.path)));
     }
