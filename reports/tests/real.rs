@@ -6,6 +6,11 @@
 mod common;
 
 use common::{locksim, root, stderr, stdout};
+use locksim_scenarios::Scenario;
+use locksim_sim::history::{Event, EventKind, History};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
 
 const SCENARIO: &str = "scenarios/real/redis-py-lock-pause.toml";
 
@@ -83,14 +88,24 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
     let cases = [
         (
             "kind = \"partition\"\ntarget = \"client-0\"\nduration = \"1s\"",
-            "fault `at 1s partition client-0 from everyone for 1s`",
+            "fault `at 1s partition client-0 from everyone for 1s`: --real cuts a client from the server only",
         ),
+        (
+            "kind = \"clog\"\ntarget = \"holder\"\npeers = [\"client-1\"]",
+            "fault `at 1s clog holder outgoing to client-1 until the end`: --real cuts a client from the server only",
+        ),
+        ("kind = \"partition\"\ntarget = \"redis-0\"\npeers = [\"resource\"]", "--real cuts redis-0 from clients only"),
         (
             "kind = \"clock-jump\"\ntarget = \"client-1\"\ndelta = \"5s\"",
             "fault `at 1s clock-jump client-1 +5000ms`: --real cannot move one process's clock",
         ),
-        ("kind = \"pause\"\ntarget = \"redis-0\"\nduration = \"1s\"", "client processes only, not redis-0"),
-        ("kind = \"crash\"\ntarget = \"resource\"", "client processes only, not resource"),
+        (
+            "kind = \"loss\"\ntarget = \"redis-0\"\nrate = 0.5",
+            "fault `at 1s loss redis-0 rate 0.5 until the end`: --real cannot lose a message on TCP",
+        ),
+        ("kind = \"drop-reply\"\ntarget = \"client-0\"", "aim drop-reply at redis-0 (a client sends none)"),
+        ("kind = \"crash\"\ntarget = \"resource\"", "--real cannot fault the resource"),
+        ("kind = \"pause\"\ntarget = \"resource\"\nduration = \"1s\"", "--real cannot fault the resource"),
     ];
     for (fault, said) in cases {
         let (_dir, path) = scenario(&format!("[[faults.schedule]]\nat = \"1s\"\n{fault}\n"));
@@ -103,6 +118,20 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
     let out = locksim(&["run", &path, "--real"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("[faults.random] does not run with --real yet"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_zookeeper_scenario_aims_faults_at_zk_0() {
+    let (_dir, path) = scenario("[[faults.schedule]]\nat = \"1s\"\nkind = \"drop-reply\"\ntarget = \"redis-0\"\n");
+    let zk = std::fs::read_to_string(&path).unwrap().replace("[workload]", "server = \"zookeeper\"\n[workload]");
+    std::fs::write(&path, zk).unwrap();
+    let out = locksim(&["run", &path, "--real"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no node \"redis-0\" in this scenario; expected one of: client-0, client-1, zk-0"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -307,6 +336,129 @@ impl Marked {
     }
 }
 
+/// One real run of `body` (after the redis-py `[recipe]`) through the library, for its history.
+fn real_history(body: &str) -> History {
+    let (_dir, path) = redis_py_scenario(body);
+    let scenario = Scenario::load(Path::new(&path), &locksim_locks::Registry::builtin()).unwrap();
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap();
+    history.expect("one run")
+}
+
+/// When fault 0 started and ended (seconds since the run's start), on which node.
+fn fault_window(h: &History) -> (String, f64, f64) {
+    let at = |e: &Event| e.t as f64 / 1e9;
+    let start = h.events.iter().find(|e| matches!(e.kind, EventKind::FaultStart { id: 0, .. })).expect("it started");
+    let end = h.events.iter().find(|e| matches!(e.kind, EventKind::FaultEnd { id: 0 })).expect("it ended");
+    (h.nodes[start.node.0 as usize].clone(), at(start), at(end))
+}
+
+fn times<'a>(h: &'a History, kind: impl Fn(&EventKind) -> bool + 'a) -> impl Iterator<Item = f64> + 'a {
+    h.events.iter().filter(move |e| kind(&e.kind)).map(|e| e.t as f64 / 1e9)
+}
+
+#[test]
+fn a_crashed_server_is_recorded_restarted_and_answers_again() {
+    if !ready_for_real() {
+        return;
+    }
+    let h = real_history(
+        "[workload]\nkind = \"counter\"\nclients = 2\nduration = \"4s\"\n\
+         [[faults.schedule]]\nat = \"1s\"\nkind = \"crash\"\ntarget = \"redis-0\"\nduration = \"500ms\"\n",
+    );
+    let (node, start, end) = fault_window(&h);
+    assert_eq!(node, "redis-0");
+    // Back once it answers: after `duration`, within the time a Redis takes to start.
+    assert!((0.49..3.0).contains(&(end - start)), "down {start}..{end}");
+    let grants_after: Vec<f64> = times(&h, |k| matches!(k, EventKind::AcquireOk { .. })).filter(|t| *t > end).collect();
+    assert!(!grants_after.is_empty(), "the lock is granted again after the restart: {h:?}");
+    let refused = times(&h, |k| matches!(k, EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. }));
+    assert!(refused.into_iter().any(|t| t > start && t < end), "a call while Redis was down failed: {h:?}");
+}
+
+#[test]
+fn a_partitioned_client_hears_nothing_until_the_heal() {
+    if !ready_for_real() {
+        return;
+    }
+    // redis-py's socket timeout is 2 s: its first call in the 2.5 s cut times out, unknown.
+    let h = real_history(
+        "[workload]\nkind = \"counter\"\nclients = 1\nduration = \"5s\"\n\
+         [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"client-0\"\npeers = [\"redis-0\"]\n\
+         duration = \"2500ms\"\n",
+    );
+    let (node, start, end) = fault_window(&h);
+    assert_eq!(node, "client-0");
+    assert!((2.49..2.6).contains(&(end - start)), "cut {start}..{end}");
+    let answered = times(&h, |k| matches!(k, EventKind::AcquireOk { .. } | EventKind::ReleaseOk));
+    let answered: Vec<f64> = answered.filter(|t| *t > start + 0.05 && *t < end).collect();
+    assert!(answered.is_empty(), "no answer from Redis during the cut: {answered:?} in {start}..{end}");
+    let timed_out = times(&h, |k| match k {
+        EventKind::AcquireUnknown { reason } | EventKind::ReleaseUnknown { reason } => reason.contains("Timeout"),
+        _ => false,
+    });
+    assert!(timed_out.into_iter().any(|t| t > start && t < end + 0.1), "a call timed out in the cut: {h:?}");
+    let grants = times(&h, |k| matches!(k, EventKind::AcquireOk { .. }));
+    assert!(grants.into_iter().any(|t| t > end), "the lock is granted again after the heal: {h:?}");
+}
+
+/// A scenario whose command records its proxy's address and its pid in `record`, then runs `then`.
+fn recording_scenario(dir: &Path, record: &Path, then: &str) -> String {
+    let text = format!(
+        "name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"echo $LOCKSIM_REDIS $$ >> {}; {then}\"]\ntimeout = \"1s\"\n\
+         [workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n\
+         [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"redis-0\"\nduration = \"5s\"\n",
+        record.display()
+    );
+    let path = dir.join("t.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_real_run_leaves_no_process_port_or_directory_behind_even_when_it_fails() {
+    if !ready_for_real() {
+        return;
+    }
+    let real = root().join("scenarios/real");
+    let adapter = format!(
+        "exec {} {}",
+        real.join(".venv/bin/python").display(),
+        real.join("adapters/redis_py_lock.py").display()
+    );
+    // A run that ends well (a partition still on at the end), and one whose command breaks the protocol.
+    for (then, code) in [(adapter.as_str(), 0), ("read l; echo hello; sleep 30", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let record = dir.path().join("record");
+        let path = recording_scenario(dir.path(), &record, then);
+        let out = Command::new(env!("CARGO_BIN_EXE_locksim"))
+            .args(["run", &path, "--real"])
+            .env("TMPDIR", &tmp)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{}\n{}", stdout(&out), stderr(&out));
+        let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(left.is_empty(), "the server's directory is removed: {left:?}");
+        let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        let ps = String::from_utf8_lossy(&ps.stdout);
+        assert!(!ps.lines().any(|l| l.contains(tmp.to_str().unwrap())), "the server was stopped: {ps}");
+        let recorded = std::fs::read_to_string(&record).unwrap();
+        assert!(recorded.lines().count() >= 2, "every client started: {recorded}");
+        for line in recorded.lines() {
+            let (proxy, pid) = line.split_once(' ').unwrap();
+            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "client process {pid} is gone");
+            assert!(TcpStream::connect(proxy).is_err(), "nothing listens on the proxy's {proxy} any more");
+        }
+    }
+}
+
 #[test]
 fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     if !ready_for_real() {
@@ -349,4 +501,22 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "Ctrl-C");
     marked.assert_nothing_left("Ctrl-C");
+}
+
+#[test]
+fn the_real_library_run_joins_its_proxies_before_it_returns() {
+    if !ready_for_real() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record");
+    let path = recording_scenario(dir.path(), &record, "read l; echo hello; sleep 30");
+    let scenario = Scenario::load(Path::new(&path), &locksim_locks::Registry::builtin()).unwrap();
+    let err = locksim_reports::real::run(&scenario, 1, 0, |_| Ok(())).map(|_| ()).expect_err("a harness error");
+    assert!(format!("{err:#}").contains("bad line from the command"), "{err:#}");
+    // In this process, which goes on: the proxies' listeners are closed.
+    for line in std::fs::read_to_string(&record).unwrap().lines() {
+        let proxy = line.split_once(' ').unwrap().0;
+        assert!(TcpStream::connect(proxy).is_err(), "nothing listens on the proxy's {proxy} any more");
+    }
 }

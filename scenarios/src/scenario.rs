@@ -164,7 +164,7 @@ impl Scenario {
 
     /// Every node of the world this scenario builds (clients, servers; the resource is `resource`).
     pub fn topology(&self) -> Topology {
-        topology(&self.recipe, &self.backend_params, self.workload.clients)
+        topology(&self.recipe, &self.backend_params, self.command.as_ref(), self.workload.clients)
     }
 
     /// A command recipe without a `[model]`: nothing to simulate.
@@ -189,9 +189,21 @@ impl Scenario {
         let backend_params = backend.params(recipe.family.params)?;
         backend.finish(&names(recipe.family.params))?;
         (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
+        if let (Some(c), Some(model)) = (&command, &file.model) {
+            // Faults name the real run's nodes, so the model's world must have the same one server.
+            let servers = (recipe.family.topology)(&backend_params).servers;
+            if servers != [c.server.node()] {
+                let m = format!(
+                    "[model]: its world has the servers {}, but a real run has one, {}: the model must run on one server",
+                    servers.join(", "),
+                    c.server.node()
+                );
+                return Err(src.error(model.span(), m));
+            }
+        }
         let workload = workload(&src, &file, &recipe, registry)?;
         let (stock, invariant) = (workload.stock, workload.work);
-        let topo = topology(&recipe, &backend_params, workload.clients);
+        let topo = topology(&recipe, &backend_params, command.as_ref(), workload.clients);
         let schedule: Vec<Fault> =
             file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
         check_restarts(&src, &file.faults.schedule, &schedule)?;
@@ -286,8 +298,13 @@ fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
     specs.iter().map(|s| s.name).collect()
 }
 
-fn topology(recipe: &RecipeSpec, backend: &Params, clients: usize) -> Topology {
-    let mut topo = (recipe.family.topology)(backend);
+/// The nodes of the world: the family's servers, or a command recipe's one real server (named as in
+/// the history of its real runs, so that a fault can aim at it; its `[model]`'s world has the same).
+fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecipe>, clients: usize) -> Topology {
+    let mut topo = match command {
+        Some(c) => Topology { servers: vec![c.server.node().to_string()], ..Topology::default() },
+        None => (recipe.family.topology)(backend),
+    };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
     topo
 }

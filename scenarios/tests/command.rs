@@ -91,3 +91,14 @@ fn a_model_that_cannot_stand_for_the_command_is_refused_at_its_line() {
         assert!(e.starts_with(said), "{recipe}: {e}");
     }
 }
+
+#[test]
+fn a_model_whose_world_has_other_servers_than_the_real_run_is_refused() {
+    let e = parse("command = [\"a\"]\n[model]\nid = \"redis.set-nx-px\"\n[backend]\nreplicas = 1").err().unwrap();
+    assert!(
+        e.starts_with(
+            "c.toml:4:1: [model]: its world has the servers redis-0, redis-0-replica, but a real run has one, redis-0"
+        ),
+        "{e}"
+    );
+}

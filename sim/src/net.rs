@@ -47,8 +47,8 @@ const TCP_RETRIES2: u32 = 15;
 
 /// When data first sent at `first_ns` and unacknowledged since gets through a link healed at
 /// `heal_ns`: the first retransmission at or after the heal, or `None` if the kernel gave the
-/// connection up before then.
-fn retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
+/// connection up before then. Real mode's proxies hold bytes across a partition by the same rule.
+pub fn retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
     let (mut at, mut rto) = (first_ns, TCP_RTO_MIN_NS);
     for _ in 0..TCP_RETRIES2 {
         at += rto;

@@ -60,6 +60,8 @@ pub struct Server {
 struct Own {
     dir: tempfile::TempDir,
     child: Child,
+    /// Crashed and not started again: `child` is reaped (its pid may belong to another process now).
+    down: bool,
 }
 
 impl Server {
@@ -71,7 +73,7 @@ impl Server {
         let (port, peer_port) = (free_port()?, free_port()?);
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
         let child = launch(kind, dir.path(), port, peer_port)?;
-        let mut server = Server { kind, addr, peer_port, own: Some(Own { dir, child }) };
+        let mut server = Server { kind, addr, peer_port, own: Some(Own { dir, child, down: false }) };
         server.wait_ready()?;
         Ok(server)
     }
@@ -92,6 +94,11 @@ impl Server {
         self.addr
     }
 
+    /// Crashed by [`Server::crash`] and not started again.
+    pub fn is_down(&self) -> bool {
+        self.own.as_ref().is_some_and(|o| o.down)
+    }
+
     /// Whether locksim runs it (and so can restart and stop it).
     pub fn is_own(&self) -> bool {
         self.own.is_some()
@@ -100,13 +107,35 @@ impl Server {
     /// Kill the server (SIGKILL; PostgreSQL's immediate shutdown, SIGQUIT, which is its crash) and
     /// start it again on the same port, with its data (`keep`) or without; return once it answers.
     pub fn restart(&mut self, keep: bool) -> anyhow::Result<()> {
+        self.crash()?;
+        self.relaunch(keep)
+    }
+
+    /// Kill the server as [`Server::restart`] does, and leave it down (its port refuses connections)
+    /// until [`Server::relaunch`].
+    pub fn crash(&mut self) -> anyhow::Result<()> {
+        let kind = self.kind;
+        let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot crash a server locksim did not start"))?;
+        if !own.down {
+            crash(kind, &mut own.child);
+            own.down = true;
+        }
+        Ok(())
+    }
+
+    /// Start a crashed server again on the same port, with its data (`keep`) or without; return once
+    /// it answers.
+    pub fn relaunch(&mut self, keep: bool) -> anyhow::Result<()> {
         let kind = self.kind;
         let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot restart a server locksim did not start"))?;
-        crash(kind, &mut own.child);
+        if !own.down {
+            anyhow::bail!("{} is running: crash it before starting it again", kind.name());
+        }
         if !keep {
             wipe(kind, own.dir.path())?;
         }
         own.child = launch(kind, own.dir.path(), self.addr.0.port(), self.peer_port)?;
+        own.down = false;
         self.wait_ready()
     }
 
@@ -114,15 +143,35 @@ impl Server {
     /// for `d`, then continue them (SIGCONT): a stop-the-world pause. The kernel still accepts
     /// connections and data meanwhile.
     pub fn pause(&mut self, d: Duration) -> anyhow::Result<()> {
-        let own = self.own.as_ref().ok_or_else(|| anyhow::anyhow!("cannot stop a server locksim did not start"))?;
-        let pid = own.child.id() as libc::pid_t;
+        self.stop()?;
+        std::thread::sleep(d);
+        self.resume()
+    }
+
+    /// The first half of [`Server::pause`]: stop the server's processes until [`Server::resume`] (or
+    /// a crash, or the drop, which continue them first).
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let pid = self.pid("stop")?;
         // The server first, so that it forks nothing new meanwhile.
         signal(pid, libc::SIGSTOP)?;
-        let children = children(pid);
-        children.iter().for_each(|c| drop(signal(*c, libc::SIGSTOP)));
-        std::thread::sleep(d);
-        children.iter().for_each(|c| drop(signal(*c, libc::SIGCONT)));
+        children(pid).iter().for_each(|c| drop(signal(*c, libc::SIGSTOP)));
+        Ok(())
+    }
+
+    /// Continue a server stopped by [`Server::stop`].
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        let pid = self.pid("continue")?;
+        children(pid).iter().for_each(|c| drop(signal(*c, libc::SIGCONT)));
         signal(pid, libc::SIGCONT)
+    }
+
+    /// The running server's process id (`what`: the signal's purpose, for the error).
+    fn pid(&self, what: &str) -> anyhow::Result<libc::pid_t> {
+        match &self.own {
+            None => anyhow::bail!("cannot {what} a server locksim did not start"),
+            Some(own) if own.down => anyhow::bail!("cannot {what} {}: it is down", self.kind.name()),
+            Some(own) => Ok(own.child.id() as libc::pid_t),
+        }
     }
 
     fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -156,7 +205,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(own) = &mut self.own {
+        if let Some(own) = self.own.as_mut().filter(|o| !o.down) {
             crash(self.kind, &mut own.child);
         }
     }

@@ -32,13 +32,19 @@
 //! the scenario's `duration`, hold, think and fault times are real time too. A real run is not
 //! reproducible from its seed: the seed only draws hold and think (and `holder`/`waiter` picks).
 //!
+//! **The network.** Each client process reaches the server through a loopback proxy of its own
+//! ([`proxy`]): its `LOCKSIM_REDIS` (or `LOCKSIM_ZOOKEEPER`) names the proxy, which forwards every
+//! connection to the server, and through which the network faults act ([`fault`]).
+//!
 //! Modules: [`protocol`] (the lines), [`client`] (a process), [`history`] (the recorder),
-//! [`resource`] (the resource service), [`fault`] (pause, crash), [`workload`] (the loop).
+//! [`resource`] (the resource service), [`proxy`] (a client's path to the server), [`fault`] (pause,
+//! crash, the network faults), [`workload`] (the loop).
 
 pub mod client;
 pub mod fault;
 pub mod history;
 pub mod protocol;
+pub mod proxy;
 pub mod resource;
 pub mod workload;
 
@@ -51,11 +57,15 @@ use locksim_scenarios::scenario::{CommandRecipe, CommandServer, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
 use locksim_scenarios::{Scenario, Verdict};
 use locksim_sim::history::{EventKind, History, NodeIx};
+use locksim_sim::rng::{stream, Stream};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The server's node (a command run's first: see [`Run::first_client`]).
+pub const SERVER: NodeIx = NodeIx(0);
 
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
@@ -85,9 +95,23 @@ pub struct Run {
     pub dir: PathBuf,
     /// When the run ends (real time since its start).
     pub end: Duration,
+    /// A command run's server and the clients' paths to it; a baseline has none.
+    served: Option<Served>,
     start: Instant,
     env: Vec<(String, String)>,
     stop: AtomicBool,
+}
+
+/// A command run's server, and each client's path to it.
+struct Served {
+    /// The server, which faults may stop, crash and start again.
+    server: Mutex<Server>,
+    /// Whether the server keeps its data through a crash (see [`fault`]).
+    keep_data: bool,
+    /// Each client's path to the server.
+    proxies: Vec<proxy::Proxy>,
+    /// The variable that names the server (its client's proxy) to a client process.
+    env: &'static str,
 }
 
 impl Run {
@@ -137,11 +161,22 @@ impl Run {
         node.0 as usize - self.first_client()
     }
 
-    /// The environment of `client`'s process.
+    /// The environment of `client`'s process: the server is its proxy.
     pub fn env(&self, client: &str) -> Vec<(String, String)> {
         let mut env = self.env.clone();
+        if let Some(served) = &self.served {
+            if let Some(proxy) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
+                env.push((served.env.into(), proxy.addr().to_string()));
+            }
+        }
         env.push((ENV_CLIENT.into(), client.into()));
         env
+    }
+
+    /// The server and the proxies, for a fault: only a command run has them (a baseline takes no
+    /// faults: [`check_supported`]).
+    fn served(&self) -> &Served {
+        self.served.as_ref().expect("a baseline takes no faults")
     }
 }
 
@@ -176,14 +211,16 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
                 describe(f)
             );
         }
-        fault::refuse_unsupported(scenario)?;
+        if scenario.random.is_some() {
+            anyhow::bail!("{}: [faults.random]: --real runs a baseline without faults", scenario.path);
+        }
         return Ok(Clients::Baseline(scenario.recipe.guard));
     };
     let backend = &scenario.backend_params;
     if command.server == CommandServer::Redis && (backend.int("masters") != 1 || backend.int("replicas") != 0) {
         anyhow::bail!("{}: --real starts one Redis server: [backend] masters = 1, replicas = 0", scenario.path);
     }
-    fault::refuse_unsupported(scenario)?;
+    fault::refuse_unsupported(scenario, command.server.node())?;
     Ok(Clients::Command(command))
 }
 
@@ -217,24 +254,33 @@ pub fn run(
     Ok(judge.finish())
 }
 
-/// One real run: a fresh server, the client processes, the faults; every process killed and reaped
-/// before it returns, whatever happened.
+/// One real run: a fresh server, a proxy and a process per client, the faults; every process killed
+/// and reaped, every proxy thread joined and the server stopped before it returns, whatever happened.
 pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result<RealRun> {
     let faults = resolve_schedule(scenario, seed);
     let clients = scenario.workload.clients;
     let mut nodes = vec!["resource".to_string()];
     let mut env = vec![(ENV_LOCK.to_string(), format!("locksim:{}", scenario.name))];
-    let (server, argv, guard) = match kind {
+    let (served, argv, guard) = match kind {
         Clients::Command(command) => {
             let server = Server::start(match command.server {
                 CommandServer::Redis => Kind::Redis,
                 CommandServer::ZooKeeper => Kind::ZooKeeper,
             })?;
             nodes.insert(0, command.server.node().to_string());
-            env.push((command.server.env().to_string(), server.addr().0.to_string()));
+            let proxies = (0..clients)
+                .map(|i| proxy::Proxy::start(server.addr().0, stream(seed, Stream::Network, i as u64)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let params = command.params.iter();
             env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
-            (Some(server), command.argv.clone(), Guard::Lock)
+            let served = Served {
+                server: Mutex::new(server),
+                // Only Redis runs without persistence; every other server logs before it answers.
+                keep_data: command.server != CommandServer::Redis || scenario.backend_params.bool("persist"),
+                proxies,
+                env: command.server.env(),
+            };
+            (Some(served), command.argv.clone(), Guard::Lock)
         }
         Clients::Baseline(guard) => (None, Vec::new(), guard),
     };
@@ -252,32 +298,31 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         guard,
         dir,
         end: scenario.workload.duration,
+        served,
         start,
         env,
         stop: AtomicBool::new(false),
     };
     let outcomes: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
         let run = &run;
-        let workers: Vec<_> = (0..clients)
-            .map(|i| {
-                scope.spawn(move || {
-                    let outcome = workload::client(run, i);
-                    if outcome.is_err() {
-                        run.stop.store(true, Ordering::Relaxed);
-                    }
-                    outcome
-                })
-            })
+        let failing = |outcome: anyhow::Result<()>| {
+            if outcome.is_err() {
+                run.stop.store(true, Ordering::Relaxed);
+            }
+            outcome
+        };
+        let workers: Vec<_> = (0..clients).map(|i| scope.spawn(move || failing(workload::client(run, i)))).collect();
+        let faults: Vec<_> = faults
+            .iter()
+            .enumerate()
+            .map(|(id, f)| scope.spawn(move || failing(fault::apply(run, id as u32, f))))
             .collect();
-        for (id, f) in faults.iter().enumerate() {
-            scope.spawn(move || fault::apply(run, id as u32, f));
-        }
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a client thread panicked"))))
+            .chain(faults)
+            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a client or fault thread panicked"))))
             .collect()
     });
-    drop(server);
     if let Some(e) = outcomes.into_iter().find_map(Result::err) {
         return Err(e.context(format!("{}: real run with seed {seed}", scenario.path)));
     }
