@@ -3,6 +3,7 @@
 //! Module map:
 //! - [`file`](mod@file): the scenario file as written, with positions and precise errors.
 //! - [`scenario`]: the validated [`Scenario`] a run needs.
+//! - [`rate`]: `k` of `n` seeds as a rate with its 95% interval.
 //! - [`distribution`]: medians over millions of seeds in bounded memory.
 //! - [`duration`]: `"250ms"`-style durations and ranges.
 //! - [`workload`]: the client program around a recipe, and the only code touching the resource.
@@ -19,6 +20,7 @@ pub mod checkers;
 pub mod distribution;
 pub mod duration;
 pub mod file;
+pub mod rate;
 pub mod run;
 pub mod scenario;
 pub mod shrink;
