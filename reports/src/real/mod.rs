@@ -1,12 +1,14 @@
 //! Real mode (`locksim run FILE --real --runs N`): a scenario whose recipe is a command — a lock in any
-//! language — against a real Redis or ZooKeeper that locksim starts on loopback, with real client processes and
-//! real faults, checked by the same checkers as a simulated run.
+//! language — against a real Redis, ZooKeeper, etcd or PostgreSQL that locksim starts on loopback, with real
+//! client processes and real faults, checked by the same checkers as a simulated run.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
 //! name on `PATH`), with this environment:
-//! - `LOCKSIM_REDIS=127.0.0.1:PORT` (or `LOCKSIM_ZOOKEEPER` with `[recipe] server = "zookeeper"`): the
-//!   server of this run;
+//! - the server of this run, by `[recipe] server`: `LOCKSIM_REDIS=127.0.0.1:PORT` (`"redis"`, the
+//!   default), `LOCKSIM_ZOOKEEPER=127.0.0.1:PORT` (`"zookeeper"`), `LOCKSIM_ETCD=127.0.0.1:PORT` (`"etcd"`,
+//!   its gRPC client port) or `LOCKSIM_POSTGRES=host=127.0.0.1 port=PORT user=postgres dbname=postgres`
+//!   (`"postgresql"`, a libpq connection string);
 //! - `LOCKSIM_CLIENT=client-N`: which client it is;
 //! - `LOCKSIM_LOCK=locksim:<scenario name>`: the lock's name;
 //! - `LOCKSIM_PARAM_<KEY>`: every other `[recipe]` key, as a string (`timeout = "1s"` →
@@ -16,6 +18,7 @@
 //! | locksim sends | the process answers |
 //! | --- | --- |
 //! | `{"op":"acquire"}` | `{"ok":true,"token":N}` (or `null`: no fencing token), `{"ok":false,"reason":"..."}`, `{"unknown":"..."}` (it may have taken effect) |
+//! | `{"op":"acquire","shared":true}` | as `acquire`: take the lock shared, as a reader (sent only when the scenario's `[workload] reads` > 0; the holder then reads, never writes) |
 //! | `{"op":"enter"}` | `{"entered":true}`: locksim then reads the resource for it |
 //! | `{"op":"write"}` | `{"writing":true}`: locksim then writes the resource for it |
 //! | `{"op":"release"}` | as `acquire` |
@@ -55,7 +58,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Nodes of a real run: the server (`redis-0`, `zk-0`), `resource`, then the clients.
+/// Nodes of a real run: the server (`redis-0`, `zk-0`, `etcd-0`, `db-0`), `resource`, then the clients.
 pub const FIRST_CLIENT: usize = 2;
 
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
@@ -185,19 +188,21 @@ pub fn run(
     Ok(judge.finish())
 }
 
-/// One real run: a fresh Redis, the client processes, the faults; every process killed and reaped
+/// One real run: a fresh server, the client processes, the faults; every process killed and reaped
 /// before it returns, whatever happened.
 pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyhow::Result<RealRun> {
     let server = Server::start(match command.server {
         CommandServer::Redis => Kind::Redis,
         CommandServer::ZooKeeper => Kind::ZooKeeper,
+        CommandServer::Etcd => Kind::Etcd,
+        CommandServer::PostgreSql => Kind::Postgres,
     })?;
     let faults = resolve_schedule(scenario, seed);
     let clients = scenario.workload.clients;
     let mut nodes = vec![command.server.node().to_string(), "resource".to_string()];
     nodes.extend((0..clients).map(Scenario::client_name));
     let mut env = vec![
-        (command.server.env().to_string(), server.addr().0.to_string()),
+        (command.server.env().to_string(), server_env(command.server, &server)),
         (ENV_LOCK.to_string(), format!("locksim:{}", scenario.name)),
     ];
     env.extend(command.params.iter().map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
@@ -262,6 +267,18 @@ pub fn run_once(scenario: &Scenario, command: &CommandRecipe, seed: u64) -> anyh
             as u64,
     };
     Ok(RealRun { result, history })
+}
+
+/// Where the processes find the server: `host:port`, or for PostgreSQL a libpq connection string (the
+/// cluster `Server::start` makes trusts `postgres` on loopback, as conform connects).
+fn server_env(kind: CommandServer, server: &Server) -> String {
+    let addr = server.addr().0;
+    match kind {
+        CommandServer::PostgreSql => {
+            format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
+        }
+        CommandServer::Redis | CommandServer::ZooKeeper | CommandServer::Etcd => addr.to_string(),
+    }
 }
 
 /// The scenario file's directory, absolute: where its command runs.

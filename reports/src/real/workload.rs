@@ -1,6 +1,8 @@
 //! The counter workload of a real run, one thread per client: acquire → enter (read) → hold → write
 //! (value + 1) → release → think, as `scenarios/src/workload.rs` runs it in the simulator, with hold
-//! and think drawn from the same `Workload` stream of the seed (per client and incarnation). Every lock
+//! and think drawn from the same `Workload` stream of the seed (per client and incarnation). With
+//! `reads`, that share of acquisitions is shared (`{"op":"acquire","shared":true}`), drawn from the same
+//! stream before each acquisition as the simulator draws it, and a shared holder only reads. Every lock
 //! event is recorded when its line is sent or read.
 
 use super::client::{ClientProcess, Line, Spawn};
@@ -31,6 +33,15 @@ enum Got {
     End(End),
     /// The time asked for passed.
     Idle,
+}
+
+/// A hold or think time from the client's stream, as the simulator draws it.
+fn draw(rng: &mut impl Rng, (lo, hi): (Duration, Duration)) -> Duration {
+    if hi <= lo {
+        lo
+    } else {
+        Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
+    }
 }
 
 /// One client for the whole run: its processes, one after another when a crash restarts it.
@@ -86,22 +97,17 @@ struct Session<'a> {
 impl Session<'_> {
     fn go(mut self, incarnation: u64) -> anyhow::Result<End> {
         let mut rng = stream(self.run.seed, Stream::Workload, (u64::from(self.node.0) << 16) | incarnation);
-        let mut draw = |(lo, hi): (Duration, Duration)| {
-            if hi <= lo {
-                lo
-            } else {
-                Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
-            }
-        };
         let workload = &self.run.workload;
         while !self.run.over() {
+            // Drawn first, and only when the scenario has readers, as the simulator draws it.
+            let shared = workload.reads > 0.0 && rng.gen_bool(workload.reads);
             self.record(EventKind::AcquireInvoke);
-            match self.call(Request::Acquire)? {
+            match self.call(if shared { Request::AcquireShared } else { Request::Acquire })? {
                 Answer::End(end) => return Ok(end),
                 Answer::Message(Message::Ok { token }) => {
-                    self.record(EventKind::AcquireOk { token, shared: false });
+                    self.record(EventKind::AcquireOk { token, shared });
                     self.lost = false;
-                    if let Some(end) = self.critical_section(token, draw(workload.hold))? {
+                    if let Some(end) = self.critical_section(token, shared, draw(&mut rng, workload.hold))? {
                         return Ok(end);
                     }
                     self.record(EventKind::ReleaseInvoke);
@@ -118,15 +124,16 @@ impl Session<'_> {
                 Answer::Message(Message::Unknown { reason }) => self.record(EventKind::AcquireUnknown { reason }),
                 Answer::Message(other) => return Err(self.unexpected(&other, "acquire")),
             }
-            if let Some(end) = self.idle(draw(workload.think))? {
+            if let Some(end) = self.idle(draw(&mut rng, workload.think))? {
                 return Ok(end);
             }
         }
         Ok(End::Over)
     }
 
-    /// enter → read → hold → write, each access when the process answers; `Some` if the session ended.
-    fn critical_section(&mut self, token: Option<u64>, hold: Duration) -> anyhow::Result<Option<End>> {
+    /// enter → read → hold → write (a shared holder only reads), each access when the process answers;
+    /// `Some` if the session ended.
+    fn critical_section(&mut self, token: Option<u64>, shared: bool, hold: Duration) -> anyhow::Result<Option<End>> {
         match self.call(Request::Enter)? {
             Answer::End(end) => return Ok(Some(end)),
             Answer::Message(Message::Entered) => {}
@@ -135,13 +142,12 @@ impl Session<'_> {
         if self.lost {
             return Ok(None);
         }
-        let read =
-            self.run.resource.apply(&self.run.recorder, self.node, ResourceRequest::Read { token, shared: false });
+        let read = self.run.resource.apply(&self.run.recorder, self.node, ResourceRequest::Read { token, shared });
         let ResourceReply::Value(value) = read else { return Ok(None) };
         if let Some(end) = self.idle(hold)? {
             return Ok(Some(end));
         }
-        if self.lost {
+        if self.lost || shared {
             return Ok(None);
         }
         match self.call(Request::Write)? {
