@@ -3,8 +3,9 @@
 //! A scenario names it with `[recipe] command = ["prog", "arg", ...]` instead of an `id`; its other
 //! `[recipe]` keys go to the process as `LOCKSIM_PARAM_<KEY>` strings. It runs only in real mode
 //! (`locksim run FILE --real`), against real servers on loopback: the protocol and the process handling
-//! are in the `locksim` binary (`reports/src/real/`). In this slice its servers are one real Redis,
-//! so its family is the Redis family (`redis-0` names the server). A simulated run refuses it before
+//! are in the `locksim` binary (`reports/src/real/`). Its server is the real one `[recipe] server`
+//! names (Redis, ZooKeeper, etcd or PostgreSQL); its family is the Redis family only so that a
+//! `[backend]` section parses (real mode names the server's node itself). A simulated run refuses it before
 //! starting; [`COMMAND`]'s `build` exists only so that a simulation that got this far fails every
 //! acquisition with that reason rather than panicking.
 
@@ -28,7 +29,8 @@ pub const COMMAND: RecipeSpec = RecipeSpec {
     params: &[],
     // Whether a token comes depends on the adapter (`{"ok":true,"token":N}`).
     offers_token: true,
-    offers_shared: false,
+    // Whether a shared acquisition works depends on the adapter (`{"op":"acquire","shared":true}`).
+    offers_shared: true,
     guard: Guard::Lock,
     promises_fifo: false,
     validate: no_constraints,

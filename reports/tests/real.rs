@@ -1,7 +1,8 @@
-//! Real mode (`locksim run FILE --real`): what it refuses before starting anything, and the shipped
-//! real scenario on a real Redis with the Python adapter. Where redis-server (`.ci/install-servers`)
-//! or the adapters' virtualenv (`scenarios/real/setup`) is missing, the real run says so and passes,
-//! unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it, so that in CI it fails instead.
+//! Real mode (`locksim run FILE --real`): what it refuses before starting anything, and shipped real
+//! scenarios on real Redis, etcd and PostgreSQL with the Python adapters. Where a server
+//! (`.ci/install-servers`) or the adapters' virtualenv (`scenarios/real/setup`) is missing, the real run
+//! says so and passes, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it, so that in CI it
+//! fails instead.
 
 mod common;
 
@@ -176,11 +177,20 @@ fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
     );
 }
 
-/// Whether the real run can happen here; if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
-fn ready_for_real() -> bool {
+/// Whether the real run can happen here: `server` (`redis-server`, `etcd`, `postgres`, `zookeeper`) is
+/// installed and the adapters' virtualenv made; if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
+fn ready_for_real(server: &str) -> bool {
     let venv = root().join("scenarios/real/.venv/bin/python");
-    let missing = if !std::path::Path::new("/usr/bin/redis-server").exists() && which("redis-server").is_none() {
-        Some("redis-server is not installed (run .ci/install-servers as root)".to_string())
+    let known: &[&str] = match server {
+        "redis-server" => &["/usr/bin/redis-server"],
+        "etcd" => &["/usr/bin/etcd"],
+        "postgres" => &["/usr/lib/postgresql/15/bin/postgres"],
+        "zookeeper" => &["/usr/share/java/zookeeper.jar"],
+        _ => panic!("no server {server}"),
+    };
+    let installed = known.iter().any(|p| std::path::Path::new(p).exists()) || which(server).is_some();
+    let missing = if !installed {
+        Some(format!("{server} is not installed (run .ci/install-servers as root)"))
     } else if !venv.exists() {
         Some(format!("{} is missing (run scenarios/real/setup)", venv.display()))
     } else {
@@ -202,7 +212,7 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
 
 #[test]
 fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -250,7 +260,7 @@ fn redis_py_scenario(body: &str) -> (tempfile::TempDir, String) {
 
 #[test]
 fn a_crashed_holder_comes_back_as_a_new_process_and_the_lock_recovers() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let (_dir, path) = redis_py_scenario(
@@ -268,7 +278,7 @@ fn a_crashed_holder_comes_back_as_a_new_process_and_the_lock_recovers() {
 
 #[test]
 fn a_command_that_breaks_the_protocol_is_a_harness_error_naming_the_client_and_the_line() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -363,7 +373,7 @@ fn times<'a>(h: &'a History, kind: impl Fn(&EventKind) -> bool + 'a) -> impl Ite
 
 #[test]
 fn a_crashed_server_is_recorded_restarted_and_answers_again() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let h = real_history(
@@ -382,7 +392,7 @@ fn a_crashed_server_is_recorded_restarted_and_answers_again() {
 
 #[test]
 fn a_partitioned_client_hears_nothing_until_the_heal() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     // redis-py's socket timeout is 2 s: its first call in the 2.5 s cut times out, unknown.
@@ -421,7 +431,7 @@ fn recording_scenario(dir: &Path, record: &Path, then: &str) -> String {
 
 #[test]
 fn a_real_run_leaves_no_process_port_or_directory_behind_even_when_it_fails() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let real = root().join("scenarios/real");
@@ -461,7 +471,7 @@ fn a_real_run_leaves_no_process_port_or_directory_behind_even_when_it_fails() {
 
 #[test]
 fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let counter = |duration: &str| format!("[workload]\nkind = \"counter\"\nclients = 2\nduration = \"{duration}\"\n");
@@ -505,7 +515,7 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
 
 #[test]
 fn the_real_library_run_joins_its_proxies_before_it_returns() {
-    if !ready_for_real() {
+    if !ready_for_real("redis-server") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -519,4 +529,76 @@ fn the_real_library_run_joins_its_proxies_before_it_returns() {
         let proxy = line.split_once(' ').unwrap().0;
         assert!(TcpStream::connect(proxy).is_err(), "nothing listens on the proxy's {proxy} any more");
     }
+}
+
+/// Run a shipped real scenario `runs` times; its stdout, once it ended as expected (exit 0).
+fn run_shipped(name: &str, runs: &str) -> String {
+    let path = format!("scenarios/real/{name}.toml");
+    let out = locksim(&["run", &path, "--real", "--runs", runs]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains(&format!("{name} (command ")) && text.contains(&format!(": {runs} real runs, ")), "{text}");
+    text
+}
+
+#[test]
+fn python_etcd3_lock_paused_past_its_lease_is_caught_on_real_etcd() {
+    if !ready_for_real("etcd") {
+        return;
+    }
+    let text = run_shipped("etcd3-lock-pause", "3");
+    assert!(text.contains("expected unsafe [double-holder, unsafe-write]: as expected"), "{text}");
+}
+
+#[test]
+fn the_fenced_set_nx_px_lock_has_its_stale_write_refused_on_real_redis() {
+    if !ready_for_real("redis-server") {
+        return;
+    }
+    let text = run_shipped("redis-set-nx-px-fencing-pause", "3");
+    // Two clients believed they held the lock, but no stale write got through (`absent = ["unsafe-write"]`,
+    // judged with the verdict): the INCR token fenced it.
+    assert!(text.contains("expected unsafe [double-holder, stale-write-rejected]: as expected"), "{text}");
+    assert!(!text.contains("unsafe-write in"), "{text}");
+}
+
+#[test]
+fn a_row_lock_whose_session_postgresql_ends_for_idling_is_caught_on_real_postgresql() {
+    if !ready_for_real("postgres") {
+        return;
+    }
+    let text = run_shipped("psycopg-for-update-idle-timeout-pause", "2");
+    assert!(text.contains("expected unsafe [double-holder, unsafe-write]: as expected"), "{text}");
+}
+
+#[test]
+fn readers_are_asked_to_acquire_shared_and_recorded_shared() {
+    if !ready_for_real("redis-server") {
+        return;
+    }
+    // An adapter that takes every shared acquisition at once and answers an exclusive one with a line
+    // that breaks the protocol: all readers (reads = 1) overlap, and only `shared` keeps that safe.
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = dir.path().join("readers.py");
+    let adapters = root().join("scenarios/real/adapters");
+    std::fs::write(
+        &adapter,
+        format!(
+            "import sys\nsys.path.insert(0, {:?})\nfrom locksim_adapter import serve\n\
+             serve(lambda: {{\"exclusive\": True}}, lambda: {{\"ok\": True}}, acquire_shared=lambda: {{\"ok\": True}})\n",
+            adapters.display().to_string()
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        "name = \"t\"\n[recipe]\ncommand = [\"{}\", \"readers.py\"]\n[workload]\nkind = \"counter\"\nclients = 3\n\
+         duration = \"2s\"\nhold = [\"300ms\", \"500ms\"]\nreads = 1.0\n",
+        root().join("scenarios/real/.venv/bin/python").display()
+    );
+    let path = dir.path().join("t.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("expected safe: as expected"), "{text}");
 }

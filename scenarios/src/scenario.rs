@@ -93,16 +93,21 @@ impl CommandRecipe {
 pub enum CommandServer {
     Redis,
     ZooKeeper,
+    Etcd,
+    PostgreSql,
 }
 
 impl CommandServer {
-    pub const ALL: [CommandServer; 2] = [CommandServer::Redis, CommandServer::ZooKeeper];
+    pub const ALL: [CommandServer; 4] =
+        [CommandServer::Redis, CommandServer::ZooKeeper, CommandServer::Etcd, CommandServer::PostgreSql];
 
     /// As `[recipe] server` names it.
     pub fn name(self) -> &'static str {
         match self {
             CommandServer::Redis => "redis",
             CommandServer::ZooKeeper => "zookeeper",
+            CommandServer::Etcd => "etcd",
+            CommandServer::PostgreSql => "postgresql",
         }
     }
 
@@ -111,6 +116,8 @@ impl CommandServer {
         match self {
             CommandServer::Redis => "redis-0",
             CommandServer::ZooKeeper => "zk-0",
+            CommandServer::Etcd => "etcd-0",
+            CommandServer::PostgreSql => "db-0",
         }
     }
 
@@ -119,14 +126,19 @@ impl CommandServer {
         match self {
             CommandServer::Redis => "redis",
             CommandServer::ZooKeeper => "zk",
+            CommandServer::Etcd => "etcd",
+            CommandServer::PostgreSql => "sql",
         }
     }
 
-    /// The environment variable that gives the processes its `host:port`.
+    /// The environment variable that tells the processes where it is (`host:port`; for PostgreSQL a
+    /// libpq connection string).
     pub fn env(self) -> &'static str {
         match self {
             CommandServer::Redis => "LOCKSIM_REDIS",
             CommandServer::ZooKeeper => "LOCKSIM_ZOOKEEPER",
+            CommandServer::Etcd => "LOCKSIM_ETCD",
+            CommandServer::PostgreSql => "LOCKSIM_POSTGRES",
         }
     }
 }

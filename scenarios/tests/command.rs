@@ -23,6 +23,21 @@ fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
     assert_eq!(c.server, CommandServer::Redis, "Redis unless the file says otherwise");
     let zk = parse("command = [\"a\"]\nserver = \"zookeeper\"\nsession_timeout = \"2s\"").unwrap().command.unwrap();
     assert_eq!((zk.server, zk.params.len()), (CommandServer::ZooKeeper, 1), "`server` is not passed as a parameter");
+    for (name, server, node, env) in [
+        ("etcd", CommandServer::Etcd, "etcd-0", "LOCKSIM_ETCD"),
+        ("postgresql", CommandServer::PostgreSql, "db-0", "LOCKSIM_POSTGRES"),
+    ] {
+        let c = parse(&format!("command = [\"a\"]\nserver = \"{name}\"")).unwrap().command.unwrap();
+        assert_eq!((c.server, c.server.node(), c.server.env()), (server, node, env), "{name}");
+    }
+}
+
+#[test]
+fn a_command_recipe_may_have_readers() {
+    let text = "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 2\n\
+                duration = \"3s\"\nreads = 0.5\n";
+    let s = Scenario::parse("c.toml", text, &Registry::builtin()).unwrap();
+    assert_eq!(s.workload.reads, 0.5, "the adapter answers a shared acquisition (or fails it)");
 }
 
 #[test]
@@ -40,7 +55,10 @@ fn bad_command_recipes_are_refused_at_their_line() {
         ("id = \"command\"", "c.toml:3:6: id: the command recipe is written `command = [\"program\", \"arg\"]`"),
         ("command = [\"a\"]\nTimeOut = \"1s\"", "c.toml:4:1: \"TimeOut\": a command's parameter names are lower-case"),
         ("command = [\"a\"]\nt = [1]", "c.toml:4:5: t: a command's parameter is a string, number or boolean"),
-        ("command = [\"a\"]\nserver = \"etcd\"", "c.toml:4:1: server: expected one of redis, zookeeper"),
+        (
+            "command = [\"a\"]\nserver = \"mysql\"",
+            "c.toml:4:1: server: expected one of redis, zookeeper, etcd, postgresql",
+        ),
     ] {
         let e = parse(recipe).err().unwrap_or_else(|| panic!("{recipe} parsed"));
         assert!(e.starts_with(said), "{recipe}: {e}");

@@ -69,8 +69,21 @@ impl Server {
     /// answers.
     pub fn start(kind: Kind) -> anyhow::Result<Server> {
         on_interrupt_stop_everything();
+        // A port found free may be taken before the server binds it (the kernel hands out the same
+        // range to outgoing connections): on that clash, try again with other ports.
+        const ATTEMPTS: u32 = 3;
+        for attempt in 1.. {
+            match Server::start_once(kind) {
+                Err(e) if attempt < ATTEMPTS && clash(&e) => continue,
+                started => return started,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    fn start_once(kind: Kind) -> anyhow::Result<Server> {
         let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
-        let (port, peer_port) = (free_port()?, free_port()?);
+        let (port, peer_port) = free_ports()?;
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
         let child = launch(kind, dir.path(), port, peer_port)?;
         let mut server = Server { kind, addr, peer_port, own: Some(Own { dir, child, down: false }) };
@@ -351,8 +364,16 @@ fn binary(name: &str, known: &[&str]) -> anyhow::Result<PathBuf> {
         .ok_or_else(|| anyhow::anyhow!("{name} is not installed: run .ci/install-servers (Debian packages, as root)"))
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+/// Whether a server did not start because its port was taken (Redis, etcd, ZooKeeper and PostgreSQL
+/// all say so in their log, which the error quotes).
+fn clash(e: &anyhow::Error) -> bool {
+    format!("{e:#}").to_ascii_lowercase().contains("address already in use")
+}
+
+/// Two distinct free loopback ports (both bound at once, then let go for the server to take).
+fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let (a, b) = (TcpListener::bind(("127.0.0.1", 0))?, TcpListener::bind(("127.0.0.1", 0))?);
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }
 
 fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {

@@ -1,13 +1,16 @@
 //! Real mode (`locksim run FILE --real --runs N`): a scenario whose recipe is a command — a lock in any
-//! language — against a real Redis or ZooKeeper that locksim starts on loopback, with real client processes and
-//! real faults, checked by the same checkers as a simulated run. A flash sale's baselines (`none`,
-//! `sql.conditional-update`) run too, their clients being locksim's threads ([`Clients::Baseline`]).
+//! language — against a real Redis, ZooKeeper, etcd or PostgreSQL that locksim starts on loopback, with real
+//! client processes and real faults, checked by the same checkers as a simulated run. A flash sale's
+//! baselines (`none`, `sql.conditional-update`) run too, their clients being locksim's threads
+//! ([`Clients::Baseline`]).
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
 //! name on `PATH`), with this environment:
-//! - `LOCKSIM_REDIS=127.0.0.1:PORT` (or `LOCKSIM_ZOOKEEPER` with `[recipe] server = "zookeeper"`): the
-//!   server of this run;
+//! - the server of this run, by `[recipe] server`: `LOCKSIM_REDIS=127.0.0.1:PORT` (`"redis"`, the
+//!   default), `LOCKSIM_ZOOKEEPER=127.0.0.1:PORT` (`"zookeeper"`), `LOCKSIM_ETCD=127.0.0.1:PORT` (`"etcd"`,
+//!   its gRPC client port) or `LOCKSIM_POSTGRES=host=127.0.0.1 port=PORT user=postgres dbname=postgres`
+//!   (`"postgresql"`, a libpq connection string);
 //! - `LOCKSIM_CLIENT=client-N`: which client it is;
 //! - `LOCKSIM_LOCK=locksim:<scenario name>`: the lock's name;
 //! - `LOCKSIM_PARAM_<KEY>`: every other `[recipe]` key, as a string (`timeout = "1s"` →
@@ -17,6 +20,7 @@
 //! | locksim sends | the process answers |
 //! | --- | --- |
 //! | `{"op":"acquire"}` | `{"ok":true,"token":N}` (or `null`: no fencing token), `{"ok":false,"reason":"..."}`, `{"unknown":"..."}` (it may have taken effect) |
+//! | `{"op":"acquire","shared":true}` | as `acquire`: take the lock shared, as a reader (sent only when the scenario's `[workload] reads` > 0; the holder then reads, never writes) |
 //! | `{"op":"enter"}` | `{"entered":true}`: locksim then reads the resource for it |
 //! | `{"op":"write"}` | `{"writing":true}`: locksim then writes the resource for it |
 //! | `{"op":"release"}` | as `acquire` |
@@ -110,8 +114,8 @@ struct Served {
     keep_data: bool,
     /// Each client's path to the server.
     proxies: Vec<proxy::Proxy>,
-    /// The variable that names the server (its client's proxy) to a client process.
-    env: &'static str,
+    /// Which server it is, for the variable that names it (its client's proxy) to a client process.
+    kind: CommandServer,
 }
 
 impl Run {
@@ -166,7 +170,7 @@ impl Run {
         let mut env = self.env.clone();
         if let Some(served) = &self.served {
             if let Some(proxy) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
-                env.push((served.env.into(), proxy.addr().to_string()));
+                env.push((served.kind.env().into(), address(served.kind, proxy.addr())));
             }
         }
         env.push((ENV_CLIENT.into(), client.into()));
@@ -266,6 +270,8 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
             let server = Server::start(match command.server {
                 CommandServer::Redis => Kind::Redis,
                 CommandServer::ZooKeeper => Kind::ZooKeeper,
+                CommandServer::Etcd => Kind::Etcd,
+                CommandServer::PostgreSql => Kind::Postgres,
             })?;
             nodes.insert(0, command.server.node().to_string());
             let proxies = (0..clients)
@@ -278,7 +284,7 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
                 // Only Redis runs without persistence; every other server logs before it answers.
                 keep_data: command.server != CommandServer::Redis || scenario.backend_params.bool("persist"),
                 proxies,
-                env: command.server.env(),
+                kind: command.server,
             };
             (Some(served), command.argv.clone(), Guard::Lock)
         }
@@ -346,6 +352,18 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
             as u64,
     };
     Ok(RealRun { result, history })
+}
+
+/// Where the processes find the server (through a proxy at `addr`): `host:port`, or for PostgreSQL a
+/// libpq connection string (the cluster `Server::start` makes trusts `postgres` on loopback, as conform
+/// connects).
+fn address(kind: CommandServer, addr: std::net::SocketAddr) -> String {
+    match kind {
+        CommandServer::PostgreSql => {
+            format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
+        }
+        CommandServer::Redis | CommandServer::ZooKeeper | CommandServer::Etcd => addr.to_string(),
+    }
 }
 
 /// The scenario file's directory, absolute: where its command runs.

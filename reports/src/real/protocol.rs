@@ -11,6 +11,8 @@ use serde_json::Value;
 pub enum Request {
     /// Take the lock (answered by `Ok`, `Fail` or `Unknown`).
     Acquire,
+    /// Take it shared, as a reader (answered as `Acquire`); sent only when the scenario has `reads`.
+    AcquireShared,
     /// Give it up (answered by `Ok`, `Fail` or `Unknown`).
     Release,
     /// About to read the resource in the critical section (answered `{"entered":true}`).
@@ -23,7 +25,7 @@ impl Request {
     /// The answer of a client without a lock (a baseline's): every call succeeds at once.
     pub fn unguarded(self) -> Message {
         match self {
-            Request::Acquire | Request::Release => Message::Ok { token: None },
+            Request::Acquire | Request::AcquireShared | Request::Release => Message::Ok { token: None },
             Request::Enter => Message::Entered,
             Request::Write => Message::Writing,
         }
@@ -33,6 +35,7 @@ impl Request {
     pub fn line(self) -> &'static str {
         match self {
             Request::Acquire => "{\"op\":\"acquire\"}\n",
+            Request::AcquireShared => "{\"op\":\"acquire\",\"shared\":true}\n",
             Request::Release => "{\"op\":\"release\"}\n",
             Request::Enter => "{\"op\":\"enter\"}\n",
             Request::Write => "{\"op\":\"write\"}\n",
@@ -135,6 +138,22 @@ mod tests {
         assert_eq!(p(r#"{"lost":"expired"}"#), Message::Lost { reason: "expired".into() });
         assert_eq!(p("{\"entered\":true}\n"), Message::Entered);
         assert_eq!(p(r#" {"writing":true} "#), Message::Writing);
+    }
+
+    #[test]
+    fn every_request_is_one_json_line() {
+        for (request, json) in [
+            (Request::Acquire, serde_json::json!({"op": "acquire"})),
+            (Request::AcquireShared, serde_json::json!({"op": "acquire", "shared": true})),
+            (Request::Release, serde_json::json!({"op": "release"})),
+            (Request::Enter, serde_json::json!({"op": "enter"})),
+            (Request::Write, serde_json::json!({"op": "write"})),
+        ] {
+            let line = request.line();
+            assert_eq!(line.matches('\n').count(), 1, "{line}");
+            assert!(line.ends_with('\n'), "{line}");
+            assert_eq!(serde_json::from_str::<Value>(line).unwrap(), json);
+        }
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! incarnation): acquire → enter (read) → hold → write → release → think. The counter writes the value
 //! plus one; a flash sale's buyer writes the stock minus one with an order, and goes home once it has
 //! seen the stock sold out; under `sql.conditional-update` the write is one conditional update and
-//! there is no read. Every lock event is recorded when its line is sent or read.
+//! there is no read. With `reads`, that share of acquisitions is shared
+//! (`{"op":"acquire","shared":true}`), drawn from the same stream before each acquisition as the
+//! simulator draws it, and a shared holder only reads. Every lock event is recorded when its line is
+//! sent or read.
 //!
 //! A baseline's client (`none`, `sql.conditional-update`) has no process: every call succeeds at once
 //! ([`Request::unguarded`]), and only the resource's accesses race.
@@ -37,6 +40,15 @@ enum Got {
     End(End),
     /// The time asked for passed.
     Idle,
+}
+
+/// A hold or think time from the client's stream, as the simulator draws it.
+fn draw(rng: &mut impl Rng, (lo, hi): (Duration, Duration)) -> Duration {
+    if hi <= lo {
+        lo
+    } else {
+        Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
+    }
 }
 
 /// One client for the whole run: its processes, one after another when a crash restarts it.
@@ -100,22 +112,17 @@ struct Session<'a> {
 impl Session<'_> {
     fn go(mut self, incarnation: u64) -> anyhow::Result<End> {
         let mut rng = stream(self.run.seed, Stream::Workload, (u64::from(self.node.0) << 16) | incarnation);
-        let mut draw = |(lo, hi): (Duration, Duration)| {
-            if hi <= lo {
-                lo
-            } else {
-                Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
-            }
-        };
         let workload = &self.run.workload;
         while !self.run.over() && !self.sold_out {
+            // Drawn first, and only when the scenario has readers, as the simulator draws it.
+            let shared = workload.reads > 0.0 && rng.gen_bool(workload.reads);
             self.record(EventKind::AcquireInvoke);
-            match self.call(Request::Acquire)? {
+            match self.call(if shared { Request::AcquireShared } else { Request::Acquire })? {
                 Answer::End(end) => return Ok(end),
                 Answer::Message(Message::Ok { token }) => {
-                    self.record(EventKind::AcquireOk { token, shared: false });
+                    self.record(EventKind::AcquireOk { token, shared });
                     self.lost = false;
-                    if let Some(end) = self.critical_section(token, draw(workload.hold))? {
+                    if let Some(end) = self.critical_section(token, shared, draw(&mut rng, workload.hold))? {
                         return Ok(end);
                     }
                     self.record(EventKind::ReleaseInvoke);
@@ -132,15 +139,16 @@ impl Session<'_> {
                 Answer::Message(Message::Unknown { reason }) => self.record(EventKind::AcquireUnknown { reason }),
                 Answer::Message(other) => return Err(self.unexpected(&other, "acquire")),
             }
-            if let Some(end) = self.idle(draw(workload.think))? {
+            if let Some(end) = self.idle(draw(&mut rng, workload.think))? {
                 return Ok(end);
             }
         }
         Ok(End::Over)
     }
 
-    /// enter → read → hold → write, each access when the process answers; `Some` if the session ended.
-    fn critical_section(&mut self, token: Option<u64>, hold: Duration) -> anyhow::Result<Option<End>> {
+    /// enter → read → hold → write (a shared holder only reads), each access when the process answers;
+    /// `Some` if the session ended.
+    fn critical_section(&mut self, token: Option<u64>, shared: bool, hold: Duration) -> anyhow::Result<Option<End>> {
         match self.call(Request::Enter)? {
             Answer::End(end) => return Ok(Some(end)),
             Answer::Message(Message::Entered) => {}
@@ -154,7 +162,7 @@ impl Session<'_> {
         let read = if atomic {
             None
         } else {
-            let read = ResourceRequest::Read { token, shared: false };
+            let read = ResourceRequest::Read { token, shared };
             let ResourceReply::Value(value) = self.access(read) else { return Ok(None) };
             if buy && value <= 0 {
                 self.sold_out = true;
@@ -165,7 +173,7 @@ impl Session<'_> {
         if let Some(end) = self.idle(hold)? {
             return Ok(Some(end));
         }
-        if self.lost {
+        if self.lost || shared {
             return Ok(None);
         }
         match self.call(Request::Write)? {

@@ -3,7 +3,9 @@
 An adapter is one process per client. It builds its library's lock from the environment, then hands
 `serve` two functions, `acquire()` and `release()`, each returning a reply: `{"ok": True, "token": N}`
 (`None`: no fencing token), `{"ok": False, "reason": ...}`, or `{"unknown": ...}` when it cannot tell
-whether the call took effect. Copy this file with the adapter you write for your own library.
+whether the call took effect — and, for a lock with a read mode, `acquire_shared()`, which locksim asks
+for (`{"op":"acquire","shared":true}`) only when the scenario has `[workload] reads`. Copy this file with
+the adapter you write for your own library.
 """
 import json
 import os
@@ -35,6 +37,18 @@ def zookeeper_hosts():
     return os.environ["LOCKSIM_ZOOKEEPER"]
 
 
+def etcd_address():
+    """The real etcd locksim started (`[recipe] server = "etcd"`): (host, port) of its gRPC API."""
+    host, port = os.environ["LOCKSIM_ETCD"].rsplit(":", 1)
+    return host, int(port)
+
+
+def postgres_dsn():
+    """The real PostgreSQL locksim started (`[recipe] server = "postgresql"`): a libpq connection
+    string, "host=127.0.0.1 port=PORT user=postgres dbname=postgres"."""
+    return os.environ["LOCKSIM_POSTGRES"]
+
+
 LOCK_NAME = os.environ["LOCKSIM_LOCK"]
 CLIENT = os.environ["LOCKSIM_CLIENT"]
 
@@ -52,10 +66,15 @@ def lost(reason):
     _say({"lost": reason})
 
 
-def serve(acquire, release):
+def _no_shared_mode():
+    return {"ok": False, "reason": "this adapter has no shared mode"}
+
+
+def serve(acquire, release, acquire_shared=_no_shared_mode):
     """Answer locksim's requests until it closes stdin."""
     answers = {
         "acquire": acquire,
+        "acquire-shared": acquire_shared,
         "release": release,
         # The critical section: locksim reads and writes its resource when we answer.
         "enter": lambda: {"entered": True},
@@ -63,4 +82,5 @@ def serve(acquire, release):
     }
     for line in sys.stdin:
         request = json.loads(line)
-        _say(answers[request["op"]]())
+        op = "acquire-shared" if request.get("shared") else request["op"]
+        _say(answers[op]())
