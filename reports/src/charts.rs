@@ -246,7 +246,8 @@ fn bars(title: &str, note: &str, unit: &str, series: &[(&str, Vec<(String, f64)>
             let colour = SERIES[s % SERIES.len()];
             for (row, v) in values {
                 let i = rows.len() - 1 - rows.iter().position(|r| r == row).expect("listed");
-                let y0 = i as f64 + 0.1 + 0.8 * s as f64 / group;
+                // The first series on top, as the legend lists them.
+                let y0 = i as f64 + 0.1 + 0.8 * (group - 1.0 - s as f64) / group;
                 let y1 = y0 + 0.8 / group - 0.02;
                 chart.draw_series([Rectangle::new([(0.0, y0), (*v, y1)], colour.filled())]).expect("bar");
                 let text = Text::new(
