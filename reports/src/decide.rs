@@ -65,6 +65,8 @@ pub fn broken_rate(run: &ScenarioResult) -> Rate {
 pub struct Row {
     pub lock: String,
     pub recipe: String,
+    /// The resource refuses stale tokens (`fencing = true`).
+    pub fenced: bool,
     /// The faults (as [`fault_label`]) with the highest rate of broken seeds, and that rate; with no
     /// violation anywhere, the run whose bound is the weakest (fewest seeds).
     pub worst: (String, Rate),
@@ -131,6 +133,7 @@ fn row(lock: String, runs: &[&ScenarioResult]) -> Row {
     Row {
         lock,
         recipe: runs[0].recipe.clone(),
+        fenced: fenced(runs[0]),
         worst,
         broke_under: rates.iter().filter(|(_, r)| r.k > 0).map(|(f, _)| f.clone()).collect(),
         faults: rates.iter().map(|(f, _)| f.clone()).collect(),
@@ -220,8 +223,8 @@ fn verdict(row: &Row, all: &[Row]) -> String {
             && row.broke_under.iter().all(|f| other.faults.contains(f) && !other.broke_under.contains(f))
     };
     let fixes: Vec<&Row> = all.iter().filter(holds).collect();
-    match fixes.iter().find(|r| r.lock.contains("fencing")) {
-        Some(_) if !row.lock.contains("fencing") => line.push_str("; fence it (the fenced variant holds)"),
+    match fixes.iter().find(|r| r.fenced) {
+        Some(_) if !row.fenced => line.push_str("; fence it (the fenced variant holds)"),
         _ => match fixes.first() {
             Some(fix) => line.push_str(&format!("; {} holds", fix.lock)),
             None => line.push_str("; no variant here holds under them"),

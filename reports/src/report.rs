@@ -311,3 +311,30 @@ pub fn write(results: &ResultsFile, dir: &Path) -> anyhow::Result<()> {
     put("report.md", &markdown(results, &charts))?;
     put("index.html", &html(results, &charts))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::tests::run;
+    use locksim_scenarios::checkers::FindingKind;
+
+    #[test]
+    fn the_page_opens_with_the_decision_table_sortable_by_its_numbers() {
+        let results = ResultsFile {
+            name: "t".into(),
+            runs: vec![
+                run("release=del", &["pause"], 16, 20, FindingKind::DoubleHolder),
+                run("fencing", &["pause"], 20, 20, FindingKind::DoubleHolder),
+            ],
+        };
+        let page = html(&results, &charts(&results.runs));
+        let (table, matrix) = (page.find("<h2>Decision table</h2>").unwrap(), page.find("<h2>Safety matrix").unwrap());
+        assert!(table < matrix, "the decision table comes first");
+        assert!(page.contains("<td data-v=\"0.8"), "the worst violation sorts by its rate");
+        assert!(page.contains("16/20 (80.0%, 95% CI 58.4–91.9%) under pause"), "with its interval");
+        assert!(page.contains("<td class=\"unsafe\">unsafe under pauses; fence it (the fenced variant holds)</td>"));
+        assert!(page.contains("<script>") && !page.contains("src="), "sorting inline, no outside resources");
+        let md = markdown(&results, &charts(&results.runs));
+        assert!(md.contains("| redis.set-nx-px \\(fencing\\) | 0/20 \\(rate &lt; 13.9%\\) under pause |"), "{md}");
+    }
+}
