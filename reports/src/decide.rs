@@ -227,10 +227,27 @@ fn verdict(row: &Row, all: &[Row]) -> String {
         Some(_) if !row.fenced => line.push_str("; fence it (the fenced variant holds)"),
         _ => match fixes.first() {
             Some(fix) => line.push_str(&format!("; {} holds", fix.lock)),
-            None => line.push_str("; no variant here holds under them"),
+            None => line.push_str(&partly_fenced(row, all)),
         },
     }
     line
+}
+
+/// When no variant held under every fault that broke `row`: a clean fenced variant that ran some of them,
+/// naming those it held under and those it never ran (a gap in the catalog, not a proof either way).
+fn partly_fenced(row: &Row, all: &[Row]) -> String {
+    let ran = |other: &Row, f: &String| other.faults.contains(f);
+    let fenced = all.iter().find(|o| {
+        o.recipe == row.recipe
+            && o.fenced
+            && !row.fenced
+            && o.broke_under.is_empty()
+            && row.broke_under.iter().any(|f| ran(o, f))
+    });
+    let Some(fenced) = fenced else { return "; no variant here holds under them".into() };
+    let (held, untried): (Vec<&String>, Vec<&String>) = row.broke_under.iter().partition(|f| ran(fenced, f));
+    let words = |fs: Vec<&String>| fs.into_iter().map(|f| in_words(f)).collect::<Vec<_>>().join(", ");
+    format!("; fenced, it holds under {} (not run under {})", words(held), words(untried))
 }
 
 #[cfg(test)]
@@ -309,6 +326,16 @@ pub(crate) mod tests {
         let runs = [runs[1].clone(), runs[2].clone()];
         let rows = super::rows(&runs);
         assert_eq!(rows[0].verdict, "unsafe under crashes and pauses; redis.set-nx-px (ttl=30s) holds");
+        let runs = [
+            run("", &["partition"], 5, 20, FindingKind::DoubleHolder),
+            run("", &["pause"], 5, 20, FindingKind::DoubleHolder),
+            run("fencing", &["pause"], 20, 20, FindingKind::DoubleHolder),
+        ];
+        let rows = super::rows(&runs);
+        assert_eq!(
+            rows[0].verdict,
+            "unsafe under partitions, pauses; fenced, it holds under pauses (not run under partitions)"
+        );
     }
 
     #[test]
