@@ -5,6 +5,7 @@
 //! - [`text`]: plain-text results, shared by the commands.
 //! - [`results`]: the JSON results files `run` and `suite` write and `report` merges.
 //! - [`junit`]: JUnit XML for CI.
+//! - [`decide`]: the decision table: per lock variant, its worst violation, herd, recovery, speed, verdict.
 //! - [`charts`]: SVG charts (plotters) of a set of results.
 //! - [`report`]: the comparison report — `index.html` and `report.md` with the charts.
 //! - [`timeline`]: one seed drawn as lanes of waiting, holding and faults.
@@ -14,6 +15,7 @@
 pub mod charts;
 pub mod cli;
 pub mod conform;
+pub mod decide;
 pub mod junit;
 pub mod real;
 pub mod report;

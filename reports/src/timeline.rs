@@ -10,14 +10,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 const FONT: &str = "sans-serif";
-const WAITING: RGBColor = RGBColor(158, 202, 225);
+// Waiting, holding and holding shared must tell apart at a glance: green, blue, purple.
+const WAITING: RGBColor = RGBColor(161, 217, 155);
 const HOLDING: RGBColor = RGBColor(49, 130, 189);
-const SHARED: RGBColor = RGBColor(107, 174, 214);
+const SHARED: RGBColor = RGBColor(136, 86, 167);
 const PAUSED: RGBColor = RGBColor(120, 120, 120);
 const CUT: RGBColor = RGBColor(253, 174, 107);
 const DOWN: RGBColor = RGBColor(30, 30, 30);
 const LEASE: RGBColor = RGBColor(255, 170, 0);
 const OVERLAP: RGBColor = RGBColor(220, 30, 30);
+/// An accepted stale write: magenta, not the two holders' red that it often sits on.
+const UNSAFE_WRITE: RGBColor = RGBColor(197, 27, 138);
 
 /// A bar on a lane: [from, to) seconds, what it is.
 struct Span {
@@ -190,7 +193,7 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
                 }
                 FindingKind::UnsafeWrite | FindingKind::Invariant | FindingKind::StaleWriteRejected => {
                     if let Some(lane) = lanes.first() {
-                        let marker = if f.kind == FindingKind::StaleWriteRejected { SERIES_OK } else { OVERLAP };
+                        let marker = if f.kind == FindingKind::StaleWriteRejected { SERIES_OK } else { UNSAFE_WRITE };
                         let at = (to, row(*lane) + 0.5);
                         chart.draw_series([Cross::new(at, 7, marker.stroke_width(3))]).expect("write");
                     }
@@ -199,7 +202,7 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
             }
         }
         // The legend, drawn as a strip below the title.
-        let legend: [(&str, RGBColor); 9] = [
+        let legend: [(&str, RGBColor); 10] = [
             ("waiting", WAITING),
             ("holding", HOLDING),
             ("holding shared", SHARED),
@@ -208,13 +211,14 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
             ("cut off", CUT),
             ("down", DOWN),
             ("two holders", OVERLAP),
-            ("stale write: x", OVERLAP),
+            ("unsafe write: x", UNSAFE_WRITE),
+            ("stale write refused: x", SERIES_OK),
         ];
         let mut x = 90;
         for (label, colour) in legend {
             root.draw(&Rectangle::new([(x, 30), (x + 14, 42)], colour.mix(0.8).filled())).expect("legend");
             root.draw_text(label, &TextStyle::from((FONT, 12)), (x + 18, 30)).expect("legend");
-            x += 30 + 7 * label.len() as i32;
+            x += 26 + 13 * label.len() as i32 / 2;
         }
         root.present().expect("svg");
     }

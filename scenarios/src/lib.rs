@@ -11,6 +11,7 @@
 //! - [`run`]: one seed: build the world, run it, check it.
 //! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation; shards and merging.
 //! - [`suite`]: many scenarios over seed ranges, as CI runs them.
+//! - [`variant`]: what sets a scenario's lock apart from its recipe's defaults, for the report's rows.
 //! - [`shrink`]: the smallest written-out schedule that still gives a seed's finding.
 //!
 //! Architecture invariants: checkers see only the history; the result of a seed depends on the scenario
@@ -26,6 +27,7 @@ pub mod scenario;
 pub mod shrink;
 pub mod suite;
 pub mod sweep;
+pub mod variant;
 pub mod workload;
 
 pub use scenario::{Scenario, Verdict};

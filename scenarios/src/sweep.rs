@@ -20,6 +20,10 @@ pub struct ScenarioResult {
     pub scenario: String,
     pub path: String,
     pub recipe: String,
+    /// What sets this scenario's lock apart from the recipe as it ships (see [`crate::variant`]), so that
+    /// the report never adds a broken variant's seeds to its fix's; empty in results written before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub variant: String,
     /// The kinds of fault it injects, scheduled or drawn (empty: none), for the safety matrix.
     pub fault_kinds: Vec<String>,
     /// `counter`, `flash-sale`, or a user's workload id.
@@ -194,6 +198,7 @@ pub struct Meta {
     pub scenario: String,
     pub path: String,
     pub recipe: String,
+    pub variant: String,
     pub fault_kinds: Vec<String>,
     pub workload: String,
     pub clients: usize,
@@ -211,6 +216,7 @@ impl Meta {
             scenario: s.name.clone(),
             path: s.path.clone(),
             recipe: s.recipe.id.to_string(),
+            variant: crate::variant::label(s),
             fault_kinds: kinds,
             workload: match (s.workload.work, s.workload.stock) {
                 (Some(work), _) => work.id,
@@ -229,6 +235,7 @@ impl Meta {
             scenario: r.scenario.clone(),
             path: r.path.clone(),
             recipe: r.recipe.clone(),
+            variant: r.variant.clone(),
             fault_kinds: r.fault_kinds.clone(),
             workload: r.workload.clone(),
             clients: r.clients,
@@ -442,6 +449,7 @@ impl Judge {
             scenario: meta.scenario,
             path: meta.path,
             recipe: meta.recipe,
+            variant: meta.variant,
             fault_kinds: meta.fault_kinds,
             workload: meta.workload,
             clients: meta.clients,

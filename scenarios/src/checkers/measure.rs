@@ -8,6 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measurements {
     pub acquisitions: u64,
+    /// Calls to acquire, granted or not: a recipe that fails fast when the lock is taken has few
+    /// acquisitions per attempt, and its latency counts only the lucky ones (0 in results from before).
+    #[serde(default)]
+    pub attempts: u64,
     /// From `AcquireInvoke` to `AcquireOk`, simulated milliseconds.
     pub latency_ms_p50: f64,
     pub latency_ms_p99: f64,
@@ -40,11 +44,12 @@ pub fn measure(h: &History, messages: u64, call_timeouts: u64) -> Measurements {
     let mut holding: BTreeSet<NodeIx> = BTreeSet::new();
     let mut crashed_holders: Vec<(NodeIx, u64)> = Vec::new();
     let mut recovery_ms = Vec::new();
-    let (mut first_ask, mut last_release) = (None, 0);
+    let (mut first_ask, mut last_release, mut attempts) = (None, 0, 0);
     for e in &h.events {
         match &e.kind {
             EventKind::AcquireInvoke => {
                 invoked.insert(e.node, e.t);
+                attempts += 1;
                 first_ask = first_ask.or(Some(e.t));
             }
             EventKind::ReleaseOk => last_release = e.t,
@@ -67,6 +72,7 @@ pub fn measure(h: &History, messages: u64, call_timeouts: u64) -> Measurements {
     let woken: Vec<u64> = super::herd::wakeups(h).values().map(|w| w.len() as u64).collect();
     Measurements {
         acquisitions,
+        attempts,
         latency_ms_p50: percentile(&latencies, 50),
         latency_ms_p99: percentile(&latencies, 99),
         latency_ms_max: latencies.last().map_or(0.0, |l| ms(*l)),
@@ -136,5 +142,14 @@ mod tests {
         let crash = crash("client-1");
         let h = history(60.0, vec![(1.0, 0, ok(1)), (2.0, 1, crash), (3.0, 0, ReleaseInvoke), (4.0, 2, ok(2))]);
         assert!(measure(&h, 0, 0).recovery_ms.is_empty());
+    }
+
+    #[test]
+    fn a_failed_acquire_is_an_attempt_but_not_an_acquisition() {
+        let failed = AcquireFail { reason: "taken".into() };
+        let h =
+            history(60.0, vec![(1.0, 0, AcquireInvoke), (1.1, 0, ok(1)), (2.0, 1, AcquireInvoke), (2.1, 1, failed)]);
+        let m = measure(&h, 0, 0);
+        assert_eq!((m.acquisitions, m.attempts), (1, 2));
     }
 }
