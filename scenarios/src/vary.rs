@@ -74,9 +74,8 @@ impl Vary {
         let (from, to, step) = (value(key, from)?, value(key, to)?, value(key, step)?);
         let values = match (from, to, step) {
             (Value::Duration(a), Value::Duration(b), Value::Duration(s)) => {
-                grid_of(key, a.as_nanos() as i64, b.as_nanos() as i64, s.as_nanos() as i64)?
-                    .map(|ns| Value::Duration(Duration::from_nanos(ns as u64)))
-                    .collect()
+                let ns = |d: Duration| i64::try_from(d.as_nanos()).map_err(|_| format!("--vary {key}: {d:?} is too long"));
+                grid_of(key, ns(a)?, ns(b)?, ns(s)?)?.map(|ns| Value::Duration(Duration::from_nanos(ns as u64))).collect()
             }
             (Value::Integer(a), Value::Integer(b), Value::Integer(s)) => {
                 grid_of(key, a, b, s)?.map(Value::Integer).collect()
