@@ -8,6 +8,7 @@
 //! - [`decide`]: the decision table: per lock variant, its worst violation, herd, recovery, speed, verdict.
 //! - [`charts`]: SVG charts (plotters) of a set of results.
 //! - [`report`]: the comparison report — `index.html` and `report.md` with the charts.
+//! - [`sweep_chart`]: the chart of a breaking-point sweep (`locksim sweep --out`).
 //! - [`timeline`]: one seed drawn as lanes of waiting, holding and faults.
 //! - [`conform`]: the simulated servers against the real ones on loopback (`locksim conform`).
 //! - [`real`]: real mode (`locksim run FILE --real`): a command recipe's client processes against a real Redis.
@@ -20,5 +21,6 @@ pub mod junit;
 pub mod real;
 pub mod report;
 pub mod results;
+pub mod sweep_chart;
 pub mod text;
 pub mod timeline;

@@ -30,9 +30,10 @@ impl ResultsFile {
 
     pub fn read(path: &Path) -> anyhow::Result<ResultsFile> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| {
+        let file: ResultsFile = serde_json::from_str(&text).map_err(|e| {
             anyhow::anyhow!("{}:{}:{}: not a locksim results file: {e}", path.display(), e.line(), e.column())
-        })
+        })?;
+        Ok(ResultsFile { runs: file.runs.into_iter().map(ScenarioResult::with_rates).collect(), ..file })
     }
 
     /// Several files (shards, or different suites) as one: runs of the same scenario file, name and

@@ -38,6 +38,16 @@ pub fn example_line(result: &ScenarioResult) -> Option<String> {
     })
 }
 
+/// `81 unsafe (40.5%, 95% CI 33.9–47.4%)`: how many seeds were unsafe, as a rate with its interval.
+pub fn unsafe_count(result: &ScenarioResult) -> String {
+    let rate = result.unsafe_rate.interval();
+    if rate.is_empty() {
+        format!("{} unsafe", result.unsafe_seeds)
+    } else {
+        format!("{} unsafe {rate}", result.unsafe_seeds)
+    }
+}
+
 /// `double-holder in 187, unsafe-write in 150`
 pub fn kinds_summary(result: &ScenarioResult) -> String {
     result.seeds_with.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")

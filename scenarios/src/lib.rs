@@ -10,6 +10,7 @@
 //! - [`checkers`]: pure functions from a history to findings, and the run's measurements.
 //! - [`run`]: one seed: build the world, run it, check it.
 //! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation; shards and merging.
+//! - [`vary`]: one key of a scenario varied over a grid, for breaking-point sweeps.
 //! - [`suite`]: many scenarios over seed ranges, as CI runs them.
 //! - [`variant`]: what sets a scenario's lock apart from its recipe's defaults, for the report's rows.
 //! - [`shrink`]: the smallest written-out schedule that still gives a seed's finding.
@@ -28,6 +29,7 @@ pub mod shrink;
 pub mod suite;
 pub mod sweep;
 pub mod variant;
+pub mod vary;
 pub mod workload;
 
 pub use scenario::{Scenario, Verdict};

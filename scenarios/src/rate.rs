@@ -43,6 +43,21 @@ impl Rate {
             self.k as f64 / self.n as f64
         }
     }
+
+    /// The rate without its count, for a line that already says `k`: `(5.0%, 95% CI 2.2–11.2%)`,
+    /// `(rate < 1.5%)`; empty at 0 of 0.
+    pub fn interval(&self) -> String {
+        let Rate { k, n, low, high } = *self;
+        match (k, n) {
+            (_, 0) => String::new(),
+            (0, _) => format!("(rate < {})", percent(high)),
+            (k, n) if k == n => format!("(rate > {})", percent(low)),
+            _ => {
+                let (low, high) = (percent(low), percent(high));
+                format!("({}, 95% CI {}–{high})", percent(self.value()), low.trim_end_matches('%'))
+            }
+        }
+    }
 }
 
 /// The exact one-sided 95% bound on the rate when none of `n` showed it.
@@ -72,15 +87,9 @@ fn percent(x: f64) -> String {
 /// `5/100 (5.0%, 95% CI 2.2–11.2%)`, `0/200 (rate < 1.5%)`, `100/100 (rate > 97.0%)`.
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Rate { k, n, low, high } = *self;
-        match (k, n) {
-            (_, 0) => write!(f, "0/0"),
-            (0, n) => write!(f, "0/{n} (rate < {})", percent(high)),
-            (k, n) if k == n => write!(f, "{n}/{n} (rate > {})", percent(low)),
-            (k, n) => {
-                let (low, high) = (percent(low), percent(high));
-                write!(f, "{k}/{n} ({}, 95% CI {}–{high})", percent(self.value()), low.trim_end_matches('%'))
-            }
+        match self.n {
+            0 => write!(f, "0/0"),
+            n => write!(f, "{}/{n} {}", self.k, self.interval()),
         }
     }
 }
@@ -125,6 +134,7 @@ mod tests {
             assert!(more.high - more.low < r.high - r.low, "{r:?} vs {more:?}");
         }
         assert_eq!(Rate::of(0, 0).to_string(), "0/0");
+        assert_eq!(Rate::of(81, 200).interval(), "(40.5%, 95% CI 33.9–47.4%)");
         assert_eq!(Rate::of(1, 1000).to_string(), "1/1000 (0.10%, 95% CI 0.02–0.56%)");
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::checkers::FindingKind;
 use crate::distribution::Distribution;
+use crate::rate::Rate;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,14 @@ pub struct ScenarioResult {
     /// How many seeds found each kind of finding.
     #[serde(default)]
     pub seeds_with: BTreeMap<FindingKind, u64>,
+    /// `unsafe_seeds` of the seeds, as a rate with its 95% interval. Derived from the counts, never
+    /// added up: [`merge`] judges the seeds again, and files written before rates existed get them from
+    /// [`ScenarioResult::with_rates`] on read.
+    #[serde(default = "unknown_rate")]
+    pub unsafe_rate: Rate,
+    /// `seeds_with` as rates.
+    #[serde(default)]
+    pub rate_with: BTreeMap<FindingKind, Rate>,
     /// Measurements over all seeds.
     pub summary: Summary,
     /// Every seed's result, in seed order (empty when the sweep did not keep them: see [`sweep_each`]).
@@ -55,6 +64,26 @@ pub struct ScenarioResult {
     /// hold and think times, and replays nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub real: bool,
+}
+
+/// What a results file without rates says of them until [`ScenarioResult::with_rates`] computes them.
+fn unknown_rate() -> Rate {
+    Rate::of(0, 0)
+}
+
+/// The rates of `unsafe_seeds` and of each finding kind's seeds, of `n` seeds.
+fn rates(n: u64, unsafe_seeds: u64, seeds_with: &BTreeMap<FindingKind, u64>) -> (Rate, BTreeMap<FindingKind, Rate>) {
+    (Rate::of(unsafe_seeds, n), seeds_with.iter().map(|(kind, k)| (*kind, Rate::of(*k, n))).collect())
+}
+
+impl ScenarioResult {
+    /// The result with its rates computed again from its counts over its seed range, as read from a
+    /// results file (which may predate rates, or have been edited).
+    pub fn with_rates(mut self) -> ScenarioResult {
+        (self.unsafe_rate, self.rate_with) =
+            rates(self.seeds.end - self.seeds.start, self.unsafe_seeds, &self.seeds_with);
+        self
+    }
 }
 
 /// Part `index` (from 1) of `count` of the seed range `of`.
@@ -441,6 +470,7 @@ impl Judge {
             }
         };
         let meta = self.meta;
+        let (unsafe_rate, rate_with) = rates(self.count, self.unsafe_seeds, &self.seeds_with);
         ScenarioResult {
             as_expected: reasons.is_empty(),
             reasons,
@@ -457,6 +487,8 @@ impl Judge {
             seeds: self.seeds,
             unsafe_seeds: self.unsafe_seeds,
             seeds_with: self.seeds_with,
+            unsafe_rate,
+            rate_with,
             summary,
             results: Vec::new(),
             shard: None,

@@ -8,6 +8,7 @@ mod repro;
 mod run;
 mod shrink;
 mod suite;
+mod sweep;
 
 use clap::{Parser, Subcommand};
 use locksim_locks::Registry;
@@ -46,6 +47,9 @@ enum Command {
     Shrink(shrink::Args),
     /// Run a suite of scenarios over seed ranges, as CI does: a line per run, JUnit and JSON results.
     Suite(suite::Args),
+    /// Vary one key of a scenario over a grid (a pause, a TTL, a session timeout, clients) and find
+    /// where the lock breaks: the unsafe rate at each value with its 95% interval, and a chart.
+    Sweep(sweep::Args),
     /// Merge results files (shards, suites) into a comparison report: index.html, report.md, SVG charts.
     Report(report::Args),
     /// Check the simulated servers against the real ones on loopback: the same operations, the same answers.
@@ -87,6 +91,7 @@ fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
         Command::Repro(args) => repro::repro(args, registry),
         Command::Shrink(args) => shrink::shrink(args, registry),
         Command::Suite(args) => suite::suite(args, registry),
+        Command::Sweep(args) => sweep::sweep(args, registry),
         Command::Report(args) => report::report(args),
         Command::Conform(args) => conform::conform(args),
     }

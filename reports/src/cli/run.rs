@@ -43,10 +43,10 @@ pub struct Args {
 pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
     let kinds = text::kinds_summary(result);
     let mut out = format!(
-        "{} ({}): {seeds} seeds, {} unsafe{}\n",
+        "{} ({}): {seeds} seeds, {}{}\n",
         result.scenario,
         result.recipe,
-        result.unsafe_seeds,
+        text::unsafe_count(result),
         if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
     );
     let expected: Vec<&str> = result.expect.findings.iter().map(|k| k.name()).collect();

@@ -48,15 +48,15 @@ pub struct Args {
 fn line(run: &ScenarioResult, ok: bool) -> String {
     let kinds = text::kinds_summary(run);
     let mut out = format!(
-        "{} {:<44} {:<26} {} {}..{}: {} unsafe{}",
+        "{} {:<44} {:<26} {} {}..{}: {}{}",
         if ok { "ok  " } else { "FAIL" },
         run.scenario,
         run.recipe,
         if run.real { "real runs with seeds" } else { "seeds" },
         run.seeds.start,
         run.seeds.end,
-        run.unsafe_seeds,
-        if kinds.is_empty() { String::new() } else { format!(" ({kinds})") }
+        text::unsafe_count(run),
+        if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
     );
     if !ok {
         for reason in &run.reasons {

@@ -1,0 +1,93 @@
+//! `locksim sweep`: one key varied over a grid, and the breaking point it finds.
+
+mod common;
+
+use common::{locksim, stderr, stdout};
+use std::path::{Path, PathBuf};
+
+/// A 20 s counter of three clients under `SET NX PX` with a 5 s TTL, the holder paused at 5 s.
+const PAUSE: &str = r#"name = "pause-vs-ttl"
+[recipe]
+id = "redis.set-nx-px"
+ttl = "5s"
+release = "del"
+[workload]
+kind = "counter"
+clients = 3
+duration = "20s"
+[[faults.schedule]]
+at = "5s"
+kind = "pause"
+target = "holder"
+duration = "8s"
+[expect]
+verdict = "unsafe"
+"#;
+
+fn scenario_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new().prefix("locksim-sweep-test-").tempdir().unwrap();
+    let path = dir.path().join("pause-vs-ttl.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+fn sweep(file: &Path, vary: &str, more: &[&str]) -> std::process::Output {
+    let mut args = vec!["sweep", file.to_str().unwrap(), "--vary", vary, "--seeds", "0..10"];
+    args.extend_from_slice(more);
+    locksim(&args)
+}
+
+#[test]
+fn a_pause_shorter_than_the_ttl_never_breaks_the_lock_and_a_longer_one_does() {
+    let (dir, file) = scenario_file(PAUSE);
+    let out = dir.path().join("out");
+    let one = sweep(&file, "faults.schedule.0.duration=2s..8s/2s", &["--jobs", "1", "--out", out.to_str().unwrap()]);
+    assert_eq!(one.status.code(), Some(0), "{}{}", stdout(&one), stderr(&one));
+    let text = stdout(&one);
+    // A holder holds at most 500 ms, so one paused for 4 s resumes and lets go before its 5 s TTL ends.
+    assert!(text.contains("\n2s                          0/10 (rate < 25.9%)\n"), "{text}");
+    assert!(text.contains("\n4s                          0/10 (rate < 25.9%)\n"), "{text}");
+    assert!(text.contains("no violation up to faults.schedule.0.duration = 4s; breaks at 6s: "), "{text}");
+    let eight = text.lines().find(|l| l.starts_with("8s ")).expect("a row for 8s");
+    assert!(!eight.contains(" 0/10") && eight.contains("double-holder in"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(
+        (json["rising"].as_bool(), json["safe_to"].as_str(), json["breaks_at"].as_str()),
+        (Some(true), Some("4s"), Some("6s"))
+    );
+    assert!(json["points"][3]["unsafe_rate"]["low"].as_f64().unwrap() > 0.0, "{json}");
+    assert!(std::fs::read_to_string(out.join("sweep.svg")).unwrap().contains("no violation up to 4s"));
+    assert!(std::fs::read_to_string(out.join("sweep.md")).unwrap().contains("| 6s | "));
+
+    // Seeds are independent: the jobs that run them change nothing printed.
+    let two = sweep(&file, "faults.schedule.0.duration=2s..8s/2s", &["--jobs", "2"]);
+    assert_eq!(text.replace(&format!("wrote {}\n", out.join("sweep.svg").display()), ""), stdout(&two));
+}
+
+#[test]
+fn a_bad_vary_names_the_file_and_key_and_exits_2() {
+    let (_dir, file) = scenario_file(PAUSE);
+    let name = file.display().to_string();
+    for (vary, said) in [
+        ("recipe.tll=1s..2s/1s", "unknown key `tll` in [recipe] of redis.set-nx-px"),
+        ("faults.schedule.3.duration=1s..2s/1s", "--vary faults.schedule.3.duration: `faults.schedule` has 1 entries"),
+        ("backend.masters=1..2/1", "--vary backend.masters: the file has no `backend`"),
+        (
+            "workload.clients=1s..2s/1s",
+            "--vary workload.clients: `workload.clients` is 3 in the file, but the values given are durations",
+        ),
+        (
+            "faults.schedule.0.target=1..2/1",
+            "`faults.schedule.0.target` is \"holder\" in the file, but the values given are integers",
+        ),
+        ("recipe.ttl=5s..1s/1s", "--vary recipe.ttl: the range is empty"),
+        ("recipe.ttl=1s..5s/0s", "--vary recipe.ttl: the step must be above zero"),
+        ("workload.clients=0..2/1", "(with workload.clients = 0):"),
+    ] {
+        let o = sweep(&file, vary, &[]);
+        assert_eq!(o.status.code(), Some(2), "{vary}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(&name) && stderr(&o).contains(said), "{vary}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{vary}: nothing runs");
+    }
+}
