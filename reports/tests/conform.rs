@@ -10,7 +10,7 @@ use locksim_reports::conform::redis::{Redis, RedisModel};
 use locksim_reports::conform::servers::{Kind, Server};
 use locksim_reports::conform::sql::{self, Sql, SqlModel};
 use locksim_reports::conform::zk::{Zk, ZkModel, TICK_MS};
-use locksim_reports::conform::{check, compare, Action, Family, Outcome, Step};
+use locksim_reports::conform::{check, compare, script_for, Action, Family, Outcome, Step};
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, EtcdState, Op as KvOp};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
 use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, SqlRequest, SqlState, Stmt, Value};
@@ -39,13 +39,21 @@ fn server(kind: Kind) -> Option<Server> {
 }
 
 /// The first mismatch a planted bug shows within the CI seed budget of `.ci/run` (which starts at seed
-/// 0), shrunk: the seed, the shrunk script as printed, the step, and both answers.
-fn caught<F: Family>(broken: &F, server: &mut Server) -> (u64, Vec<String>, usize, String, String) {
-    let found = (0..10).find_map(|seed| match check(broken, server, seed).unwrap() {
-        Outcome::Mismatch { steps, step, model, real } => {
-            Some((seed, steps.iter().map(ToString::to_string).collect(), step, model, real))
+/// 0): the seed, the script as printed, the step, and both answers. `shrunk`: shrunk as `conform`
+/// prints it. Shrinking replays the script against the real server up to 40 times, each taking the
+/// script's real time, so only the test about shrinking asks for it.
+fn caught<F: Family>(broken: &F, server: &mut Server, shrunk: bool) -> (u64, Vec<String>, usize, String, String) {
+    let found = (0..10).find_map(|seed| {
+        let outcome = match shrunk {
+            true => check(broken, server, seed),
+            false => compare(broken, server, &script_for::<F>(server, seed)),
+        };
+        match outcome.unwrap() {
+            Outcome::Mismatch { steps, step, model, real } => {
+                Some((seed, steps.iter().map(ToString::to_string).collect(), step, model, real))
+            }
+            _ => None,
         }
-        _ => None,
     });
     found.expect("the planted bug is caught within 10 seeds")
 }
@@ -79,7 +87,7 @@ fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Redis) else { return };
     let broken = Redis { model: || Box::new(SetNxOverwrites(RedisState::default())) };
-    let (seed, shown, step, model, real) = caught(&broken, &mut server);
+    let (seed, shown, step, model, real) = caught(&broken, &mut server, true);
     assert!(shown[step].contains("NX"), "seed {seed}: the mismatch is at a SET NX: {shown:#?}");
     assert_eq!((model.as_str(), real.as_str()), ("OK", "nil"), "seed {seed}: {shown:#?}");
     let requests = shown.iter().filter(|s| s.contains("client-")).count();
@@ -135,7 +143,7 @@ fn an_etcd_range_that_ignores_its_limit_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Etcd) else { return };
     let broken = Etcd { model: || Box::new(RangeIgnoresLimit(EtcdState::default())) };
-    let (seed, shown, step, _, _) = caught(&broken, &mut server);
+    let (seed, shown, step, _, _) = caught(&broken, &mut server, false);
     assert!(shown[step].contains("limit 1"), "seed {seed}: the mismatch is at a limited range: {shown:#?}");
 }
 
@@ -176,8 +184,9 @@ fn an_ephemeral_that_outlives_its_session_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::ZooKeeper) else { return };
     let broken = Zk { model: || Box::new(EphemeralOutlivesSession(ZkState::new(Duration::from_millis(TICK_MS)))) };
-    let (seed, shown, _, model, real) = caught(&broken, &mut server);
-    assert!(shown.iter().any(|s| s.contains("Ephemeral")), "seed {seed}: an ephemeral create is in it: {shown:#?}");
+    let (seed, shown, step, model, real) = caught(&broken, &mut server, false);
+    let before = &shown[..=step];
+    assert!(before.iter().any(|s| s.contains("Ephemeral")), "seed {seed}: an ephemeral create came first: {shown:#?}");
     assert_ne!(model, real);
 }
 
@@ -228,8 +237,9 @@ fn a_select_for_update_that_locks_nothing_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Postgres) else { return };
     let broken = Sql { model: || Box::new(ForUpdateLocksNothing(sql::fresh())) };
-    let (seed, shown, _, model, real) = caught(&broken, &mut server);
-    assert!(shown.iter().any(|s| s.contains("FOR UPDATE")), "seed {seed}: a FOR UPDATE is in it: {shown:#?}");
+    let (seed, shown, step, model, real) = caught(&broken, &mut server, false);
+    let before = &shown[..=step];
+    assert!(before.iter().any(|s| s.contains("FOR UPDATE")), "seed {seed}: a FOR UPDATE came first: {shown:#?}");
     assert_ne!(model, real);
 }
 
