@@ -2,16 +2,7 @@
 
 mod common;
 
-use common::{locksim, stderr, stdout};
-use std::path::PathBuf;
-
-/// A scenario file in a temporary directory of its own, removed when the directory is dropped.
-fn scenario_file(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new().prefix("locksim-cli-test-").tempdir().unwrap();
-    let path = dir.path().join(name);
-    std::fs::write(&path, text).unwrap();
-    (dir, path)
-}
+use common::{locksim, scenario_file, stderr, stdout};
 
 const GOOD: &str = r#"name = "t"
 [recipe]

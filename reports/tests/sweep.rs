@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{locksim, stderr, stdout};
+use common::{locksim, scenario_file, stderr, stdout};
 use std::path::{Path, PathBuf};
 
 /// A 20 s counter of three clients under `SET NX PX` with a 5 s TTL, the holder paused at 5 s.
@@ -24,11 +24,8 @@ duration = "8s"
 verdict = "unsafe"
 "#;
 
-fn scenario_file(text: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new().prefix("locksim-sweep-test-").tempdir().unwrap();
-    let path = dir.path().join("pause-vs-ttl.toml");
-    std::fs::write(&path, text).unwrap();
-    (dir, path)
+fn pause_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    scenario_file("pause-vs-ttl.toml", text)
 }
 
 fn sweep(file: &Path, vary: &str, more: &[&str]) -> std::process::Output {
@@ -39,7 +36,7 @@ fn sweep(file: &Path, vary: &str, more: &[&str]) -> std::process::Output {
 
 #[test]
 fn a_pause_shorter_than_the_ttl_never_breaks_the_lock_and_a_longer_one_does() {
-    let (dir, file) = scenario_file(PAUSE);
+    let (dir, file) = pause_file(PAUSE);
     let out = dir.path().join("out");
     let one = sweep(&file, "faults.schedule.0.duration=2s..8s/2s", &["--jobs", "1", "--out", out.to_str().unwrap()]);
     assert_eq!(one.status.code(), Some(0), "{}{}", stdout(&one), stderr(&one));
@@ -67,7 +64,7 @@ fn a_pause_shorter_than_the_ttl_never_breaks_the_lock_and_a_longer_one_does() {
 
 #[test]
 fn a_bad_vary_names_the_file_and_key_and_exits_2() {
-    let (_dir, file) = scenario_file(PAUSE);
+    let (_dir, file) = pause_file(PAUSE);
     let name = file.display().to_string();
     for (vary, said) in [
         ("recipe.tll=1s..2s/1s", "unknown key `tll` in [recipe] of redis.set-nx-px"),

@@ -29,3 +29,11 @@ pub fn locksim_with_env(args: &[&str], var: &str, value: &str) -> Output {
         .output()
         .expect("locksim runs")
 }
+
+/// A scenario file named `name` in a temporary directory of its own, removed when the directory is dropped.
+pub fn scenario_file(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new().prefix("locksim-test-").tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
