@@ -142,15 +142,22 @@ fn a_zookeeper_scenario_aims_faults_at_zk_0() {
     );
 }
 
+/// A built-in recipe runs for real only where its scenario maps to one real server, and only for the
+/// families done so far; the refusal comes before anything starts, naming why.
 #[test]
-fn real_mode_refuses_a_built_in_recipe_for_now() {
-    let out = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--real"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("--real runs a scenario whose [recipe] is a `command` or a baseline"),
-        "{}",
-        stderr(&out)
-    );
+fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
+    for (scenario, why) in [
+        (
+            "redis-redlock-checked-pause.toml",
+            "redis.redlock with [backend] masters = 5: --real starts one Redis server",
+        ),
+        ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
+        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis family"),
+    ] {
+        let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
+        assert_eq!(out.status.code(), Some(2), "{scenario}");
+        assert!(stderr(&out).contains(why), "{scenario}: {}", stderr(&out));
+    }
 }
 
 /// The flash sale's baselines need no server and no process: they run on any machine.
@@ -188,6 +195,22 @@ fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
 /// installed and the adapters' virtualenv made; if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
 fn ready_for_real(server: &str) -> bool {
     let venv = root().join("scenarios/real/.venv/bin/python");
+    let missing = match installed(server) {
+        Some(why) => Some(why),
+        None if !venv.exists() => Some(format!("{} is missing (run scenarios/real/setup)", venv.display())),
+        None => None,
+    };
+    ready_or_skipped(missing)
+}
+
+/// Whether `server` is installed, for a built-in recipe's real run (no virtualenv: its clients are
+/// `locksim adapter`); if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
+fn server_ready(server: &str) -> bool {
+    ready_or_skipped(installed(server))
+}
+
+/// Why `server` cannot run here, if it cannot.
+fn installed(server: &str) -> Option<String> {
     let known: &[&str] = match server {
         "redis-server" => &["/usr/bin/redis-server"],
         "etcd" => &["/usr/bin/etcd"],
@@ -195,14 +218,11 @@ fn ready_for_real(server: &str) -> bool {
         "zookeeper" => &["/usr/share/java/zookeeper.jar"],
         _ => panic!("no server {server}"),
     };
-    let installed = known.iter().any(|p| std::path::Path::new(p).exists()) || which(server).is_some();
-    let missing = if !installed {
-        Some(format!("{server} is not installed (run .ci/install-servers as root)"))
-    } else if !venv.exists() {
-        Some(format!("{} is missing (run scenarios/real/setup)", venv.display()))
-    } else {
-        None
-    };
+    let found = known.iter().any(|p| std::path::Path::new(p).exists()) || which(server).is_some();
+    (!found).then(|| format!("{server} is not installed (run .ci/install-servers as root)"))
+}
+
+fn ready_or_skipped(missing: Option<String>) -> bool {
     match missing {
         None => true,
         Some(why) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
@@ -248,6 +268,27 @@ fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
     assert!(text.contains("seeds 0..3 drew hold and think (real runs are not reproducible from their seed)"), "{text}");
     // That no process outlives a run is checked by its own test, on processes this test marks (other
     // runs may be going on on this machine).
+}
+
+/// The simulator's own `redis.set-nx-px`, run for real as `locksim adapter` processes on a real Redis:
+/// released by DEL, a holder paused past its TTL writes after the next holder's read; with
+/// compare-and-delete and fencing, the resource refuses that stale write.
+#[test]
+fn builtin_redis_set_nx_px_paused_past_its_ttl_is_caught_and_fencing_refuses_the_stale_write() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    for (scenario, verdict) in [
+        ("builtin-redis-set-nx-px-del-pause", "expected unsafe [double-holder, unsafe-write]: as expected"),
+        ("builtin-redis-set-nx-px-fencing-pause", "expected unsafe [double-holder, stale-write-rejected]: as expected"),
+    ] {
+        let path = format!("scenarios/real/{scenario}.toml");
+        let out = locksim(&["run", &path, "--real", "--runs", "2"]);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
+        assert!(text.contains(&format!("{scenario} (redis.set-nx-px): 2 real runs, ")), "{text}");
+        assert!(text.contains(verdict), "{text}");
+    }
 }
 
 /// A scenario in a fresh directory whose command is the redis-py adapter, by absolute path.
