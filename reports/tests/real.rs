@@ -152,7 +152,8 @@ fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
             "redis.redlock with [backend] masters = 5: --real starts one Redis server",
         ),
         ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
-        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis family"),
+        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis and sql"),
+        ("sql-unique-insert-crash.toml", "sql.unique-insert: --real runs sql.for-update and sql.advisory"),
     ] {
         let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
         assert_eq!(out.status.code(), Some(2), "{scenario}");
@@ -287,6 +288,31 @@ fn builtin_redis_set_nx_px_paused_past_its_ttl_is_caught_and_fencing_refuses_the
         let (text, err) = (stdout(&out), stderr(&out));
         assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
         assert!(text.contains(&format!("{scenario} (redis.set-nx-px): 2 real runs, ")), "{text}");
+        assert!(text.contains(verdict), "{text}");
+    }
+}
+
+/// The simulator's own `sql.for-update` and `sql.advisory`, run for real on a real PostgreSQL: the row
+/// lock's session is ended by `idle_in_transaction_session_timeout` under a paused holder, whose write
+/// then lands; the advisory lock's session outlives the pause, and nothing is unsafe.
+#[test]
+fn builtin_sql_for_update_is_caught_by_the_idle_timeout_and_advisory_stays_safe_on_real_postgresql() {
+    if !server_ready("postgres") {
+        return;
+    }
+    for (scenario, recipe, verdict) in [
+        (
+            "builtin-sql-for-update-idle-timeout-pause",
+            "sql.for-update",
+            "expected unsafe [double-holder, unsafe-write]: as expected",
+        ),
+        ("builtin-sql-advisory-pause", "sql.advisory", "expected safe: as expected"),
+    ] {
+        let path = format!("scenarios/real/{scenario}.toml");
+        let out = locksim(&["run", &path, "--real", "--runs", "1"]);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
+        assert!(text.contains(&format!("{scenario} ({recipe}): 1 real runs, ")), "{text}");
         assert!(text.contains(verdict), "{text}");
     }
 }

@@ -9,7 +9,9 @@
 //! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
 //! checkers. Its backend must map to one real server — done so far: the Redis family on one master
-//! without replicas (not Redlock, not failover); anything else is refused before the run, saying why.
+//! without replicas (not Redlock, not failover), and `sql.for-update` and `sql.advisory` on PostgreSQL
+//! (their table and sequence made, and the `[backend]` settings set, on the fresh database before the
+//! clients start); anything else is refused before the run, saying why.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
@@ -254,9 +256,15 @@ fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
             backend.int("replicas")
         ),
         "redis" => Ok(CommandServer::Redis),
+        "sql" if matches!(recipe, "sql.for-update" | "sql.advisory") => Ok(CommandServer::PostgreSql),
+        "sql" => anyhow::bail!(
+            "{}: {recipe}: --real runs sql.for-update and sql.advisory of the sql family; the tables of the \
+             others are not made on the real server yet",
+            scenario.path
+        ),
         family => anyhow::bail!(
-            "{}: {recipe}: --real runs the built-in recipes of the redis family on a real server; {family} \
-             recipes are not done yet (a `command` recipe runs against any of the four servers)",
+            "{}: {recipe}: --real runs the built-in recipes of the redis and sql families on a real server; \
+             {family} recipes are not done yet (a `command` recipe runs against any of the four servers)",
             scenario.path
         ),
     }
@@ -309,6 +317,10 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         }
         Clients::Builtin(server) => {
             let served = serve(scenario, server, seed)?;
+            if server == CommandServer::PostgreSql {
+                let db = served.server.lock().expect("server lock").addr().0;
+                prepare_database(db, &scenario.backend_params)?;
+            }
             nodes.insert(0, server.node().to_string());
             (Some(served), adapter_argv(scenario, seed)?, Guard::Lock)
         }
@@ -396,6 +408,28 @@ fn serve(scenario: &Scenario, kind: CommandServer, seed: u64) -> anyhow::Result<
         proxies,
         kind,
     })
+}
+
+/// Make the built-in database recipes' tables on a fresh real PostgreSQL, and give its sessions the
+/// scenario's `[backend]` settings (as the simulated server starts with them).
+fn prepare_database(addr: std::net::SocketAddr, backend: &locksim_locks::params::Params) -> anyhow::Result<()> {
+    let mut conn = crate::conform::pgwire::Conn::connect(addr, Duration::from_secs(10))?;
+    let ms = |name: &str| format!("'{}ms'", backend.duration(name).as_millis());
+    let settings = [
+        format!("idle_in_transaction_session_timeout = {}", ms("idle_in_transaction_session_timeout")),
+        format!("tcp_keepalives_idle = {}", ms("tcp_keepalives_idle")),
+        format!("tcp_keepalives_interval = {}", ms("tcp_keepalives_interval")),
+        format!("tcp_keepalives_count = {}", backend.int("tcp_keepalives_count")),
+    ];
+    let statements = std::iter::once(locksim_locks::sql::real::SCHEMA.to_string())
+        .chain(settings.iter().map(|s| format!("ALTER DATABASE postgres SET {s}")));
+    for statement in statements {
+        if let Some((code, message)) = conn.query(&statement)?.error {
+            anyhow::bail!("preparing the real database: {statement}: {code} {message}");
+        }
+    }
+    conn.terminate();
+    Ok(())
 }
 
 /// A built-in recipe's client process: this very binary's hidden `adapter` subcommand, given the
