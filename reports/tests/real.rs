@@ -317,6 +317,48 @@ fn builtin_sql_for_update_is_caught_by_the_idle_timeout_and_advisory_stays_safe_
     }
 }
 
+/// A built-in recipe's real Redis client keeps the simulated client's contract: a command that gets no
+/// answer within `call_timeout` (here: its client is cut from the server for 2 s) ends `Unknown`, and
+/// the client goes on after the heal with a new connection.
+#[test]
+fn a_builtin_redis_call_cut_off_past_its_timeout_is_unknown_and_the_client_goes_on() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"1s\"\nretry = \"10ms\"\n\
+                call_timeout = \"500ms\"\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"5s\"\n\
+                [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"client-0\"\n\
+                peers = [\"redis-0\"]\nduration = \"2s\"\n";
+    std::fs::write(&path, text).unwrap();
+    let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
+    // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
+    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap();
+    let history = history.expect("one run");
+    let (node, start, end) = fault_window(&history);
+    assert_eq!(node, "client-0");
+    let client = history.nodes.iter().position(|n| n == "client-0").unwrap() as u32;
+    let at = |e: &Event| e.t as f64 / 1e9;
+    let ours = |e: &&Event| e.node.0 == client;
+    let unknown = history
+        .events
+        .iter()
+        .filter(ours)
+        .find(|e| matches!(e.kind, EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. }));
+    let unknown = unknown.unwrap_or_else(|| panic!("no unknown call under the cut: {:#?}", history.events));
+    assert!(at(unknown) >= start + 0.4 && at(unknown) <= end + 0.2, "{} in {start}..{end}", at(unknown));
+    let after =
+        history.events.iter().filter(ours).any(|e| at(e) > end && matches!(e.kind, EventKind::AcquireOk { .. }));
+    assert!(after, "client-0 never took the lock again after the heal");
+}
+
 /// A scenario in a fresh directory whose command is the redis-py adapter, by absolute path.
 fn redis_py_scenario(body: &str) -> (tempfile::TempDir, String) {
     let real = root().join("scenarios/real");

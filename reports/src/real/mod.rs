@@ -84,6 +84,9 @@ pub const SERVER: NodeIx = NodeIx(0);
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
 pub const ENV_LOCK: &str = "LOCKSIM_LOCK";
+/// The `locksim` binary (`cli::main`) whose `adapter` runs a built-in recipe's clients; unset, this
+/// process's own executable.
+pub const ENV_EXE: &str = "LOCKSIM_EXE";
 
 /// What the fault threads and a client's workload share about its process.
 #[derive(Debug, Default)]
@@ -432,10 +435,14 @@ fn prepare_database(addr: std::net::SocketAddr, backend: &locksim_locks::params:
     Ok(())
 }
 
-/// A built-in recipe's client process: this very binary's hidden `adapter` subcommand, given the
-/// scenario (absolute: the process runs in the scenario's directory) and the seed.
+/// A built-in recipe's client process: the hidden `adapter` subcommand of this very binary (or of the
+/// `locksim` binary [`ENV_EXE`] names, for a program that calls [`run`] but is no `locksim` itself),
+/// given the scenario (absolute: the process runs in the scenario's directory) and the seed.
 fn adapter_argv(scenario: &Scenario, seed: u64) -> anyhow::Result<Vec<String>> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find locksim's own executable: {e}"))?;
+    let exe = match std::env::var_os(ENV_EXE) {
+        Some(exe) => std::path::PathBuf::from(exe),
+        None => std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find locksim's own executable: {e}"))?,
+    };
     let path = std::path::Path::new(&scenario.path)
         .canonicalize()
         .map_err(|e| anyhow::anyhow!("{}: cannot find the scenario file: {e}", scenario.path))?;
