@@ -169,3 +169,35 @@ impl Drop for Background {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A real context reads the time it is handed, sleeps and spawns on tokio, and aborts a dropped
+    /// background task.
+    #[test]
+    fn a_real_context_keeps_time_and_tasks_on_tokio() {
+        let ctx = Ctx::real(7, 1, RealTime { wall_ms: || 1_700_000_000_000, monotonic_ms: || 42 });
+        assert!(ctx.is_real());
+        assert_eq!((ctx.now_ms(), ctx.monotonic_ms()), (1_700_000_000_000, 42));
+        let again = Ctx::real(7, 1, RealTime { wall_ms: || 0, monotonic_ms: || 0 });
+        assert_eq!(ctx.random_u64(), again.random_u64(), "the seed's Recipe stream at the index");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let ran = Rc::new(Cell::new(0));
+            let (done, stopped) = (ran.clone(), ran.clone());
+            let finishing = ctx.spawn(async move { done.set(done.get() + 1) });
+            let forever = ctx.spawn(async move {
+                std::future::pending::<()>().await;
+                stopped.set(100);
+            });
+            ctx.sleep(Duration::from_millis(5)).await;
+            assert!(finishing.finished() && !forever.finished());
+            drop(forever);
+            ctx.sleep(Duration::from_millis(5)).await;
+            assert_eq!(ran.get(), 1);
+        });
+    }
+}
