@@ -19,7 +19,11 @@
 //!
 //! Architecture invariants: recipes see time, sleep, spawn and their backend only through
 //! [`locksim_sim::ctx::Ctx`] and their family's client trait; they never write to the history (the
-//! workload records around their calls); they never see checkers.
+//! workload records around their calls); they never see checkers. The same recipe code runs simulated
+//! and real: a family's connection (e.g. [`redis::RedisConn`]) is the simulated client or, given
+//! [`Servers::Real`] (real mode's client processes, with a real `Ctx`), a real client crate keeping the
+//! simulated client's documented contract (call timeouts, reconnects, keep-alives); a recipe never
+//! tells which.
 
 pub mod baseline;
 pub mod command;
@@ -90,6 +94,34 @@ pub enum Servers {
     Sql(sql::SqlServers),
     /// The `none` baseline's: nothing.
     None,
+    /// Real servers on loopback, for a built-in recipe run in a real mode client process (`locksim
+    /// adapter`): each family's connection then speaks to its real server with a real client crate.
+    Real(RealServers),
+}
+
+/// Where a real client process finds its real servers (real mode sets one, through its proxy).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RealServers {
+    /// `host:port` of one Redis master (`LOCKSIM_REDIS`).
+    pub redis: Option<String>,
+    /// `host:port` of one ZooKeeper server (`LOCKSIM_ZOOKEEPER`).
+    pub zookeeper: Option<String>,
+    /// `host:port` of one etcd's client port (`LOCKSIM_ETCD`).
+    pub etcd: Option<String>,
+    /// A libpq connection string (`LOCKSIM_POSTGRES`).
+    pub postgres: Option<String>,
+}
+
+impl RealServers {
+    /// The servers named by the `LOCKSIM_*` variables of `env` (a process's environment).
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> RealServers {
+        RealServers {
+            redis: env("LOCKSIM_REDIS"),
+            zookeeper: env("LOCKSIM_ZOOKEEPER"),
+            etcd: env("LOCKSIM_ETCD"),
+            postgres: env("LOCKSIM_POSTGRES"),
+        }
+    }
 }
 
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.

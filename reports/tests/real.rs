@@ -142,15 +142,23 @@ fn a_zookeeper_scenario_aims_faults_at_zk_0() {
     );
 }
 
+/// A built-in recipe runs for real only where its scenario maps to one real server, and only for the
+/// families done so far; the refusal comes before anything starts, naming why.
 #[test]
-fn real_mode_refuses_a_built_in_recipe_for_now() {
-    let out = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--real"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("--real runs a scenario whose [recipe] is a `command` or a baseline"),
-        "{}",
-        stderr(&out)
-    );
+fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
+    for (scenario, why) in [
+        (
+            "redis-redlock-checked-pause.toml",
+            "redis.redlock with [backend] masters = 5: --real starts one Redis server",
+        ),
+        ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
+        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis and sql"),
+        ("sql-unique-insert-crash.toml", "sql.unique-insert: --real runs sql.for-update and sql.advisory"),
+    ] {
+        let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
+        assert_eq!(out.status.code(), Some(2), "{scenario}");
+        assert!(stderr(&out).contains(why), "{scenario}: {}", stderr(&out));
+    }
 }
 
 /// The flash sale's baselines need no server and no process: they run on any machine.
@@ -188,6 +196,22 @@ fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
 /// installed and the adapters' virtualenv made; if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
 fn ready_for_real(server: &str) -> bool {
     let venv = root().join("scenarios/real/.venv/bin/python");
+    let missing = match installed(server) {
+        Some(why) => Some(why),
+        None if !venv.exists() => Some(format!("{} is missing (run scenarios/real/setup)", venv.display())),
+        None => None,
+    };
+    ready_or_skipped(missing)
+}
+
+/// Whether `server` is installed, for a built-in recipe's real run (no virtualenv: its clients are
+/// `locksim adapter`); if not, why (a failure under `LOCKSIM_REQUIRE_SERVERS`).
+fn server_ready(server: &str) -> bool {
+    ready_or_skipped(installed(server))
+}
+
+/// Why `server` cannot run here, if it cannot.
+fn installed(server: &str) -> Option<String> {
     let known: &[&str] = match server {
         "redis-server" => &["/usr/bin/redis-server"],
         "etcd" => &["/usr/bin/etcd"],
@@ -195,14 +219,11 @@ fn ready_for_real(server: &str) -> bool {
         "zookeeper" => &["/usr/share/java/zookeeper.jar"],
         _ => panic!("no server {server}"),
     };
-    let installed = known.iter().any(|p| std::path::Path::new(p).exists()) || which(server).is_some();
-    let missing = if !installed {
-        Some(format!("{server} is not installed (run .ci/install-servers as root)"))
-    } else if !venv.exists() {
-        Some(format!("{} is missing (run scenarios/real/setup)", venv.display()))
-    } else {
-        None
-    };
+    let found = known.iter().any(|p| std::path::Path::new(p).exists()) || which(server).is_some();
+    (!found).then(|| format!("{server} is not installed (run .ci/install-servers as root)"))
+}
+
+fn ready_or_skipped(missing: Option<String>) -> bool {
     match missing {
         None => true,
         Some(why) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
@@ -248,6 +269,94 @@ fn redis_py_lock_paused_past_its_timeout_is_caught_on_real_redis() {
     assert!(text.contains("seeds 0..3 drew hold and think (real runs are not reproducible from their seed)"), "{text}");
     // That no process outlives a run is checked by its own test, on processes this test marks (other
     // runs may be going on on this machine).
+}
+
+/// The simulator's own `redis.set-nx-px`, run for real as `locksim adapter` processes on a real Redis:
+/// released by DEL, a holder paused past its TTL writes after the next holder's read; with
+/// compare-and-delete and fencing, the resource refuses that stale write.
+#[test]
+fn builtin_redis_set_nx_px_paused_past_its_ttl_is_caught_and_fencing_refuses_the_stale_write() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    for (scenario, verdict) in [
+        ("builtin-redis-set-nx-px-del-pause", "expected unsafe [double-holder, unsafe-write]: as expected"),
+        ("builtin-redis-set-nx-px-fencing-pause", "expected unsafe [double-holder, stale-write-rejected]: as expected"),
+    ] {
+        let path = format!("scenarios/real/{scenario}.toml");
+        let out = locksim(&["run", &path, "--real", "--runs", "2"]);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
+        assert!(text.contains(&format!("{scenario} (redis.set-nx-px): 2 real runs, ")), "{text}");
+        assert!(text.contains(verdict), "{text}");
+    }
+}
+
+/// The simulator's own `sql.for-update` and `sql.advisory`, run for real on a real PostgreSQL: the row
+/// lock's session is ended by `idle_in_transaction_session_timeout` under a paused holder, whose write
+/// then lands; the advisory lock's session outlives the pause, and nothing is unsafe.
+#[test]
+fn builtin_sql_for_update_is_caught_by_the_idle_timeout_and_advisory_stays_safe_on_real_postgresql() {
+    if !server_ready("postgres") {
+        return;
+    }
+    for (scenario, recipe, verdict) in [
+        (
+            "builtin-sql-for-update-idle-timeout-pause",
+            "sql.for-update",
+            "expected unsafe [double-holder, unsafe-write]: as expected",
+        ),
+        ("builtin-sql-advisory-pause", "sql.advisory", "expected safe: as expected"),
+    ] {
+        let path = format!("scenarios/real/{scenario}.toml");
+        let out = locksim(&["run", &path, "--real", "--runs", "1"]);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
+        assert!(text.contains(&format!("{scenario} ({recipe}): 1 real runs, ")), "{text}");
+        assert!(text.contains(verdict), "{text}");
+    }
+}
+
+/// A built-in recipe's real Redis client keeps the simulated client's contract: a command that gets no
+/// answer within `call_timeout` (here: its client is cut from the server for 2 s) ends `Unknown`, and
+/// the client goes on after the heal with a new connection.
+#[test]
+fn a_builtin_redis_call_cut_off_past_its_timeout_is_unknown_and_the_client_goes_on() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"1s\"\nretry = \"10ms\"\n\
+                call_timeout = \"500ms\"\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"5s\"\n\
+                [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"client-0\"\n\
+                peers = [\"redis-0\"]\nduration = \"2s\"\n";
+    std::fs::write(&path, text).unwrap();
+    let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
+    // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
+    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap();
+    let history = history.expect("one run");
+    let (node, start, end) = fault_window(&history);
+    assert_eq!(node, "client-0");
+    let client = history.nodes.iter().position(|n| n == "client-0").unwrap() as u32;
+    let at = |e: &Event| e.t as f64 / 1e9;
+    let ours = |e: &&Event| e.node.0 == client;
+    let unknown = history
+        .events
+        .iter()
+        .filter(ours)
+        .find(|e| matches!(e.kind, EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. }));
+    let unknown = unknown.unwrap_or_else(|| panic!("no unknown call under the cut: {:#?}", history.events));
+    assert!(at(unknown) >= start + 0.4 && at(unknown) <= end + 0.2, "{} in {start}..{end}", at(unknown));
+    let after =
+        history.events.iter().filter(ours).any(|e| at(e) > end && matches!(e.kind, EventKind::AcquireOk { .. }));
+    assert!(after, "client-0 never took the lock again after the heal");
 }
 
 /// A scenario in a fresh directory whose command is the redis-py adapter, by absolute path.

@@ -5,7 +5,7 @@
 //! can change hands between them. Run it with `cargo run --release --example custom_lock`.
 
 use locksim_locks::params::{ParamSpec, Params};
-use locksim_locks::redis::{RedisApi, RedisServers, SimRedis, FAMILY};
+use locksim_locks::redis::{RedisApi, RedisConn, FAMILY};
 use locksim_locks::{async_trait, no_constraints, Grant, Lock, Outcome, RecipeSpec, Registry, Servers};
 use locksim_scenarios::sweep::sweep;
 use locksim_scenarios::Scenario;
@@ -29,13 +29,14 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
 
 struct GetThenDel {
     ctx: Ctx,
-    redis: SimRedis,
+    redis: RedisConn,
     ttl_ms: i64,
     value: String,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, std::time::Duration::from_secs(1));
+    // Simulated, or on a real Redis when real mode runs this lock (`locksim run --real`).
+    let redis = RedisConn::new(ctx.clone(), servers, 0, std::time::Duration::from_secs(1));
     let ttl_ms = params.duration("ttl").as_millis() as i64;
     Box::new(GetThenDel { ctx, redis, ttl_ms, value: String::new() })
 }

@@ -2,7 +2,11 @@
 //!
 //! Recipes never call madsim directly. Going through [`Ctx`] is what makes per-node clocks work (a
 //! recipe's "now" is its node's wall clock, its sleeps run at its node's clock rate) and is the seam
-//! where the same recipe could later run on a real tokio runtime against real servers.
+//! where the same recipe runs on a real tokio runtime against real servers: [`Ctx::real`], for real
+//! mode's client processes, reads real time (through the [`RealTime`] its caller hands it: nothing in
+//! `sim/` reads the machine's clock), sleeps with `tokio::time::sleep` and spawns with
+//! `tokio::task::spawn_local` (a current-thread runtime inside a `LocalSet`). It has no simulated
+//! network: [`Ctx::rpc`] and [`Ctx::clock`] are the simulator's alone.
 
 use crate::clock::Clock;
 use crate::net::Rpc;
@@ -18,12 +22,30 @@ use std::time::Duration;
 /// A recipe's view of its node. Cheap to clone; clones share the node's endpoint and random stream.
 #[derive(Clone)]
 pub struct Ctx {
-    clock: Clock,
-    rpc: Rc<Rpc>,
+    flavour: Flavour,
     rng: Rc<RefCell<ChaCha8Rng>>,
     /// One value per type for the whole node, e.g. the router that hands each of the node's ZooKeeper
     /// sessions its own notifications.
     node_wide: Rc<RefCell<BTreeMap<TypeId, Rc<dyn Any>>>>,
+}
+
+/// Where a context's time and network come from.
+#[derive(Clone)]
+enum Flavour {
+    /// A simulated node: its clock and its endpoint.
+    Sim { clock: Clock, rpc: Rc<Rpc> },
+    /// A real process: real time, real sockets (the family clients open their own).
+    Real(RealTime),
+}
+
+/// Real time for [`Ctx::real`], read by functions its caller supplies (the binary reads the machine's
+/// clock; `sim/` never does).
+#[derive(Clone, Copy, Debug)]
+pub struct RealTime {
+    /// Wall time, Unix milliseconds (`SystemTime`).
+    pub wall_ms: fn() -> i64,
+    /// A monotonic clock in milliseconds (`Instant`): what deadlines that must survive a clock step use.
+    pub monotonic_ms: fn() -> i64,
 }
 
 impl Ctx {
@@ -31,7 +53,20 @@ impl Ctx {
     pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
-        Ctx { clock: env.clock.clone(), rpc, rng, node_wide: Rc::default() }
+        Ctx { flavour: Flavour::Sim { clock: env.clock.clone(), rpc }, rng, node_wide: Rc::default() }
+    }
+
+    /// The context of a real client process (real mode), drawing from the `Recipe` stream of `seed` at
+    /// `index`. Its tasks must run inside a `tokio::task::LocalSet` on a runtime with time enabled.
+    pub fn real(seed: u64, index: u64, time: RealTime) -> Ctx {
+        let rng = Rc::new(RefCell::new(stream(seed, Stream::Recipe, index)));
+        Ctx { flavour: Flavour::Real(time), rng, node_wide: Rc::default() }
+    }
+
+    /// Whether this is a real process's context ([`Ctx::real`]): its family clients speak to real
+    /// servers.
+    pub fn is_real(&self) -> bool {
+        matches!(self.flavour, Flavour::Real(_))
     }
 
     /// The node's one value of type `T`, made with `make` on first use.
@@ -43,27 +78,51 @@ impl Ctx {
 
     /// This node's wall clock, in Unix-style milliseconds (jumps move it; it may go backwards).
     pub fn now_ms(&self) -> i64 {
-        self.clock.now_ms()
+        match &self.flavour {
+            Flavour::Sim { clock, .. } => clock.now_ms(),
+            Flavour::Real(time) => (time.wall_ms)(),
+        }
+    }
+
+    /// This node's monotonic clock in milliseconds (see [`Clock::monotonic_ms`]).
+    pub fn monotonic_ms(&self) -> i64 {
+        match &self.flavour {
+            Flavour::Sim { clock, .. } => clock.monotonic_ms(),
+            Flavour::Real(time) => (time.monotonic_ms)(),
+        }
     }
 
     /// Sleep for `d` as this node's timers measure it.
     pub async fn sleep(&self, d: Duration) {
-        self.clock.sleep(d).await
+        match &self.flavour {
+            Flavour::Sim { clock, .. } => clock.sleep(d).await,
+            Flavour::Real(_) => tokio::time::sleep(d).await,
+        }
     }
 
-    /// The node's endpoint for backend calls.
+    /// The node's endpoint for backend calls (a simulated node's only: a real client has sockets).
     pub fn rpc(&self) -> &Rpc {
-        &self.rpc
+        match &self.flavour {
+            Flavour::Sim { rpc, .. } => rpc,
+            Flavour::Real(_) => panic!("a real client process has no simulated network (Ctx::rpc)"),
+        }
     }
 
     /// Run `task` in the background on this node; it stops when the returned handle is dropped.
     pub fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
-        Background::spawn(task)
+        match &self.flavour {
+            Flavour::Sim { .. } => Background::spawn(task),
+            Flavour::Real(_) => Background(Task::Real(tokio::task::spawn_local(task))),
+        }
     }
 
-    /// This node's clock.
+    /// This node's clock (a simulated node's only: a real process reads [`Ctx::now_ms`],
+    /// [`Ctx::monotonic_ms`]).
     pub fn clock(&self) -> &Clock {
-        &self.clock
+        match &self.flavour {
+            Flavour::Sim { clock, .. } => clock,
+            Flavour::Real(_) => panic!("a real client process has no simulated clock (Ctx::clock)"),
+        }
     }
 
     pub fn random_u64(&self) -> u64 {
@@ -80,22 +139,65 @@ impl Ctx {
 }
 
 /// A background task (a keep-alive, a renewal watchdog, a client's pinger); aborted when dropped.
-pub struct Background(madsim::task::JoinHandle<()>);
+pub struct Background(Task);
+
+enum Task {
+    Sim(madsim::task::JoinHandle<()>),
+    Real(tokio::task::JoinHandle<()>),
+}
 
 impl Background {
-    /// Run `task` on the current node.
+    /// Run `task` on the current simulated node ([`Ctx::spawn`] runs it where its context lives).
     pub fn spawn(task: impl Future<Output = ()> + 'static) -> Background {
-        Background(madsim::task::spawn_local(task))
+        Background(Task::Sim(madsim::task::spawn_local(task)))
     }
 
     /// Whether the task has run to its end.
     pub fn finished(&self) -> bool {
-        self.0.is_finished()
+        match &self.0 {
+            Task::Sim(handle) => handle.is_finished(),
+            Task::Real(handle) => handle.is_finished(),
+        }
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        self.0.abort();
+        match &self.0 {
+            Task::Sim(handle) => handle.abort(),
+            Task::Real(handle) => handle.abort(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A real context reads the time it is handed, sleeps and spawns on tokio, and aborts a dropped
+    /// background task.
+    #[test]
+    fn a_real_context_keeps_time_and_tasks_on_tokio() {
+        let ctx = Ctx::real(7, 1, RealTime { wall_ms: || 1_700_000_000_000, monotonic_ms: || 42 });
+        assert!(ctx.is_real());
+        assert_eq!((ctx.now_ms(), ctx.monotonic_ms()), (1_700_000_000_000, 42));
+        let again = Ctx::real(7, 1, RealTime { wall_ms: || 0, monotonic_ms: || 0 });
+        assert_eq!(ctx.random_u64(), again.random_u64(), "the seed's Recipe stream at the index");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let ran = Rc::new(Cell::new(0));
+            let (done, stopped) = (ran.clone(), ran.clone());
+            let finishing = ctx.spawn(async move { done.set(done.get() + 1) });
+            let forever = ctx.spawn(async move {
+                std::future::pending::<()>().await;
+                stopped.set(100);
+            });
+            ctx.sleep(Duration::from_millis(5)).await;
+            assert!(finishing.finished() && !forever.finished());
+            drop(forever);
+            ctx.sleep(Duration::from_millis(5)).await;
+            assert_eq!(ran.get(), 1);
+        });
     }
 }

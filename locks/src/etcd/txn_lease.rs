@@ -68,7 +68,7 @@ fn build_wait(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
 impl TxnLease {
     /// What is left of `acquire_timeout` since `start` (monotonic milliseconds).
     fn left(&self, start: i64) -> Duration {
-        let waited = Duration::from_millis((self.ctx.clock().monotonic_ms() - start).max(0) as u64);
+        let waited = Duration::from_millis((self.ctx.monotonic_ms() - start).max(0) as u64);
         self.params.duration("acquire_timeout").saturating_sub(waited)
     }
 
@@ -104,7 +104,7 @@ impl Lock for TxnLease {
             Ok(session) => session,
             Err(e) => return e.outcome("grant"),
         };
-        let start = self.ctx.clock().monotonic_ms();
+        let start = self.ctx.monotonic_ms();
         loop {
             let free = Compare { key: LOCK.into(), cmp: Cmp::Equal, target: Target::CreateRevision(0) };
             let put = Op::Put { key: LOCK.into(), value: format!("{:x}", session.lease), lease: session.lease };

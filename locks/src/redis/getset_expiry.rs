@@ -12,7 +12,7 @@
 //! Expected failures (catalog): expiry is judged by the *contender's* clock. A contender whose clock jumps
 //! ahead by more than `ttl` sees a live lock as expired and takes it over — `double-holder`.
 
-use super::{spin, Attempt, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
+use super::{spin, Attempt, RedisApi, RedisConn, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
@@ -37,13 +37,13 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
 struct GetsetExpiry {
     ctx: Ctx,
     params: Params,
-    redis: SimRedis,
+    redis: RedisConn,
     /// Our lock's expiry timestamp (our clock, ms).
     expires_ms: Cell<i64>,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    let redis = RedisConn::new(ctx.clone(), servers, 0, params.duration("call_timeout"));
     Box::new(GetsetExpiry { ctx, params: params.clone(), redis, expires_ms: Cell::new(0) })
 }
 

@@ -4,10 +4,12 @@
 //! (redis-rs, Jedis, redis-py): strings, hashes, `PUBLISH`, Lua scripts (`EVAL`, `EVALSHA`, `SCRIPT
 //! LOAD`, and [`LuaScript`], a script as client libraries hold one), `WAIT`, or any command line.
 //! [`SimRedis`] implements it over the simulated network, following the shard's current master as a
-//! Sentinel-aware client does, and subscribes to channels ([`SimRedis::subscribe`]). The scripts the
-//! recipes send are in [`scripts`], as the libraries send them.
+//! Sentinel-aware client does, and subscribes to channels ([`SimRedis::subscribe`]); [`real::RealRedis`]
+//! implements it on a real server (real mode). Recipes hold a [`RedisConn`], one or the other as their
+//! [`Servers`] say. The scripts the recipes send are in [`scripts`], as the libraries send them.
 
 mod getset_expiry;
+pub mod real;
 mod redlock;
 pub mod scripts;
 mod set_nx;
@@ -201,6 +203,77 @@ impl RedisApi for SimRedis {
     }
 }
 
+/// A recipe's Redis connection: to a simulated shard, or (real mode) to a real server. Enum dispatch:
+/// the simulated path stays as direct as before.
+pub enum RedisConn {
+    Sim(SimRedis),
+    Real(real::RealRedis),
+}
+
+impl RedisConn {
+    /// A connection to `shard` of `servers` (real servers have one), whose commands wait `timeout`.
+    pub fn new(ctx: Ctx, servers: &Servers, shard: usize, timeout: Duration) -> RedisConn {
+        match servers {
+            Servers::Real(real) => {
+                assert_eq!(shard, 0, "a real run has one Redis server");
+                let addr = real.redis.as_deref().expect("a Redis recipe's process is given LOCKSIM_REDIS");
+                RedisConn::Real(real::RealRedis::new(addr, timeout))
+            }
+            other => RedisConn::Sim(SimRedis::new(ctx, RedisServers::from(other), shard, timeout)),
+        }
+    }
+
+    /// See [`SimRedis::pinned`]: the same server, with its own timeout.
+    pub fn pinned(&self, timeout: Duration) -> RedisConn {
+        match self {
+            RedisConn::Sim(sim) => RedisConn::Sim(sim.pinned(timeout)),
+            RedisConn::Real(real) => RedisConn::Real(real.pinned(timeout)),
+        }
+    }
+
+    /// `SUBSCRIBE channel`, waiting at most `timeout` for the confirmation.
+    pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<RedisSubscription, CallError> {
+        match self {
+            RedisConn::Sim(sim) => sim.subscribe(channel, timeout).await.map(RedisSubscription::Sim),
+            RedisConn::Real(real) => real.subscribe(channel, timeout).await.map(RedisSubscription::Real),
+        }
+    }
+
+    /// Send a command without waiting for its answer (Redisson's fire-and-forget `writeAsync`).
+    pub fn send(&self, request: RedisRequest) {
+        match self {
+            RedisConn::Sim(sim) => sim.send(request),
+            RedisConn::Real(real) => real.send(request),
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl RedisApi for RedisConn {
+    async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
+        match self {
+            RedisConn::Sim(sim) => sim.request(request).await,
+            RedisConn::Real(real) => real.request(&request).await,
+        }
+    }
+}
+
+/// A subscription to one channel, simulated or real.
+pub enum RedisSubscription {
+    Sim(Subscription),
+    Real(real::RealSubscription),
+}
+
+impl RedisSubscription {
+    /// The next message on the channel, waiting for one if none has come.
+    pub async fn message(&mut self) -> String {
+        match self {
+            RedisSubscription::Sim(sim) => sim.message().await,
+            RedisSubscription::Real(real) => real.message().await,
+        }
+    }
+}
+
 /// The Redis servers of one world.
 #[derive(Clone, Debug)]
 pub struct RedisServers {
@@ -212,7 +285,7 @@ impl RedisServers {
     pub fn from(servers: &Servers) -> &RedisServers {
         match servers {
             Servers::Redis(r) => r,
-            _ => unreachable!("a Redis recipe is deployed with Redis servers"),
+            _ => unreachable!("a simulated Redis recipe is deployed with Redis servers"),
         }
     }
 }
@@ -319,7 +392,7 @@ enum Attempt {
 
 /// Try `attempt` until it takes the lock, sleeping `retry` between tries, for at most `acquire_timeout`
 /// by the client's clock; then ask for a fencing token. The loop every single-instance recipe shares.
-async fn spin<F, Fut>(ctx: &Ctx, params: &Params, redis: &SimRedis, mut attempt: F) -> Outcome<Grant>
+async fn spin<F, Fut>(ctx: &Ctx, params: &Params, redis: &impl RedisApi, mut attempt: F) -> Outcome<Grant>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt>,

@@ -8,7 +8,7 @@
 //! Expected failures (catalog): a holder that crashes never releases, and nothing else ever will —
 //! `deadlock`. A `SET` whose reply is lost leaves a lock its owner does not know it has — `deadlock` too.
 
-use super::{spin, try_set_nx, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
+use super::{spin, try_set_nx, RedisApi, RedisConn, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::ctx::Ctx;
@@ -30,11 +30,11 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
 struct SetNx {
     ctx: Ctx,
     params: Params,
-    redis: SimRedis,
+    redis: RedisConn,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    let redis = RedisConn::new(ctx.clone(), servers, 0, params.duration("call_timeout"));
     Box::new(SetNx { ctx, params: params.clone(), redis })
 }
 

@@ -13,9 +13,7 @@
 //! release but not the pause; fencing (`fencing = true`) stops the stale write at the resource.
 
 use super::scripts::REDIS_PY_RELEASE;
-use super::{
-    spin, try_set_nx, LuaScript, RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL,
-};
+use super::{spin, try_set_nx, LuaScript, RedisApi, RedisConn, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY, RETRY, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::ctx::Ctx;
@@ -48,13 +46,13 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
 struct SetNxPx {
     ctx: Ctx,
     params: Params,
-    redis: SimRedis,
+    redis: RedisConn,
     value: String,
     release_script: LuaScript,
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    let redis = RedisConn::new(ctx.clone(), servers, 0, params.duration("call_timeout"));
     let release_script = LuaScript::new(REDIS_PY_RELEASE);
     Box::new(SetNxPx { ctx, params: params.clone(), redis, value: String::new(), release_script })
 }

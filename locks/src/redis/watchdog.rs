@@ -42,7 +42,7 @@ use super::scripts::{
     redisson_channel, redisson_unlock_latch, REDISSON_LOCK, REDISSON_RENEW, REDISSON_RENEW_3_43, REDISSON_UNLOCK,
     REDISSON_UNLOCK_MESSAGE,
 };
-use super::{RedisApi, RedisServers, SimRedis, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY};
+use super::{RedisApi, RedisConn, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest};
@@ -93,7 +93,7 @@ struct Watchdog {
     ctx: Ctx,
     params: Params,
     servers: Servers,
-    redis: SimRedis,
+    redis: RedisConn,
     /// The Redisson instance's id (a UUID in Redisson), and the last application thread's number.
     instance: String,
     thread: u64,
@@ -103,7 +103,7 @@ struct Watchdog {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let redis = SimRedis::new(ctx.clone(), RedisServers::from(servers), 0, params.duration("call_timeout"));
+    let redis = RedisConn::new(ctx.clone(), servers, 0, params.duration("call_timeout"));
     let instance = super::lock_value(&ctx);
     let (params, servers) = (params.clone(), servers.clone());
     Box::new(Watchdog { ctx, params, servers, redis, instance, thread: 0, lock_name: String::new(), renewal: None })
@@ -111,7 +111,7 @@ fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
 
 /// Redisson's `syncedEval`: with replicas, `WAIT` for them on the lock command's connection; none
 /// acknowledging is an error ("None of slaves were synced") that leaves the key on the master.
-async fn synced(conn: &SimRedis) -> Result<(), String> {
+async fn synced(conn: &RedisConn) -> Result<(), String> {
     let replicas = match conn.connected_replicas().await {
         Ok(RedisReply::Int(n)) => n,
         _ => return Err("INFO replication: no answer".into()),
@@ -192,12 +192,7 @@ impl Watchdog {
     }
 
     fn start_renewal(&mut self) {
-        let redis = SimRedis::new(
-            self.ctx.clone(),
-            RedisServers::from(&self.servers),
-            0,
-            self.params.duration("command_timeout"),
-        );
+        let redis = RedisConn::new(self.ctx.clone(), &self.servers, 0, self.params.duration("command_timeout"));
         let executor = Executor {
             ctx: self.ctx.clone(),
             redis,
@@ -252,7 +247,7 @@ impl Lock for Watchdog {
 /// Redisson's command executor for one command: attempts of `command_timeout` each, retried.
 struct Executor {
     ctx: Ctx,
-    redis: SimRedis,
+    redis: RedisConn,
     retry_attempts: u32,
     retry_interval: Duration,
 }

@@ -7,6 +7,7 @@
 
 mod advisory;
 mod for_update;
+pub mod real;
 mod shedlock;
 mod unique_insert;
 
@@ -154,10 +155,53 @@ impl SqlApi for Connection {
 #[derive(Clone)]
 pub struct SqlClient {
     ctx: Ctx,
-    env: ClientEnv,
+    server: Server,
     socket_timeout: Duration,
     /// Held across an open, so that two users of one client never open two connections.
-    conn: Rc<AsyncMutex<Option<Rc<Connection>>>>,
+    conn: Rc<AsyncMutex<Option<Rc<SqlConnection>>>>,
+}
+
+/// Where a client's connections go: the simulated database, or (real mode) a real one.
+#[derive(Clone)]
+enum Server {
+    Sim(ClientEnv),
+    /// A libpq connection string.
+    Real(String),
+}
+
+/// One connection and its session: simulated, or on a real server ([`real::RealConnection`]).
+pub enum SqlConnection {
+    Sim(Connection),
+    Real(real::RealConnection),
+}
+
+impl SqlConnection {
+    /// Run one statement and wait for its result (see [`SqlApi`]).
+    pub async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
+        match self {
+            SqlConnection::Sim(conn) => conn.execute(stmt).await,
+            SqlConnection::Real(conn) => conn.execute(stmt).await,
+        }
+    }
+
+    /// Whether the connection is known to be closed (a closed one never opens again).
+    pub fn is_closed(&self) -> bool {
+        match self {
+            SqlConnection::Sim(conn) => conn.is_closed(),
+            SqlConnection::Real(conn) => conn.is_closed(),
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl SqlApi for SqlConnection {
+    async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
+        SqlConnection::execute(self, stmt).await
+    }
+
+    fn is_closed(&self) -> bool {
+        SqlConnection::is_closed(self)
+    }
 }
 
 impl SqlClient {
@@ -165,30 +209,45 @@ impl SqlClient {
     /// `socket_timeout` for their result (zero: for ever, JDBC's default; see [`SOCKET_TIMEOUT`]).
     /// No connection is opened until first used.
     pub fn new(ctx: &Ctx, servers: &Servers, socket_timeout: Duration) -> SqlClient {
-        let sql = SqlServers::from(servers);
-        let env = ClientEnv {
-            rpc: ctx.rpc().clone(),
-            clock: ctx.clock().clone(),
-            recorder: sql.recorder.clone(),
-            server: sql.server,
-            router: ctx.node_wide(Router::default),
+        let server = match servers {
+            Servers::Real(real) => {
+                Server::Real(real.postgres.clone().expect("a database recipe's process is given LOCKSIM_POSTGRES"))
+            }
+            servers => {
+                let sql = SqlServers::from(servers);
+                Server::Sim(ClientEnv {
+                    rpc: ctx.rpc().clone(),
+                    clock: ctx.clock().clone(),
+                    recorder: sql.recorder.clone(),
+                    server: sql.server,
+                    router: ctx.node_wide(Router::default),
+                })
+            }
         };
-        SqlClient { ctx: ctx.clone(), env, socket_timeout, conn: Rc::default() }
+        SqlClient { ctx: ctx.clone(), server, socket_timeout, conn: Rc::default() }
     }
 
     /// The open connection, or a new one if there is none or it has closed (`None`: the server did not
     /// answer within the connect timeout). Hold on to it to keep talking to one session.
-    pub async fn connection(&self) -> Option<Rc<Connection>> {
+    pub async fn connection(&self) -> Option<Rc<SqlConnection>> {
         let mut conn = self.conn.lock().await;
         if conn.as_ref().is_none_or(|c| c.is_closed()) {
-            let id = self.ctx.random_u64();
-            *conn = Connection::open(self.env.clone(), id, self.socket_timeout).await.map(Rc::new);
+            *conn = match &self.server {
+                Server::Sim(env) => {
+                    let id = self.ctx.random_u64();
+                    Connection::open(env.clone(), id, self.socket_timeout).await.map(SqlConnection::Sim)
+                }
+                Server::Real(conninfo) => {
+                    real::RealConnection::open(conninfo, self.socket_timeout).await.map(SqlConnection::Real)
+                }
+            }
+            .map(Rc::new);
         }
         conn.clone()
     }
 
     /// The connection now, if one was opened and is not known to be closed.
-    pub fn current(&self) -> Option<Rc<Connection>> {
+    pub fn current(&self) -> Option<Rc<SqlConnection>> {
         self.conn.try_lock().ok().and_then(|c| c.clone()).filter(|c| !c.is_closed())
     }
 }
@@ -226,7 +285,11 @@ struct Db {
 
 impl Db {
     fn new(ctx: &Ctx, servers: &Servers, params: &Params) -> Db {
-        let owner = format!("node-{}", ctx.rpc().me().0);
+        let owner = match ctx.is_real() {
+            // A real process has no node index: a host name of its own.
+            true => format!("host-{:016x}", ctx.random_u64()),
+            false => format!("node-{}", ctx.rpc().me().0),
+        };
         Db { client: SqlClient::new(ctx, servers, params.duration("socket_timeout")), holding: false, owner }
     }
 

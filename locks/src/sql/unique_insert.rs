@@ -61,13 +61,11 @@ impl UniqueInsert {
 #[async_trait(?Send)]
 impl Lock for UniqueInsert {
     async fn acquire(&mut self) -> Outcome<Grant> {
-        let deadline = self.ctx.clock().monotonic_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
+        let deadline = self.ctx.monotonic_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
         loop {
             match self.insert().await {
                 Ok(true) => break,
-                Ok(false) if self.ctx.clock().monotonic_ms() < deadline => {
-                    self.ctx.sleep(self.params.duration("retry")).await
-                }
+                Ok(false) if self.ctx.monotonic_ms() < deadline => self.ctx.sleep(self.params.duration("retry")).await,
                 Ok(false) => return Outcome::Fail("timed out: the lock row exists".into()),
                 Err(outcome) => return grant_outcome(outcome),
             }

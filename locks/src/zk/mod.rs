@@ -368,7 +368,7 @@ mod tests {
                 Box::pin(async move {
                     let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
                     let calls = Rc::new(Cell::new(0u32));
-                    let start = ctx.clock().monotonic_ms();
+                    let start = ctx.monotonic_ms();
                     let result = retried(&ctx, || {
                         let calls = calls.clone();
                         async move {
@@ -381,7 +381,7 @@ mod tests {
                         }
                     })
                     .await;
-                    let took = (ctx.clock().monotonic_ms() - start) as u128;
+                    let took = (ctx.monotonic_ms() - start) as u128;
                     *seen.lock().unwrap() = Some((result, calls.get(), took));
                 })
             });

@@ -1,6 +1,7 @@
 //! The command line (DESIGN §9). Exit codes: 0 every verdict as expected, 1 some verdict differed,
 //! 2 bad input or a harness error.
 
+mod adapter;
 mod conform;
 mod list;
 mod report;
@@ -54,6 +55,9 @@ enum Command {
     Report(report::Args),
     /// Check the simulated servers against the real ones on loopback: the same operations, the same answers.
     Conform(conform::Args),
+    /// The client process of a built-in recipe in real mode (started by `run --real`, not by people).
+    #[command(hide = true)]
+    Adapter(adapter::Args),
 }
 
 /// `locksim`'s `main`, with the recipes and workloads scenario files may name: `Registry::builtin()`
@@ -94,6 +98,7 @@ fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
         Command::Sweep(args) => sweep::sweep(args, registry),
         Command::Report(args) => report::report(args),
         Command::Conform(args) => conform::conform(args),
+        Command::Adapter(args) => adapter::adapter(args, registry),
     }
 }
 

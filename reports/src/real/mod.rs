@@ -4,6 +4,15 @@
 //! baselines (`none`, `sql.conditional-update`) run too, their clients being locksim's threads
 //! ([`Clients::Baseline`]).
 //!
+//! **Built-in recipes.** A scenario whose `[recipe]` is a built-in lock (an `id`, no `command`) runs its
+//! clients as processes of this very binary, `locksim adapter SCENARIO --seed S` ([`adapter`],
+//! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
+//! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
+//! checkers. Its backend must map to one real server — done so far: the Redis family on one master
+//! without replicas (not Redlock, not failover), and `sql.for-update` and `sql.advisory` on PostgreSQL
+//! (their table and sequence made, and the `[backend]` settings set, on the fresh database before the
+//! clients start); anything else is refused before the run, saying why.
+//!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
 //! name on `PATH`), with this environment:
@@ -40,10 +49,11 @@
 //! ([`proxy`]): its `LOCKSIM_REDIS` (or `LOCKSIM_ZOOKEEPER`) names the proxy, which forwards every
 //! connection to the server, and through which the network faults act ([`fault`]).
 //!
-//! Modules: [`protocol`] (the lines), [`client`] (a process), [`history`] (the recorder),
+//! Modules: [`protocol`] (the lines), [`adapter`] (a built-in recipe's process), [`client`] (a process), [`history`] (the recorder),
 //! [`resource`] (the resource service), [`proxy`] (a client's path to the server), [`fault`] (pause,
 //! crash, the network faults), [`workload`] (the loop).
 
+pub mod adapter;
 pub mod client;
 pub mod fault;
 pub mod history;
@@ -74,6 +84,9 @@ pub const SERVER: NodeIx = NodeIx(0);
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
 pub const ENV_LOCK: &str = "LOCKSIM_LOCK";
+/// The `locksim` binary (`cli::main`) whose `adapter` runs a built-in recipe's clients; unset, this
+/// process's own executable.
+pub const ENV_EXE: &str = "LOCKSIM_EXE";
 
 /// What the fault threads and a client's workload share about its process.
 #[derive(Debug, Default)]
@@ -189,6 +202,9 @@ impl Run {
 pub enum Clients<'a> {
     /// Processes of a command recipe, against its real server.
     Command(&'a CommandRecipe),
+    /// Processes of a built-in recipe (`locksim adapter`, [`adapter`]), against its family's one real
+    /// server.
+    Builtin(CommandServer),
     /// A flash sale's baseline (`none`, `sql.conditional-update`): no lock and no server, so the clients
     /// are locksim's own threads, racing in real time on the resource.
     Baseline(Guard),
@@ -201,11 +217,9 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     }
     let Some(command) = &scenario.command else {
         if scenario.recipe.guard == Guard::Lock {
-            anyhow::bail!(
-                "{}: --real runs a scenario whose [recipe] is a `command` or a baseline (`none`, \
-                 `sql.conditional-update`); built-in lock recipes on real servers are not done yet",
-                scenario.path
-            );
+            let server = builtin_server(scenario)?;
+            fault::refuse_unsupported(scenario, server.node())?;
+            return Ok(Clients::Builtin(server));
         }
         if let Some(f) = scenario.schedule.first() {
             anyhow::bail!(
@@ -226,6 +240,37 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     }
     fault::refuse_unsupported(scenario, command.server.node())?;
     Ok(Clients::Command(command))
+}
+
+/// The one real server a built-in recipe's scenario maps to, or why real mode cannot run it.
+fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
+    let (recipe, backend) = (scenario.recipe.id, &scenario.backend_params);
+    match scenario.recipe.family.name {
+        "redis" if backend.int("masters") != 1 => anyhow::bail!(
+            "{}: {recipe} with [backend] masters = {}: --real starts one Redis server, and Redlock's independent \
+             masters would each need their own",
+            scenario.path,
+            backend.int("masters")
+        ),
+        "redis" if backend.int("replicas") != 0 => anyhow::bail!(
+            "{}: {recipe} with [backend] replicas = {}: --real starts one Redis server, without a replica or \
+             Sentinel to fail over to",
+            scenario.path,
+            backend.int("replicas")
+        ),
+        "redis" => Ok(CommandServer::Redis),
+        "sql" if matches!(recipe, "sql.for-update" | "sql.advisory") => Ok(CommandServer::PostgreSql),
+        "sql" => anyhow::bail!(
+            "{}: {recipe}: --real runs sql.for-update and sql.advisory of the sql family; the tables of the \
+             others are not made on the real server yet",
+            scenario.path
+        ),
+        family => anyhow::bail!(
+            "{}: {recipe}: --real runs the built-in recipes of the redis and sql families on a real server; \
+             {family} recipes are not done yet (a `command` recipe runs against any of the four servers)",
+            scenario.path
+        ),
+    }
 }
 
 /// One run's result and its history.
@@ -267,26 +312,20 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
     let mut env = vec![(ENV_LOCK.to_string(), format!("locksim:{}", scenario.name))];
     let (served, argv, guard) = match kind {
         Clients::Command(command) => {
-            let server = Server::start(match command.server {
-                CommandServer::Redis => Kind::Redis,
-                CommandServer::ZooKeeper => Kind::ZooKeeper,
-                CommandServer::Etcd => Kind::Etcd,
-                CommandServer::PostgreSql => Kind::Postgres,
-            })?;
-            nodes.insert(0, command.server.node().to_string());
-            let proxies = (0..clients)
-                .map(|i| proxy::Proxy::start(server.addr().0, stream(seed, Stream::Network, i as u64)))
-                .collect::<anyhow::Result<Vec<_>>>()?;
             let params = command.params.iter();
             env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
-            let served = Served {
-                server: Mutex::new(server),
-                // Only Redis runs without persistence; every other server logs before it answers.
-                keep_data: command.server != CommandServer::Redis || scenario.backend_params.bool("persist"),
-                proxies,
-                kind: command.server,
-            };
+            let served = serve(scenario, command.server, seed)?;
+            nodes.insert(0, command.server.node().to_string());
             (Some(served), command.argv.clone(), Guard::Lock)
+        }
+        Clients::Builtin(server) => {
+            let served = serve(scenario, server, seed)?;
+            if server == CommandServer::PostgreSql {
+                let db = served.server.lock().expect("server lock").addr().0;
+                prepare_database(db, &scenario.backend_params)?;
+            }
+            nodes.insert(0, server.node().to_string());
+            (Some(served), adapter_argv(scenario, seed)?, Guard::Lock)
         }
         Clients::Baseline(guard) => (None, Vec::new(), guard),
     };
@@ -352,6 +391,66 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
             as u64,
     };
     Ok(RealRun { result, history })
+}
+
+/// Start `kind`'s real server and a proxy per client.
+fn serve(scenario: &Scenario, kind: CommandServer, seed: u64) -> anyhow::Result<Served> {
+    let server = Server::start(match kind {
+        CommandServer::Redis => Kind::Redis,
+        CommandServer::ZooKeeper => Kind::ZooKeeper,
+        CommandServer::Etcd => Kind::Etcd,
+        CommandServer::PostgreSql => Kind::Postgres,
+    })?;
+    let proxies = (0..scenario.workload.clients)
+        .map(|i| proxy::Proxy::start(server.addr().0, stream(seed, Stream::Network, i as u64)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Served {
+        server: Mutex::new(server),
+        // Only Redis runs without persistence; every other server logs before it answers.
+        keep_data: kind != CommandServer::Redis || scenario.backend_params.bool("persist"),
+        proxies,
+        kind,
+    })
+}
+
+/// Make the built-in database recipes' tables on a fresh real PostgreSQL, and give its sessions the
+/// scenario's `[backend]` settings (as the simulated server starts with them).
+fn prepare_database(addr: std::net::SocketAddr, backend: &locksim_locks::params::Params) -> anyhow::Result<()> {
+    let mut conn = crate::conform::pgwire::Conn::connect(addr, Duration::from_secs(10))?;
+    let ms = |name: &str| format!("'{}ms'", backend.duration(name).as_millis());
+    let settings = [
+        format!("idle_in_transaction_session_timeout = {}", ms("idle_in_transaction_session_timeout")),
+        format!("tcp_keepalives_idle = {}", ms("tcp_keepalives_idle")),
+        format!("tcp_keepalives_interval = {}", ms("tcp_keepalives_interval")),
+        format!("tcp_keepalives_count = {}", backend.int("tcp_keepalives_count")),
+    ];
+    let statements = std::iter::once(locksim_locks::sql::real::SCHEMA.to_string())
+        .chain(settings.iter().map(|s| format!("ALTER DATABASE postgres SET {s}")));
+    for statement in statements {
+        if let Some((code, message)) = conn.query(&statement)?.error {
+            anyhow::bail!("preparing the real database: {statement}: {code} {message}");
+        }
+    }
+    conn.terminate();
+    Ok(())
+}
+
+/// A built-in recipe's client process: the hidden `adapter` subcommand of this very binary (or of the
+/// `locksim` binary [`ENV_EXE`] names, for a program that calls [`run`] but is no `locksim` itself),
+/// given the scenario (absolute: the process runs in the scenario's directory) and the seed.
+fn adapter_argv(scenario: &Scenario, seed: u64) -> anyhow::Result<Vec<String>> {
+    let exe = match std::env::var_os(ENV_EXE) {
+        Some(exe) => std::path::PathBuf::from(exe),
+        None => std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find locksim's own executable: {e}"))?,
+    };
+    let path = std::path::Path::new(&scenario.path)
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("{}: cannot find the scenario file: {e}", scenario.path))?;
+    let text = |p: &std::path::Path| p.to_str().map(str::to_string);
+    let (Some(exe), Some(path)) = (text(&exe), text(&path)) else {
+        anyhow::bail!("{}: the scenario's or locksim's own path is not UTF-8", scenario.path);
+    };
+    Ok(vec![exe, "adapter".into(), path, "--seed".into(), seed.to_string()])
 }
 
 /// Where the processes find the server (through a proxy at `addr`): `host:port`, or for PostgreSQL a
