@@ -58,6 +58,10 @@ fn line(run: &ScenarioResult, ok: bool) -> String {
         text::unsafe_count(run),
         if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
     );
+    let hazards = text::hazards_compact(run);
+    if !hazards.is_empty() {
+        out.push_str(&format!("\n     hazards: {hazards}"));
+    }
     if !ok {
         for reason in &run.reasons {
             out.push_str(&format!("\n     - {reason}"));
