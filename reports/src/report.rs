@@ -360,6 +360,24 @@ mod tests {
     use locksim_scenarios::checkers::FindingKind;
 
     #[test]
+    fn hazard_coverage_lists_each_variant_with_the_seeds_that_reached_each_hazard() {
+        use locksim_sim::hazard::Hazard;
+        let mut a = run("release=del", &["pause"], 16, 20, FindingKind::DoubleHolder);
+        a.seeds_with_hazard = [(Hazard::LeaseExpiredWhileHeld, 18), (Hazard::StaleHolderResumed, 17)].into();
+        let mut b = run("release=del", &["partition"], 0, 10, FindingKind::DoubleHolder);
+        b.seeds_with_hazard = [(Hazard::LeaseExpiredWhileHeld, 2)].into();
+        let c = run("fencing", &["pause"], 0, 5, FindingKind::DoubleHolder);
+        let results = ResultsFile { name: "t".into(), runs: vec![a, b, c] };
+        let md = markdown(&results, &[]);
+        let want =
+            "| redis.set-nx-px \\(release=del\\) | 30 | lease-expired-while-held in 20, stale-holder-resumed in 17 |";
+        assert!(md.contains("## Hazard coverage") && md.contains(want), "{md}");
+        assert!(md.contains("| redis.set-nx-px \\(fencing\\) | 5 | none |"), "{md}");
+        let page = html(&results, &[]);
+        assert!(page.contains("<h2>Hazard coverage</h2>") && page.contains("<td>30</td>"), "{page}");
+    }
+
+    #[test]
     fn the_page_opens_with_the_decision_table_sortable_by_its_numbers() {
         let results = ResultsFile {
             name: "t".into(),

@@ -337,6 +337,57 @@ mod tests {
         assert_eq!(h.to_jsonl(), "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n");
     }
 
+    fn in_runtime(f: impl FnOnce()) {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move { f() });
+    }
+
+    #[test]
+    fn a_lease_ended_under_its_holder_is_counted_and_marks_its_resume_stale() {
+        in_runtime(|| {
+            let (r, a, b) = (Recorder::default(), NodeIx(1), NodeIx(2));
+            r.lease_started(a, 7);
+            r.record(a, EventKind::AcquireInvoke);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            r.resumed(a);
+            assert!(r.hazards().is_empty(), "a resume with the lease alive is no hazard");
+            r.lease_ended(b, 9);
+            r.lease_ended(a, 7);
+            r.resumed(a);
+            assert_eq!(r.hazards(), [(Hazard::LeaseExpiredWhileHeld, 1), (Hazard::StaleHolderResumed, 1)].into());
+            assert_eq!(r.finish(vec![]).events.len(), 2, "hazards are never events");
+        });
+    }
+
+    #[test]
+    fn only_the_end_of_a_nodes_newest_lease_counts() {
+        in_runtime(|| {
+            let (r, a) = (Recorder::default(), NodeIx(1));
+            r.lease_started(a, 1);
+            r.lease_started(a, 2); // a restarted client's new session
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            r.lease_ended(a, 1);
+            assert!(r.hazards().is_empty(), "the abandoned session's end is not the holder's");
+        });
+    }
+
+    #[test]
+    fn a_grant_after_the_waiters_lease_ended_is_to_an_expired_session_unless_a_new_one_started() {
+        in_runtime(|| {
+            let (r, a) = (Recorder::default(), NodeIx(1));
+            r.lease_started(a, 1);
+            r.record(a, EventKind::AcquireInvoke);
+            r.lease_ended(a, 1);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            assert_eq!(r.hazards(), [(Hazard::GrantToExpiredSession, 1)].into());
+            r.record(a, EventKind::ReleaseInvoke);
+            r.record(a, EventKind::AcquireInvoke);
+            r.lease_ended(a, 1);
+            r.lease_started(a, 2);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            assert_eq!(r.hazards(), [(Hazard::GrantToExpiredSession, 1)].into(), "granted on its new session");
+        });
+    }
+
     #[test]
     fn fnv1a_matches_the_reference_vectors() {
         assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
