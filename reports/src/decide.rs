@@ -267,6 +267,7 @@ pub(crate) mod tests {
             history_hash: String::new(),
             schedule: vec![],
             faults_skipped: 0,
+            hazards: BTreeMap::new(),
         }
     }
 
@@ -282,7 +283,7 @@ pub(crate) mod tests {
             clients: 3,
             duration_s: 60.0,
             seeds: 0..n,
-            expect: Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![] },
+            expect: Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![], hazards: vec![] },
             as_expected: true,
             reasons: vec![],
             example_seed: None,
@@ -290,6 +291,8 @@ pub(crate) mod tests {
             unsafe_rate: locksim_scenarios::rate::Rate::of(bad, n),
             seeds_with: BTreeMap::new(),
             rate_with: BTreeMap::new(),
+            seeds_with_hazard: BTreeMap::new(),
+            hazard_counts: BTreeMap::new(),
             summary: Summary::default(),
             results: (0..n).map(|s| seed(s, if s < bad { vec![kind] } else { vec![] })).collect(),
             shard: None,

@@ -7,6 +7,8 @@ use crate::results::ResultsFile;
 use crate::text::{escape_markdown, escape_xml as escape, example_line, kinds_summary as findings};
 use locksim_scenarios::rate::Rate;
 use locksim_scenarios::sweep::ScenarioResult;
+use locksim_sim::hazard::{add_counts, HazardCounts};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -44,6 +46,28 @@ fn rate(run: &ScenarioResult, noun: &str) -> String {
 
 fn unsafe_rate(run: &ScenarioResult) -> Rate {
     Rate::of(run.unsafe_seeds, run.seeds.end - run.seeds.start)
+}
+
+const HAZARDS: &str = "Which hazards each lock variant's simulated seeds reached (a lease that expired under its \
+holder, a lost release reply, ...), in how many seeds of how many: a fault that never bit proves nothing. \
+`locksim list hazards` explains each.";
+
+/// The hazard coverage rows: one per simulated lock variant, in name order — its seeds, and each hazard
+/// its seeds reached with how many of them did (`none` when none).
+fn hazard_rows(runs: &[ScenarioResult]) -> Vec<[String; 3]> {
+    let mut by_lock: BTreeMap<String, (u64, HazardCounts)> = BTreeMap::new();
+    for run in runs.iter().filter(|r| !r.real) {
+        let (seeds, reached) = by_lock.entry(lock_name(run)).or_default();
+        *seeds += run.seeds.end - run.seeds.start;
+        add_counts(reached, &run.seeds_with_hazard);
+    }
+    by_lock
+        .into_iter()
+        .map(|(lock, (seeds, reached))| {
+            let each: Vec<String> = reached.iter().map(|(h, n)| format!("{h} in {n}")).collect();
+            [lock, seeds.to_string(), if each.is_empty() { "none".into() } else { each.join(", ") }]
+        })
+        .collect()
 }
 
 /// The rows of the simulated-and-real table: scenario, simulated (recipe: rate), real (recipe: rate).
@@ -161,6 +185,14 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
     for (file, title, _) in charts {
         let _ = writeln!(md, "## {title}\n\n![{title}]({file})\n");
     }
+    let _ = writeln!(
+        md,
+        "## Hazard coverage\n\n{HAZARDS}\n\n| lock | seeds | hazards reached (seeds) |\n| --- | --- | --- |"
+    );
+    for row in hazard_rows(runs) {
+        let _ = writeln!(md, "| {} | {} | {} |", md_(&row[0]), row[1], md_(&row[2]));
+    }
+    md.push('\n');
     md.push_str("## Runs\n\n| scenario | lock | faults | seeds | unsafe | findings | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for run in runs {
         let _ = writeln!(
@@ -229,6 +261,15 @@ pub fn html(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
         let body = svg.trim_start_matches(|c| c != '<');
         let _ = writeln!(page, "<section><h2>{title}</h2>\n{body}</section>");
     }
+    let _ = writeln!(
+        page,
+        "<section><h2>Hazard coverage</h2><p>{}</p><table><tr><th>lock</th><th>seeds</th><th>hazards reached (seeds)</th></tr>",
+        escape(&HAZARDS.replace('`', ""))
+    );
+    for row in hazard_rows(runs) {
+        let _ = writeln!(page, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", escape(&row[0]), row[1], escape(&row[2]));
+    }
+    page.push_str("</table></section>\n");
     page.push_str(
         "<section><h2>Runs</h2><table><tr><th>scenario</th><th>lock</th><th>faults</th><th>seeds</th>\
                    <th>unsafe</th><th>findings</th><th>verdict</th><th>reproduce</th></tr>\n",
@@ -317,6 +358,24 @@ mod tests {
     use super::*;
     use crate::decide::tests::run;
     use locksim_scenarios::checkers::FindingKind;
+
+    #[test]
+    fn hazard_coverage_lists_each_variant_with_the_seeds_that_reached_each_hazard() {
+        use locksim_sim::hazard::Hazard;
+        let mut a = run("release=del", &["pause"], 16, 20, FindingKind::DoubleHolder);
+        a.seeds_with_hazard = [(Hazard::LeaseExpiredWhileHeld, 18), (Hazard::StaleHolderResumed, 17)].into();
+        let mut b = run("release=del", &["partition"], 0, 10, FindingKind::DoubleHolder);
+        b.seeds_with_hazard = [(Hazard::LeaseExpiredWhileHeld, 2)].into();
+        let c = run("fencing", &["pause"], 0, 5, FindingKind::DoubleHolder);
+        let results = ResultsFile { name: "t".into(), runs: vec![a, b, c] };
+        let md = markdown(&results, &[]);
+        let want =
+            "| redis.set-nx-px \\(release=del\\) | 30 | lease-expired-while-held in 20, stale-holder-resumed in 17 |";
+        assert!(md.contains("## Hazard coverage") && md.contains(want), "{md}");
+        assert!(md.contains("| redis.set-nx-px \\(fencing\\) | 5 | none |"), "{md}");
+        let page = html(&results, &[]);
+        assert!(page.contains("<h2>Hazard coverage</h2>") && page.contains("<td>30</td>"), "{page}");
+    }
 
     #[test]
     fn the_page_opens_with_the_decision_table_sortable_by_its_numbers() {

@@ -53,6 +53,18 @@ pub fn kinds_summary(result: &ScenarioResult) -> String {
     result.seeds_with.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
 }
 
+/// `lease-expired-while-held in 92 seeds (94 times), stale-holder-resumed in 92 seeds (92 times)`
+pub fn hazards_summary(result: &ScenarioResult) -> String {
+    let times = |h| result.hazard_counts.get(h).copied().unwrap_or(0);
+    let each = result.seeds_with_hazard.iter().map(|(h, n)| format!("{h} in {n} seeds ({} times)", times(h)));
+    each.collect::<Vec<_>>().join(", ")
+}
+
+/// `lease-expired-while-held 92, stale-holder-resumed 92`: hazards and their seeds, for one-line output.
+pub fn hazards_compact(result: &ScenarioResult) -> String {
+    result.seeds_with_hazard.iter().map(|(h, n)| format!("{h} {n}")).collect::<Vec<_>>().join(", ")
+}
+
 /// One line of measurements over many seeds.
 pub fn summary(s: &Summary) -> String {
     let mut line = format!(

@@ -176,3 +176,38 @@ fn the_report_has_every_chart_and_a_timeline_draws_the_overlap() {
     // The overlap band is drawn in the two-holders colour (220, 30, 30) over the lanes.
     assert!(svg.contains("fill=\"#DC1E1E\""), "the overlap of two holders is marked");
 }
+
+#[test]
+fn a_suite_requiring_a_hazard_its_scenario_cannot_reach_fails_naming_it_and_an_unknown_one_is_exit_2() {
+    let dir = scratch("hazards");
+    let catalog = root().join("scenarios/catalog/redis-redlock-no-faults.toml");
+    let suite = dir.path().join("hazards.toml");
+    let run = |hazards: &str| format!("[[run]]\nscenario = {catalog:?}\nseeds = \"0..2\"\nhazards = [{hazards}]\n");
+    std::fs::write(&suite, run("\"lease-expired-while-held\"")).unwrap();
+    let o = locksim(&["suite", suite.to_str().unwrap(), "--no-shrink"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("FAIL redis-redlock-no-faults"), "{out}");
+    assert!(
+        out.contains("redis-redlock-no-faults requires hazard lease-expired-while-held, but no seed reached it"),
+        "{out}"
+    );
+
+    std::fs::write(&suite, run("\"lease-expired\"")).unwrap();
+    let o = locksim(&["suite", suite.to_str().unwrap(), "--no-shrink"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("hazards.toml:4:12: hazards: unknown hazard \"lease-expired\""), "{err}");
+    assert!(err.contains("expected one of: lease-expired-while-held, stale-holder-resumed"), "{err}");
+}
+
+#[test]
+fn run_prints_the_hazards_reached_and_list_names_every_hazard() {
+    let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "0..3"]);
+    let out = stdout(&o);
+    assert!(out.contains("hazards: lease-expired-while-held in 3 seeds"), "{out}");
+    let out = stdout(&locksim(&["list", "hazards"]));
+    for h in locksim_sim::hazard::Hazard::ALL {
+        assert!(out.contains(h.name()), "{out}");
+    }
+}

@@ -9,6 +9,7 @@ use crate::scenario::{Scenario, Verdict};
 use crate::workload::{client_program, ClientPlan};
 use locksim_sim::backend::serve;
 use locksim_sim::fault::{fmt_duration, resolve_random_clients, Fault};
+use locksim_sim::hazard::HazardCounts;
 use locksim_sim::history::{EventKind, History};
 use locksim_sim::net::Rpc;
 use locksim_sim::resource::ResourceState;
@@ -38,6 +39,9 @@ pub struct SeedResult {
     /// How many of them were skipped when due (no holder to hit, a node already down).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub faults_skipped: u64,
+    /// The hazards this seed reached and how often (counted beside the history, never in it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hazards: HazardCounts,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -105,7 +109,7 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
     let faults = resolve_schedule(scenario, seed);
     let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
-    let (history, messages) = runtime.block_on({
+    let (history, hazards, messages) = runtime.block_on({
         let faults = faults.clone();
         let scenario = scenario.clone();
         async move {
@@ -135,7 +139,8 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
                     at as f64 / 1e9
                 ));
             }
-            Ok((world.recorder().finish(world.names()), (world.net().messages(), world.net().call_timeouts())))
+            let history = world.recorder().finish(world.names());
+            Ok((history, world.recorder().hazards(), (world.net().messages(), world.net().call_timeouts())))
         }
     })?;
     let findings = check(&history, &scenario.check);
@@ -152,6 +157,7 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
         schedule: faults.iter().map(describe).collect(),
         faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
             as u64,
+        hazards,
     };
     Ok(SeedRun { result, history, faults })
 }

@@ -8,6 +8,7 @@ use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
 use locksim_locks::{RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology};
+use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
@@ -28,6 +29,9 @@ pub struct Expect {
     pub findings: Vec<FindingKind>,
     /// None may occur in any seed.
     pub absent: Vec<FindingKind>,
+    /// Each must be reached in some seed (a suite's `[[run]] hazards`): the faults still bite.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hazards: Vec<Hazard>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -234,10 +238,11 @@ impl Scenario {
         });
         let herd_max = herd_max.transpose()?;
         let starvation = starvation(&src, &file.check)?;
-        let expect = file
-            .expect
-            .as_ref()
-            .map_or(Ok(Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![] }), |e| expect(&src, e))?;
+        let expect =
+            file.expect.as_ref().map_or(
+                Ok(Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![], hazards: vec![] }),
+                |e| expect(&src, e),
+            )?;
         Ok(Scenario {
             name: file.name.get_ref().clone(),
             description: file.description.clone(),
@@ -752,5 +757,5 @@ pub(crate) fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioErr
             return Err(src.error(bad.span(), "findings: a \"safe\" verdict cannot expect a violation"));
         }
     }
-    Ok(Expect { verdict, findings, absent })
+    Ok(Expect { verdict, findings, absent, hazards: vec![] })
 }

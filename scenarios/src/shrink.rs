@@ -156,7 +156,7 @@ pub fn shrink(scenario: &Scenario, seed: u64, kind: Option<FindingKind>) -> Resu
         faults_before,
         shrunk.schedule.len()
     );
-    shrunk.expect = Expect { verdict: Verdict::Unsafe, findings: vec![kind], absent: vec![] };
+    shrunk.expect = Expect { verdict: Verdict::Unsafe, findings: vec![kind], absent: vec![], hazards: vec![] };
     Ok(Shrunk { scenario: shrunk, seed, kind, faults_before, tries: search.tries })
 }
 

@@ -7,6 +7,7 @@
 //! scenario = "../catalog/redis-del-gc-pause.toml"   # relative to the suite file
 //! seeds = "0..200"
 //! # clients = 16                                    # optional: another number of clients
+//! # hazards = ["lease-expired-while-held"]          # optional: some seed must reach each
 //! # [run.expect]                                    # optional: overrides the scenario's [expect]
 //! # verdict = "unsafe"
 //! # findings = ["double-holder"]
@@ -16,6 +17,7 @@ use crate::file::{ExpectFile, ScenarioError, Source};
 use crate::scenario::{LoadError, Scenario};
 use locksim_locks::Registry;
 use locksim_sim::fault::Target;
+use locksim_sim::hazard::Hazard;
 use serde::Deserialize;
 use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
@@ -35,6 +37,8 @@ struct RunFile {
     scenario: Spanned<String>,
     seeds: Spanned<String>,
     clients: Option<Spanned<i64>>,
+    /// Hazards some seed of the run must reach (see [`locksim_sim::hazard`]).
+    hazards: Option<Vec<Spanned<String>>>,
     expect: Option<ExpectFile>,
 }
 
@@ -114,11 +118,23 @@ impl Suite {
             if let Some(expect) = &run.expect {
                 scenario.expect = crate::scenario::expect(&src, expect)?;
             }
+            for name in run.hazards.iter().flatten() {
+                scenario.expect.hazards.push(hazard(&src, name)?);
+            }
             runs.push(SuiteRun { scenario, seeds });
         }
         let name = file.name.unwrap_or_else(|| path.file_stem().map_or(shown.clone(), |s| s.to_string_lossy().into()));
         Ok(Suite { name, runs })
     }
+}
+
+/// A hazard by its name; an unknown one is an error listing the known ones.
+fn hazard(src: &Source, name: &Spanned<String>) -> Result<Hazard, ScenarioError> {
+    Hazard::parse(name.get_ref()).ok_or_else(|| {
+        let known: Vec<&str> = Hazard::ALL.iter().map(|h| h.name()).collect();
+        let m = format!("hazards: unknown hazard {:?}; expected one of: {}", name.get_ref(), known.join(", "));
+        src.error(name.span(), m)
+    })
 }
 
 fn override_clients(src: &Source, scenario: &mut Scenario, clients: &Spanned<i64>) -> Result<(), ScenarioError> {

@@ -10,6 +10,7 @@ use crate::distribution::Distribution;
 use crate::rate::Rate;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
+use locksim_sim::hazard::{add_counts, Hazard, HazardCounts};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -52,6 +53,12 @@ pub struct ScenarioResult {
     /// `seeds_with` as rates.
     #[serde(default)]
     pub rate_with: BTreeMap<FindingKind, Rate>,
+    /// How many seeds reached each hazard, and how often in all (empty in results written before
+    /// hazards were counted).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seeds_with_hazard: BTreeMap<Hazard, u64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hazard_counts: HazardCounts,
     /// Measurements over all seeds.
     pub summary: Summary,
     /// Every seed's result, in seed order (empty when the sweep did not keep them: see [`sweep_each`]).
@@ -354,6 +361,8 @@ pub struct Judge {
     unsafe_kinds: BTreeSet<FindingKind>,
     first_with: BTreeMap<FindingKind, u64>,
     seeds_with: BTreeMap<FindingKind, u64>,
+    seeds_with_hazard: BTreeMap<Hazard, u64>,
+    hazard_counts: HazardCounts,
     /// Every seed so far had faults, and skipped all of them.
     every_fault_skipped: bool,
     acquisitions: u64,
@@ -375,6 +384,8 @@ impl Judge {
             unsafe_kinds: BTreeSet::new(),
             first_with: BTreeMap::new(),
             seeds_with: BTreeMap::new(),
+            seeds_with_hazard: BTreeMap::new(),
+            hazard_counts: HazardCounts::new(),
             every_fault_skipped: true,
             acquisitions: 0,
             messages: 0,
@@ -399,6 +410,10 @@ impl Judge {
             *first = (*first).min(r.seed);
             *self.seeds_with.entry(*kind).or_insert(0) += 1;
         }
+        for hazard in r.hazards.keys() {
+            *self.seeds_with_hazard.entry(*hazard).or_insert(0) += 1;
+        }
+        add_counts(&mut self.hazard_counts, &r.hazards);
         self.every_fault_skipped &= !r.schedule.is_empty() && r.faults_skipped == r.schedule.len() as u64;
         let m = &r.measurements;
         self.acquisitions += m.acquisitions;
@@ -450,6 +465,13 @@ impl Judge {
                 flag(format!("expected no {}, but seed {seed} found it", kind.name()), Some(*seed));
             }
         }
+        for hazard in &expect.hazards {
+            if !self.seeds_with_hazard.contains_key(hazard) {
+                let (name, seeds) = (&self.meta.scenario, &self.seeds);
+                let m = format!("{name} requires hazard {hazard}, but no seed reached it (seeds {seeds:?})");
+                flag(m, None);
+            }
+        }
         let round = |x: f64| (x * 10.0).round() / 10.0;
         let summary = if self.count == 0 {
             Summary::default()
@@ -487,6 +509,8 @@ impl Judge {
             seeds: self.seeds,
             unsafe_seeds: self.unsafe_seeds,
             seeds_with: self.seeds_with,
+            seeds_with_hazard: self.seeds_with_hazard,
+            hazard_counts: self.hazard_counts,
             unsafe_rate,
             rate_with,
             summary,

@@ -21,6 +21,7 @@ use locksim_locks::work::{Section, WorkSpec};
 use locksim_locks::{Outcome, RecipeSpec, Servers};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
+use locksim_sim::hazard::Hazard;
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::net::Rpc;
 use locksim_sim::resource::{ResourceReply, ResourceRequest, Store};
@@ -89,11 +90,17 @@ async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
                 record(match lock.release().await {
                     Outcome::Ok(()) => EventKind::ReleaseOk,
                     Outcome::Fail(reason) => EventKind::ReleaseFail { reason },
-                    Outcome::Unknown(reason) => EventKind::ReleaseUnknown { reason },
+                    Outcome::Unknown(reason) => {
+                        env.recorder.mark(Hazard::ReleaseReplyLost);
+                        EventKind::ReleaseUnknown { reason }
+                    }
                 });
             }
             Outcome::Fail(reason) => record(EventKind::AcquireFail { reason }),
-            Outcome::Unknown(reason) => record(EventKind::AcquireUnknown { reason }),
+            Outcome::Unknown(reason) => {
+                env.recorder.mark(Hazard::AcquireReplyLost);
+                record(EventKind::AcquireUnknown { reason })
+            }
         }
         ctx.sleep(draw(plan.workload.think)).await;
     }

@@ -8,6 +8,7 @@
 //! Serialised as JSON lines; the FNV-1a hash of those bytes is the run's determinism fingerprint.
 
 use crate::fault::FaultKind;
+use crate::hazard::{Hazard, HazardCounts};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
@@ -187,9 +188,24 @@ struct RecorderState {
     holders: std::collections::BTreeSet<NodeIx>,
     /// Who is inside `acquire` now (for `target = "waiter"`).
     waiters: std::collections::BTreeSet<NodeIx>,
+    /// The hazards reached so far (beside the history, so its hash never changes).
+    hazards: HazardCounts,
+    /// Holders whose lease a server ended during their hold (for `stale-holder-resumed`).
+    lease_ended_in_hold: std::collections::BTreeSet<NodeIx>,
+    /// Waiters whose session or lease a server ended during their acquire (`grant-to-expired-session`).
+    lease_ended_in_wait: std::collections::BTreeSet<NodeIx>,
+    /// Each node's newest lease (by the backend's id): only its end counts, not that of a session the
+    /// node abandoned (a crashed client's old session expiring after its restart).
+    newest_lease: std::collections::BTreeMap<NodeIx, u64>,
     /// When the run used up its event budget, if it did, and who is told then.
     over_budget_at: Option<u64>,
     exhausted: Arc<tokio::sync::Notify>,
+}
+
+impl RecorderState {
+    fn count(&mut self, hazard: Hazard) {
+        *self.hazards.entry(hazard).or_default() += 1;
+    }
 }
 
 impl Recorder {
@@ -199,16 +215,21 @@ impl Recorder {
         match &kind {
             EventKind::AcquireInvoke => {
                 s.waiters.insert(node);
+                s.lease_ended_in_wait.remove(&node);
             }
             EventKind::AcquireOk { .. } => {
                 s.waiters.remove(&node);
                 s.holders.insert(node);
+                if s.lease_ended_in_wait.remove(&node) {
+                    s.count(Hazard::GrantToExpiredSession);
+                }
             }
             EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
                 s.waiters.remove(&node);
             }
             EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 s.holders.remove(&node);
+                s.lease_ended_in_hold.remove(&node);
             }
             _ => {}
         }
@@ -238,6 +259,51 @@ impl Recorder {
         let mut s = self.0.lock().expect("recorder lock");
         s.holders.remove(&node);
         s.waiters.remove(&node);
+        s.lease_ended_in_hold.remove(&node);
+        s.lease_ended_in_wait.remove(&node);
+    }
+
+    /// Count one `hazard` reached.
+    pub fn mark(&self, hazard: Hazard) {
+        self.0.lock().expect("recorder lock").count(hazard);
+    }
+
+    /// A server ended the lease `lease` of `node` (a Redis key it set expired, its ZooKeeper session, etcd
+    /// lease or database session ended without it asking; ignored unless it is the node's newest): `lease-expired-while-held` if it believes it holds the
+    /// lock; remembered for `stale-holder-resumed` and `grant-to-expired-session`.
+    pub fn lease_ended(&self, node: NodeIx, lease: u64) {
+        let mut s = self.0.lock().expect("recorder lock");
+        if s.newest_lease.get(&node) != Some(&lease) {
+            return;
+        }
+        if s.holders.contains(&node) {
+            s.count(Hazard::LeaseExpiredWhileHeld);
+            s.lease_ended_in_hold.insert(node);
+        } else if s.waiters.contains(&node) {
+            s.lease_ended_in_wait.insert(node);
+        }
+    }
+
+    /// A server granted `node` the lease `lease`: its newest; a grant from now on is not to an expired
+    /// session.
+    pub fn lease_started(&self, node: NodeIx, lease: u64) {
+        let mut s = self.0.lock().expect("recorder lock");
+        s.lease_ended_in_wait.remove(&node);
+        s.newest_lease.insert(node, lease);
+    }
+
+    /// `node` resumed from a pause: `stale-holder-resumed` if it still believes it holds the lock and a
+    /// server ended its lease during the hold.
+    pub fn resumed(&self, node: NodeIx) {
+        let mut s = self.0.lock().expect("recorder lock");
+        if s.holders.contains(&node) && s.lease_ended_in_hold.contains(&node) {
+            s.count(Hazard::StaleHolderResumed);
+        }
+    }
+
+    /// The hazards reached so far.
+    pub fn hazards(&self) -> HazardCounts {
+        self.0.lock().expect("recorder lock").hazards.clone()
     }
 
     /// The nodes that believe they hold the lock now, in node order.
@@ -269,6 +335,57 @@ mod tests {
             end: 10,
         };
         assert_eq!(h.to_jsonl(), "{\"t\":5,\"node\":\"client-0\",\"kind\":\"acquire-ok\",\"token\":3}\n");
+    }
+
+    fn in_runtime(f: impl FnOnce()) {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move { f() });
+    }
+
+    #[test]
+    fn a_lease_ended_under_its_holder_is_counted_and_marks_its_resume_stale() {
+        in_runtime(|| {
+            let (r, a, b) = (Recorder::default(), NodeIx(1), NodeIx(2));
+            r.lease_started(a, 7);
+            r.record(a, EventKind::AcquireInvoke);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            r.resumed(a);
+            assert!(r.hazards().is_empty(), "a resume with the lease alive is no hazard");
+            r.lease_ended(b, 9);
+            r.lease_ended(a, 7);
+            r.resumed(a);
+            assert_eq!(r.hazards(), [(Hazard::LeaseExpiredWhileHeld, 1), (Hazard::StaleHolderResumed, 1)].into());
+            assert_eq!(r.finish(vec![]).events.len(), 2, "hazards are never events");
+        });
+    }
+
+    #[test]
+    fn only_the_end_of_a_nodes_newest_lease_counts() {
+        in_runtime(|| {
+            let (r, a) = (Recorder::default(), NodeIx(1));
+            r.lease_started(a, 1);
+            r.lease_started(a, 2); // a restarted client's new session
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            r.lease_ended(a, 1);
+            assert!(r.hazards().is_empty(), "the abandoned session's end is not the holder's");
+        });
+    }
+
+    #[test]
+    fn a_grant_after_the_waiters_lease_ended_is_to_an_expired_session_unless_a_new_one_started() {
+        in_runtime(|| {
+            let (r, a) = (Recorder::default(), NodeIx(1));
+            r.lease_started(a, 1);
+            r.record(a, EventKind::AcquireInvoke);
+            r.lease_ended(a, 1);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            assert_eq!(r.hazards(), [(Hazard::GrantToExpiredSession, 1)].into());
+            r.record(a, EventKind::ReleaseInvoke);
+            r.record(a, EventKind::AcquireInvoke);
+            r.lease_ended(a, 1);
+            r.lease_started(a, 2);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            assert_eq!(r.hazards(), [(Hazard::GrantToExpiredSession, 1)].into(), "granted on its new session");
+        });
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`net`]: typed messages between nodes: seeded latency, per-link order, cuts, delay, loss, lost replies.
 //! - [`fault`]: the fault vocabulary, written-out schedules and the random nemesis.
 //! - [`history`]: the event log of a run and its determinism fingerprint.
+//! - [`hazard`]: the dangerous situations a run reached, counted beside the history (never in it).
 //! - [`resource`]: the thing a lock protects, with or without fencing.
 //! - [`backend`]: simulated servers as sans-IO state machines behind one shell (`redis`).
 //! - [`ctx`]: what a recipe may touch: its clock, sleep, spawn, randomness, the network.
@@ -24,6 +25,7 @@ pub mod backend;
 pub mod clock;
 pub mod ctx;
 pub mod fault;
+pub mod hazard;
 pub mod history;
 pub mod net;
 pub mod resource;

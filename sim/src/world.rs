@@ -244,7 +244,10 @@ impl World {
             Action::Delay { latency, .. } => self.net.set_delay(node, Some(*latency)),
             Action::Loss { rate, .. } => self.net.set_loss(node, Some(*rate)),
             Action::DropReply { rate, .. } => self.net.set_drop_reply(node, Some(*rate)),
-            Action::ClockJump { delta_ms } => self.nodes[node.0 as usize].clock.jump(*delta_ms),
+            Action::ClockJump { delta_ms } => {
+                self.nodes[node.0 as usize].clock.jump(*delta_ms);
+                self.mark_clock_jump(node);
+            }
             Action::ClockDrift { rate, .. } => self.nodes[node.0 as usize].clock.set_rate(*rate),
             Action::Failover => {
                 let promoted = self.failover.as_mut().map_or(Err("no replica to promote".to_string()), |f| f(node));
@@ -316,6 +319,17 @@ impl World {
         if *depth == 0 {
             self.pauses.remove(&node);
             self.handle.resume(self.nodes[node.0 as usize].id);
+            self.recorder.resumed(node); // hazard: stale-holder-resumed
+        }
+    }
+
+    /// Hazard `clock-jump-during-hold`: the jumped node holds the lock, or is not a client while some
+    /// client holds it (a server's clock, or the resource's).
+    fn mark_clock_jump(&self, node: NodeIx) {
+        let holders = self.recorder.holders();
+        let client = self.nodes[node.0 as usize].name.starts_with("client-");
+        if holders.contains(&node) || (!client && !holders.is_empty()) {
+            self.recorder.mark(crate::hazard::Hazard::ClockJumpDuringHold);
         }
     }
 

@@ -22,7 +22,8 @@ use locksim_sim::backend::redis::client::{Router, Subscription};
 use locksim_sim::backend::redis::{sha1_hex, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
-use locksim_sim::history::NodeIx;
+use locksim_sim::hazard::Hazard;
+use locksim_sim::history::{NodeIx, Recorder};
 use locksim_sim::net::CallError;
 use locksim_sim::world::{Program, World};
 use std::future::Future;
@@ -340,28 +341,43 @@ fn topology(params: &Params) -> Topology {
 fn deploy(world: &mut World, params: &Params) -> Servers {
     let with_replica = params.int("replicas") == 1;
     let (lag, persist) = (params.duration("replication_lag"), params.bool("persist"));
-    let (mut masters, mut replica_of) = (Vec::new(), Vec::new());
+    let (mut masters, mut replica_of, mut states) = (Vec::new(), Vec::new(), Vec::new());
     for shard in 0..params.int("masters") as usize {
         // The replica is added right after its master, so its index is known before either starts.
         let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
         let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
         let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica };
+        let master_state = node.state.clone();
         let master = world.add_node(&master_name(shard), redis_program(node));
         masters.push(master);
         if with_replica {
             let node = RedisNode { state: Arc::default(), persist, replica: None };
+            states.push((master, master_state, node.state.clone()));
             replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
         }
     }
     let shards = Shards::new(masters);
-    let directory = shards.clone();
+    let (directory, recorder) = (shards.clone(), world.recorder().clone());
     world.set_failover(Box::new(move |master| {
         let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
         let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
         directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
+        mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));
     Servers::Redis(RedisServers { shards })
+}
+
+type SharedState = Arc<Mutex<RedisState>>;
+
+/// Hazard `lock-key-lost-in-failover`: while a client holds the lock, the replica being promoted lacks a
+/// lock key (a key with an expiry) of `master`, or has an older value of it.
+fn mark_lost_lock_keys(states: &[(NodeIx, SharedState, SharedState)], master: NodeIx, recorder: &Recorder) {
+    let Some((_, m, r)) = states.iter().find(|(n, _, _)| *n == master) else { return };
+    let lost = m.lock().expect("redis lock").lock_keys_missing_from(&r.lock().expect("redis lock"));
+    if lost > 0 && !recorder.holders().is_empty() {
+        recorder.mark(Hazard::LockKeyLostInFailover);
+    }
 }
 
 fn redis_program(node: RedisNode) -> Program {

@@ -3,6 +3,7 @@
 use locksim_locks::params::ParamSpec;
 use locksim_locks::Registry;
 use locksim_sim::fault::FaultKind;
+use locksim_sim::hazard::Hazard;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +23,7 @@ enum What {
     Recipes,
     Workloads,
     Faults,
+    Hazards,
     Scenarios,
 }
 
@@ -36,6 +38,9 @@ pub fn list(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     }
     if all || args.what == Some(What::Faults) {
         faults(&mut out);
+    }
+    if all || args.what == Some(What::Hazards) {
+        hazards(&mut out);
     }
     if all || args.what == Some(What::Scenarios) {
         scenarios(&mut out, &args.dir, registry)?;
@@ -90,6 +95,17 @@ fn faults(out: &mut String) {
         "  targets: a node (client-0, redis-0, redis-0-replica, resource), \"holder\", \"waiter\" (a client inside \
          acquire), or \"random-client\"\n"
     );
+}
+
+fn hazards(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "Hazards (what `run` and `suite` count per seed; a suite's [[run]] hazards = [...] requires them):"
+    );
+    for h in Hazard::ALL {
+        let _ = writeln!(out, "  {:<30} {}", h.name(), h.describe());
+    }
+    out.push('\n');
 }
 
 fn scenarios(out: &mut String, dir: &PathBuf, registry: &Registry) -> anyhow::Result<()> {

@@ -60,6 +60,8 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
+    let hazards = text::hazards_summary(result);
+    out.push_str(&format!("hazards: {}\n", if hazards.is_empty() { "none reached".into() } else { hazards }));
     out.push_str(&format!("measured: {}\n", text::summary(&result.summary)));
     if let Some(seed) = result.example_seed {
         out.push_str(&format!("reproduce: {}\n", text::repro_line(&result.path, seed)));

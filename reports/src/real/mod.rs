@@ -389,6 +389,7 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         schedule: faults.iter().map(describe).collect(),
         faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
             as u64,
+        hazards: Default::default(),
     };
     Ok(RealRun { result, history })
 }

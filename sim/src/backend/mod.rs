@@ -29,6 +29,9 @@ pub struct Out {
     pub events: Vec<(NodeIx, EventKind)>,
     /// One-way messages to clients, such as watch notifications.
     pub pushes: Vec<(NodeIx, Box<dyn Any + Send>)>,
+    /// Clients whose lease the server granted (`true`) or ended without their asking (`false`), in order:
+    /// hazard marks (see [`Recorder::lease_ended`]).
+    pub leases: Vec<(NodeIx, u64, bool)>,
 }
 
 impl Out {
@@ -40,7 +43,26 @@ impl Out {
         self.pushes.push((to, Box::new(msg)));
     }
 
+    /// The server ended `client`'s lease `lease` (a key it set expired, its session or lease timed out;
+    /// the id is the backend's: session, lease, connection, a hash of the key): a hazard mark beside the
+    /// history, never an event in it.
+    pub fn lease_ended(&mut self, client: NodeIx, lease: u64) {
+        self.leases.push((client, lease, false));
+    }
+
+    /// The server granted `client` a new lease (a session, an etcd lease, a key it set): a hazard mark.
+    pub fn lease_started(&mut self, client: NodeIx, lease: u64) {
+        self.leases.push((client, lease, true));
+    }
+
     fn flush(&mut self, rpc: &Rpc, recorder: &Recorder) {
+        for (node, lease, started) in self.leases.drain(..) {
+            if started {
+                recorder.lease_started(node, lease);
+            } else {
+                recorder.lease_ended(node, lease);
+            }
+        }
         for (node, kind) in self.events.drain(..) {
             recorder.record(node, kind);
         }

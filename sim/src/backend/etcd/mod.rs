@@ -363,6 +363,7 @@ impl EtcdState {
             EtcdRequest::LeaseGrant { ttl_s } => {
                 let (id, ttl_s) = self.leases.grant(ttl_s, now_ms);
                 self.owners.insert(id, from);
+                out.lease_started(from, id as u64); // hazard marks: a new lease
                 EtcdReply::LeaseGranted { id, ttl_s }
             }
             EtcdRequest::LeaseKeepAlive { id } => {
@@ -414,6 +415,7 @@ impl Backend for EtcdState {
         for id in self.leases.expired(now_ms) {
             if let Some(owner) = self.owners.get(&id).copied() {
                 out.record(owner, EventKind::Session { state: format!("lease {id:x} expired by the server") });
+                out.lease_ended(owner, id as u64); // hazard: lease-expired-while-held (if it held)
             }
             self.revoke(id, out);
         }

@@ -5,7 +5,7 @@
 use super::command::{parse, parse_int, Caller, NOT_AN_INTEGER};
 use super::{PubSubMessage, RedisReply, RedisRequest, ReplOp, SetCondition, Value};
 use crate::backend::Out;
-use crate::history::{EventKind, NodeIx};
+use crate::history::{fnv1a, EventKind, NodeIx};
 use std::collections::{BTreeMap, BTreeSet};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -30,6 +30,10 @@ pub(super) struct Data {
     pub(super) written: BTreeMap<NodeIx, u64>,
     /// The nodes subscribed to each channel (one pub/sub connection per client node).
     subscribers: BTreeMap<String, BTreeSet<NodeIx>>,
+    /// Who last set each key by SET, HSET or HINCRBY (hazard marks only; not replicated).
+    setters: BTreeMap<String, NodeIx>,
+    /// Setters of keys expired during the current command, for [`Out::lease_ended`].
+    expired_setters: Vec<(NodeIx, String)>,
 }
 
 type Reply = Result<RedisReply, String>;
@@ -48,6 +52,12 @@ impl Data {
         i64::from(has_replica && self.replica_acked >= self.written.get(&client).copied().unwrap_or(0))
     }
 
+    /// Keys with an expiry here that `other` lacks or holds another value of.
+    pub(super) fn expiring_keys_missing_from(&self, other: &Data) -> usize {
+        let differs = |(k, e): &(&String, &Entry)| other.keys.get(*k).is_none_or(|o| o.value != e.value);
+        self.keys.iter().filter(|(_, e)| e.expires_at_ms.is_some()).filter(|ke| differs(ke)).count()
+    }
+
     /// Pub/sub ends with the server process: a restarted server has no subscribers.
     pub(super) fn forget_subscribers(&mut self) {
         self.subscribers.clear();
@@ -58,6 +68,7 @@ impl Data {
         let expired = self.keys.get(key)?.expires_at_ms.is_some_and(|at| at <= now_ms);
         if expired {
             self.keys.remove(key);
+            self.expired_setters.extend(self.setters.remove(key).map(|setter| (setter, key.to_string())));
             self.propagate(ReplOp::Del { key: key.to_string() });
             return None;
         }
@@ -127,7 +138,22 @@ impl Data {
 
     /// Apply one command. Scripting commands are the server's (they hold the Lua VM), not the data's.
     pub(super) fn execute(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
-        self.run(now_ms, from, request, out).unwrap_or_else(RedisReply::Error)
+        let taken = match &request {
+            RedisRequest::Set { key, .. } | RedisRequest::HSet { key, .. } | RedisRequest::HIncrBy { key, .. } => {
+                Some(key.clone())
+            }
+            _ => None,
+        };
+        let reply = self.run(now_ms, from, request, out).unwrap_or_else(RedisReply::Error);
+        // Hazard: lease-expired-while-held, when an expired key's setter still believes it holds the lock.
+        for (setter, key) in self.expired_setters.drain(..) {
+            out.lease_ended(setter, fnv1a(key.as_bytes()));
+        }
+        if let Some(key) = taken.filter(|_| !matches!(reply, RedisReply::Nil | RedisReply::Error(_))) {
+            out.lease_started(from, fnv1a(key.as_bytes()));
+            self.setters.insert(key, from);
+        }
+        reply
     }
 
     /// A script's `redis.call`: the command line parsed as scripts see it, then applied.

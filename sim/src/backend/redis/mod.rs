@@ -226,6 +226,12 @@ impl RedisState {
         state
     }
 
+    /// How many keys with an expiry (lock keys) this server holds that `replica` lacks or holds another
+    /// value of: what a failover to `replica` now would lose (hazard `lock-key-lost-in-failover`).
+    pub fn lock_keys_missing_from(&self, replica: &RedisState) -> usize {
+        self.data.expiring_keys_missing_from(&replica.data)
+    }
+
     /// The server process restarted with its dataset (AOF): what lives only in the process is gone —
     /// the script cache and the subscriptions.
     pub fn restart(&mut self) {

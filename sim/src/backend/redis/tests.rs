@@ -489,3 +489,29 @@ fn a_partition_delays_published_messages_and_a_restart_loses_the_subscription() 
     assert!(times[0] < 1_100, "{times:?}");
     assert!(times[1] >= 5_000, "held during the cut, delivered after the heal: {times:?}");
 }
+
+#[test]
+fn an_expired_lock_key_ends_its_setters_lease_and_a_new_set_starts_the_next() {
+    let mut state = RedisState::default();
+    let (a, b) = (NodeIx(1), NodeIx(2));
+    let mut out = Out::default();
+    state.apply(Now::at(0), a, set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
+    let lease = crate::history::fnv1a(b"lock");
+    assert_eq!(out.leases, vec![(a, lease, true)]);
+    out.leases.clear();
+    state.apply(Now::at(4_999), b, set("lock", "b", SetCondition::Nx, Some(5_000)), &mut out);
+    assert!(out.leases.is_empty(), "still a's: b's SET NX failed and nothing expired");
+    state.apply(Now::at(5_000), b, set("lock", "b", SetCondition::Nx, Some(5_000)), &mut out);
+    assert_eq!(out.leases, vec![(a, lease, false), (b, lease, true)], "a's key expired, then b took it");
+}
+
+#[test]
+fn a_replica_missing_a_lock_key_is_what_a_failover_would_lose() {
+    let mut master = RedisState::with_replica();
+    let replica = RedisState::default();
+    let mut out = Out::default();
+    master.apply(Now::at(0), NodeIx(1), RedisRequest::Incr { key: key("fence") }, &mut out);
+    assert_eq!(master.lock_keys_missing_from(&replica), 0, "the fence has no expiry: not a lock key");
+    master.apply(Now::at(0), NodeIx(1), set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
+    assert_eq!(master.lock_keys_missing_from(&replica), 1);
+}

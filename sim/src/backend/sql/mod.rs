@@ -445,6 +445,9 @@ impl SqlState {
     fn end_session(&mut self, conn: ConnId, why: &str, out: &mut Out) {
         let Some(s) = self.sessions.get(&conn) else { return };
         out.record(s.node, EventKind::Session { state: format!("database session ended: {why}") });
+        if why != "closed by the client" {
+            out.lease_ended(s.node, conn); // hazard: lease-expired-while-held (if it held)
+        }
         self.rollback(conn);
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.parked.retain(|p| p.run.conn != conn);
@@ -454,6 +457,7 @@ impl SqlState {
     fn request(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
         match request {
             SqlRequest::Connect { conn, incarnation } => {
+                out.lease_started(from, conn); // hazard marks: a new session
                 let session = Session {
                     node: from,
                     incarnation,

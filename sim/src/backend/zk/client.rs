@@ -74,16 +74,26 @@ type Watchers = BTreeMap<(SessionId, String), Vec<oneshot::Sender<WatchEvent>>>;
 pub struct Router {
     watchers: RefCell<Watchers>,
     thread: RefCell<Option<Background>>,
+    /// Sessions their client believes disconnected or expired, and where to mark a notification that
+    /// reaches one (hazard `watch-fired-while-disconnected`).
+    disconnected: RefCell<std::collections::BTreeSet<SessionId>>,
+    recorder: RefCell<Option<crate::history::Recorder>>,
 }
 
 impl Router {
-    fn start(self: &Rc<Self>, rpc: &Rpc) {
+    fn start(self: &Rc<Self>, rpc: &Rpc, recorder: &crate::history::Recorder) {
         if self.thread.borrow().is_none() {
+            *self.recorder.borrow_mut() = Some(recorder.clone());
             *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
         }
     }
 
     fn deliver(&self, event: WatchEvent) {
+        if let Some(recorder) =
+            self.recorder.borrow().as_ref().filter(|_| self.disconnected.borrow().contains(&event.session))
+        {
+            recorder.mark(crate::hazard::Hazard::WatchFiredWhileDisconnected);
+        }
         let fired = self.watchers.borrow_mut().remove(&(event.session, event.path.clone())).unwrap_or_default();
         for watcher in fired {
             let _ = watcher.send(event.clone());
@@ -135,7 +145,7 @@ impl ZkClient {
             state: watch::channel(ConnState::Connected).0,
         });
         shared.record("connected");
-        shared.env.router.start(&shared.env.rpc);
+        shared.env.router.start(&shared.env.rpc, &shared.env.recorder);
         let pinger = Background::spawn(pinger(shared.clone()));
         Some(ZkClient { shared, _pinger: Rc::new(pinger) })
     }
@@ -201,6 +211,9 @@ impl Shared {
         if state != ConnState::Connected {
             // Every watcher hears of the state change: its watch ends.
             self.env.router.end_watches(self.session);
+            self.env.router.disconnected.borrow_mut().insert(self.session);
+        } else {
+            self.env.router.disconnected.borrow_mut().remove(&self.session);
         }
     }
 

@@ -386,6 +386,7 @@ impl Backend for ZkState {
         match request {
             ZkRequest::Connect { requested_ms, session: None } => {
                 let (session, timeout_ms) = self.sessions.open(from, requested_ms, now_ms);
+                out.lease_started(from, session); // hazard marks: a new session
                 ZkReply::Connected { session, timeout_ms }
             }
             ZkRequest::Connect { session: Some(id), .. } => match self.sessions.touch(id, now_ms) {
@@ -408,6 +409,7 @@ impl Backend for ZkState {
     fn tick(&mut self, now: Now, out: &mut Out) {
         for (id, session) in self.sessions.expire(now.mono_ms) {
             out.record(session.owner, EventKind::Session { state: "expired by the server".into() });
+            out.lease_ended(session.owner, id); // hazard: lease-expired-while-held (if it held)
             self.end_session(session.ephemerals, id, out);
         }
     }
