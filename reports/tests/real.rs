@@ -114,6 +114,10 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
         ("kind = \"drop-reply\"\ntarget = \"client-0\"", "aim drop-reply at redis-0 (a client sends none)"),
         ("kind = \"crash\"\ntarget = \"resource\"", "--real cannot fault the resource"),
         ("kind = \"pause\"\ntarget = \"resource\"\nduration = \"1s\"", "--real cannot fault the resource"),
+        (
+            "on = \"acquire-ok\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"",
+            "fault `at 1s on acquire-ok pause trigger for 1s`: --real cannot start a fault on a history event",
+        ),
     ];
     for (fault, said) in cases {
         let (_dir, path) = scenario(&format!("[[faults.schedule]]\nat = \"1s\"\n{fault}\n"));

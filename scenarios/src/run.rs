@@ -175,10 +175,11 @@ pub fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
         .collect()
 }
 
-/// `at 12.5s pause holder for 8s`
+/// `at 12.5s pause holder for 8s`; aimed: `at 0s on acquire-ok #2 pause trigger for 8s`
 pub fn describe(f: &Fault) -> String {
     let detail = f.action.detail();
-    let mut words = format!("at {} {} {}", fmt_duration(f.at), f.action.kind().name(), f.target);
+    let on = f.on.as_ref().map_or(String::new(), |on| format!(" on {on}"));
+    let mut words = format!("at {}{on} {} {}", fmt_duration(f.at), f.action.kind().name(), f.target);
     if !detail.is_empty() {
         words = format!("{words} {detail}");
     }

@@ -7,7 +7,7 @@ use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, S
 use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
 use locksim_locks::{RecipeSpec, Registry};
-use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology};
+use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology, Trigger, TriggerEvent};
 use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -542,12 +542,13 @@ fn node_name(section: &Section, key: &str, v: &Spanned<toml::Value>, topo: &Topo
         .error(v.span(), format!("{key}: no node \"{name}\" in this scenario; expected one of: {}", list.join(", "))))
 }
 
-/// `target = ...`: a node name, `holder`, `waiter` or `random-client`.
+/// `target = ...`: a node name, `holder`, `waiter`, `random-client` or (with `on`) `trigger`.
 fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Target, ScenarioError> {
     Ok(match s.string("target", v)?.as_str() {
         "holder" => Target::Holder,
         "waiter" => Target::Waiter,
         "random-client" => Target::RandomClient,
+        "trigger" => Target::Trigger,
         _ => Target::Node(node_name(s, "target", v, topo)?),
     })
 }
@@ -567,7 +568,8 @@ fn check_restarts(src: &Source, tables: &[Spanned<Table>], schedule: &[Fault]) -
             },
         );
         match (&fault.action, node) {
-            (Action::Crash { restart_after: None }, Some(n)) => {
+            // An aimed crash may fire late or never: a timed `restart` cannot count on it.
+            (Action::Crash { restart_after: None }, Some(n)) if fault.on.is_none() => {
                 down.insert(n);
             }
             (Action::Restart, Some(n)) if down.remove(n) => {}
@@ -589,22 +591,39 @@ fn check_restarts(src: &Source, tables: &[Spanned<Table>], schedule: &[Fault]) -
 /// could never take effect in a run of `run_for` is refused: a fault test must not pass without its fault.
 fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology, run_for: Duration) -> Result<Fault, ScenarioError> {
     let mut s = Section::new(src, "[[faults.schedule]]", table.get_ref());
-    let at_v = s.require("at", "when it starts, e.g. \"10s\"")?;
-    let at = s.duration("at", &at_v, false)?.1;
-    if at >= run_for {
-        let m = format!(
-            "at: the run lasts {}; a fault at {} would never start",
-            locksim_sim::fault::fmt_duration(run_for),
-            locksim_sim::fault::fmt_duration(at)
-        );
-        return Err(s.error(at_v.span(), m));
-    }
+    let on = trigger(&mut s, topo)?;
+    let at = match s.take("at") {
+        Some(at_v) => {
+            let at = s.duration("at", &at_v, false)?.1;
+            if at >= run_for {
+                let (run, at) = (locksim_sim::fault::fmt_duration(run_for), locksim_sim::fault::fmt_duration(at));
+                let m = match on {
+                    Some(_) => format!("at: the run lasts {run}; a trigger armed at {at} would never fire"),
+                    None => format!("at: the run lasts {run}; a fault at {at} would never start"),
+                };
+                return Err(s.error(at_v.span(), m));
+            }
+            at
+        }
+        None if on.is_some() => Duration::ZERO,
+        None => s
+            .require("at", "when it starts, e.g. \"10s\", or `on`: the event that starts it")
+            .map(|_| Duration::ZERO)?,
+    };
     let kind_v = s.require("kind", "one of the fault kinds, see `locksim list faults`")?;
     let kind = fault_kind(&s, &kind_v)?;
-    let target_v = s.require("target", "a node name, \"holder\", \"waiter\" or \"random-client\"")?;
+    let target_v = s.require("target", "a node name, \"holder\", \"waiter\", \"random-client\" or \"trigger\"")?;
     let target = target(&s, &target_v, topo)?;
+    if target == Target::Trigger && on.is_none() {
+        let m = "target: \"trigger\" means the node whose event started the fault; it needs `on` (e.g. on = \"acquire-ok\")";
+        return Err(s.error(target_v.span(), m));
+    }
+    if kind == FaultKind::Restart && on.is_some() {
+        let m = "on: a restart brings back a node a crash left down; aim the crash (with a `duration`) instead";
+        return Err(s.error(kind_v.span(), m));
+    }
     let mut s = Section::new(src, format!("a `{}` fault", kind.name()), table.get_ref());
-    for k in ["at", "kind", "target"] {
+    for k in ["at", "kind", "target", "on", "nth", "client"] {
         s.take(k);
     }
     let duration = |s: &mut Section| -> Result<Option<Duration>, ScenarioError> {
@@ -681,10 +700,53 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology, run_for: Duratio
             (Action::Failover, &[])
         }
     };
-    let mut accepted = vec!["at", "kind", "target"];
+    let mut accepted = vec!["at", "kind", "target", "on", "nth", "client"];
     accepted.extend(keys);
     s.finish(&accepted)?;
-    Ok(Fault { at, target, action })
+    Ok(Fault { at, target, action, on })
+}
+
+/// `on = "<event>"`, with `nth` and `client`: what starts an aimed fault (taken out of `s`).
+fn trigger(s: &mut Section, topo: &Topology) -> Result<Option<Trigger>, ScenarioError> {
+    let (on_v, nth_v, client_v) = (s.take("on"), s.take("nth"), s.take("client"));
+    let Some(on_v) = on_v else {
+        if let Some(v) = nth_v.or(client_v) {
+            return Err(
+                s.error(v.span(), "nth and client choose the event of `on`; add on = \"<event>\" or remove them")
+            );
+        }
+        return Ok(None);
+    };
+    let name = s.string("on", &on_v)?;
+    let event = TriggerEvent::parse(&name).ok_or_else(|| {
+        let known: Vec<&str> = TriggerEvent::ALL.iter().map(|e| e.name()).collect();
+        s.error(on_v.span(), format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", ")))
+    })?;
+    let nth = match &nth_v {
+        None => 1,
+        Some(v) => match v.get_ref() {
+            toml::Value::Integer(n) if (1..=1_000_000).contains(n) => *n as u32,
+            _ => {
+                let m = "nth: expected a whole number from 1 to 1000000 (1: the first matching event after `at`)";
+                return Err(s.error(v.span(), m));
+            }
+        },
+    };
+    let client = match &client_v {
+        None => None,
+        Some(v) => {
+            let name = s.string("client", v)?;
+            if !topo.clients.contains(&name) {
+                let m = format!(
+                    "client: no client \"{name}\" in this scenario; expected one of: {}",
+                    topo.clients.join(", ")
+                );
+                return Err(s.error(v.span(), m));
+            }
+            Some(name)
+        }
+    };
+    Ok(Some(Trigger { event, nth, client }))
 }
 
 fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<RandomFaults, ScenarioError> {
@@ -719,12 +781,11 @@ fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<
         let v = Spanned::new(t.span(), toml::Value::String(t.get_ref().clone()));
         target(&section, &v, topo)
     });
-    Ok(RandomFaults {
-        kinds,
-        every: (every.0, every.1),
-        duration: (r.duration.0, r.duration.1),
-        target: target.transpose()?,
-    })
+    let target = target.transpose()?;
+    if let (Some(Target::Trigger), Some(t)) = (&target, &r.target) {
+        return Err(src.error(t.span(), "target: \"trigger\" is what `aim = true` does; leave target out"));
+    }
+    Ok(RandomFaults { kinds, every: (every.0, every.1), duration: (r.duration.0, r.duration.1), target, aim: r.aim })
 }
 
 pub(crate) fn expect(src: &Source, e: &ExpectFile) -> Result<Expect, ScenarioError> {

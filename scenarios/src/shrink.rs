@@ -6,7 +6,8 @@
 //! 3. Each remaining fault's duration is halved while it still occurs.
 //! 4. Each fault is moved later, by halves of the time left in the run, while it still occurs.
 //!
-//! The result is a scenario file that `repro` replays at the same seed.
+//! The result is a scenario file that `repro` replays at the same seed. An aimed fault keeps its trigger
+//! (`on`, `nth`, `client`); postponing moves the time it is armed.
 
 use crate::checkers::FindingKind;
 use crate::run::{resolve_schedule, run_seed, HarnessError};
@@ -167,6 +168,15 @@ fn fault_table(f: &Fault) -> toml::Table {
     t.insert("at".into(), d(&f.at));
     t.insert("kind".into(), f.action.kind().name().into());
     t.insert("target".into(), f.target.to_string().into());
+    if let Some(on) = &f.on {
+        t.insert("on".into(), on.event.name().into());
+        if on.nth != 1 {
+            t.insert("nth".into(), i64::from(on.nth).into());
+        }
+        if let Some(client) = &on.client {
+            t.insert("client".into(), client.clone().into());
+        }
+    }
     let peers = |p: &[String]| toml::Value::Array(p.iter().map(|n| n.clone().into()).collect());
     let mut put = |k: &str, v: toml::Value| t.insert(k.into(), v);
     match &f.action {

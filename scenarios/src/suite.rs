@@ -147,10 +147,11 @@ fn override_clients(src: &Source, scenario: &mut Scenario, clients: &Spanned<i64
     let topology = scenario.topology();
     let known =
         |name: &String| name == "resource" || topology.clients.contains(name) || topology.servers.contains(name);
-    let gone = scenario.schedule.iter().find_map(|f| match &f.target {
-        Target::Node(name) if !known(name) => Some(name.clone()),
-        _ => None,
-    });
+    let gone =
+        scenario.schedule.iter().find_map(|f| match (&f.target, f.on.as_ref().and_then(|on| on.client.as_ref())) {
+            (Target::Node(name), _) | (_, Some(name)) if !known(name) => Some(name.clone()),
+            _ => None,
+        });
     if let Some(gone) = gone {
         let m = format!("clients: {} names {gone}, which {n} clients do not have", scenario.name);
         return Err(src.error(clients.span(), m));

@@ -3,6 +3,10 @@
 //! A [`Fault`] is one scheduled injection: when, at whom, and what. The nemesis ([`RandomFaults`]) draws a
 //! schedule from its own random stream before the run starts, so a drawn schedule and the same schedule
 //! written out produce the same run (DESIGN §3).
+//!
+//! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
+//! records the n-th matching client event after `at`: an *aimed* fault. Triggers are history events only;
+//! points inside a recipe (between `SETNX` and `EXPIRE`) and lease or session expiry are not yet triggers.
 
 use crate::rng::{ChaCha8Rng, Rng};
 use serde::{Deserialize, Serialize};
@@ -101,6 +105,8 @@ pub enum Target {
     Waiter,
     /// A client drawn from the nemesis stream when the schedule is resolved.
     RandomClient,
+    /// The node whose event fired the fault's trigger (only with `on`).
+    Trigger,
 }
 
 impl std::fmt::Display for Target {
@@ -110,6 +116,7 @@ impl std::fmt::Display for Target {
             Target::Holder => f.write_str("holder"),
             Target::Waiter => f.write_str("waiter"),
             Target::RandomClient => f.write_str("random-client"),
+            Target::Trigger => f.write_str("trigger"),
         }
     }
 }
@@ -199,9 +206,86 @@ impl Action {
 /// One scheduled fault.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
+    /// When it starts; with a trigger, when the trigger is armed (events before it do not count).
     pub at: Duration,
     pub target: Target,
     pub action: Action,
+    /// `on = "<event>"`: start when the history records this event instead of at `at`.
+    pub on: Option<Trigger>,
+}
+
+/// The client events of the history a fault can be triggered by (`on = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TriggerEvent {
+    /// `AcquireInvoke`: a client starts waiting for the lock.
+    Acquire,
+    /// `AcquireOk`: a client was granted the lock.
+    AcquireOk,
+    /// `Enter`: a critical section begins (between a grant and its first read or write).
+    Enter,
+    /// `ReleaseInvoke`: right after a client sends its release.
+    Release,
+    /// `LockLost`: a client learned that its lock is gone.
+    LockLost,
+}
+
+impl TriggerEvent {
+    pub const ALL: [TriggerEvent; 5] = [
+        TriggerEvent::Acquire,
+        TriggerEvent::AcquireOk,
+        TriggerEvent::Enter,
+        TriggerEvent::Release,
+        TriggerEvent::LockLost,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TriggerEvent::Acquire => "acquire",
+            TriggerEvent::AcquireOk => "acquire-ok",
+            TriggerEvent::Enter => "enter",
+            TriggerEvent::Release => "release",
+            TriggerEvent::LockLost => "lock-lost",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<TriggerEvent> {
+        TriggerEvent::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// One line for `locksim list faults`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TriggerEvent::Acquire => "a client calls acquire (it starts waiting)",
+            TriggerEvent::AcquireOk => "acquire returns ok (the client now believes it holds the lock)",
+            TriggerEvent::Enter => "the resource sees a critical section begin (after the grant, before any write)",
+            TriggerEvent::Release => "a client calls release (its release is on its way)",
+            TriggerEvent::LockLost => "a client learns its lock is gone (session or lease lost)",
+        }
+    }
+}
+
+/// `on`, `nth`, `client`: which event starts an aimed fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub event: TriggerEvent,
+    /// The n-th matching event after arming (1: the first).
+    pub nth: u32,
+    /// Only this client's events (`None`: any node's).
+    pub client: Option<String>,
+}
+
+impl std::fmt::Display for Trigger {
+    /// `acquire-ok`, `acquire-ok #3 of client-2`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.event.name())?;
+        if self.nth != 1 {
+            write!(f, " #{}", self.nth)?;
+        }
+        if let Some(c) = &self.client {
+            write!(f, " of {c}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The nodes a schedule can aim at.
@@ -223,6 +307,9 @@ pub struct RandomFaults {
     pub duration: (Duration, Duration),
     /// Aim every fault here instead of drawing a target per kind.
     pub target: Option<Target>,
+    /// `aim = true`: each drawn fault is armed at its drawn time and triggered by a lock-relevant event
+    /// ([`RandomFaults::AIM_WEIGHTS`]), hitting the node of that event (servers' faults keep their server).
+    pub aim: bool,
 }
 
 impl RandomFaults {
@@ -238,8 +325,40 @@ impl RandomFaults {
             let kind = self.kinds[rng.gen_range(0..self.kinds.len())];
             let duration = uniform(rng, self.duration);
             if let Some((target, action)) = self.draw_one(rng, kind, duration, topo) {
-                faults.push(Fault { at, target: self.target.clone().unwrap_or(target), action });
+                let mut fault = Fault { at, target: self.target.clone().unwrap_or(target), action, on: None };
+                if self.aim {
+                    // Drawn after the fault's other choices: without `aim` the stream is used as before.
+                    self.aim_at_event(rng, &mut fault);
+                }
+                faults.push(fault);
             }
+        }
+    }
+
+    /// How the aimed nemesis weighs the events it triggers on (in percent): the moments where a pause
+    /// or a cut does the most harm to a lock — just granted, inside the critical section, releasing,
+    /// waiting.
+    pub const AIM_WEIGHTS: [(TriggerEvent, u32); 4] = [
+        (TriggerEvent::AcquireOk, 40),
+        (TriggerEvent::Enter, 25),
+        (TriggerEvent::Release, 20),
+        (TriggerEvent::Acquire, 15),
+    ];
+
+    fn aim_at_event(&self, rng: &mut ChaCha8Rng, fault: &mut Fault) {
+        let mut roll = rng.gen_range(0..100u32);
+        let event = Self::AIM_WEIGHTS
+            .into_iter()
+            .find(|(_, w)| {
+                let hit = roll < *w;
+                roll = roll.saturating_sub(*w);
+                hit
+            })
+            .map_or(TriggerEvent::AcquireOk, |(e, _)| e);
+        fault.on = Some(Trigger { event, nth: 1, client: None });
+        let on_servers = matches!(fault.action, Action::DropReply { .. } | Action::Failover);
+        if self.target.is_none() && !on_servers {
+            fault.target = Target::Trigger;
         }
     }
 
@@ -334,6 +453,7 @@ mod tests {
             every: (Duration::from_secs(2), Duration::from_secs(10)),
             duration: (Duration::from_secs(1), Duration::from_secs(15)),
             target: None,
+            aim: false,
         };
         let draw = |seed| nemesis.draw(&mut stream(seed, Stream::Nemesis, 0), Duration::from_secs(60), &topo());
         assert_eq!(draw(3), draw(3));
@@ -351,8 +471,40 @@ mod tests {
             every: (Duration::from_secs(1), Duration::from_secs(1)),
             duration: (Duration::from_secs(1), Duration::from_secs(1)),
             target: None,
+            aim: false,
         };
         assert!(nemesis.draw(&mut stream(1, Stream::Nemesis, 0), Duration::from_secs(10), &topo()).is_empty());
+    }
+
+    #[test]
+    fn the_aimed_nemesis_keeps_kinds_and_times_and_aims_client_faults_at_the_trigger() {
+        let mut nemesis = RandomFaults {
+            kinds: vec![FaultKind::Pause, FaultKind::Crash, FaultKind::DropReply],
+            every: (Duration::from_secs(1), Duration::from_secs(3)),
+            duration: (Duration::from_secs(1), Duration::from_secs(5)),
+            target: None,
+            aim: false,
+        };
+        let uniform = nemesis.draw(&mut stream(9, Stream::Nemesis, 0), Duration::from_secs(60), &topo());
+        nemesis.aim = true;
+        let aimed = nemesis.draw(&mut stream(9, Stream::Nemesis, 0), Duration::from_secs(60), &topo());
+        assert_eq!((uniform[0].at, uniform[0].action.kind()), (aimed[0].at, aimed[0].action.kind()));
+        assert!(uniform.iter().all(|f| f.on.is_none()) && aimed.iter().all(|f| f.on.is_some()));
+        for f in &aimed {
+            let on_server = f.action.kind() == FaultKind::DropReply;
+            assert_eq!(on_server, f.target != Target::Trigger, "{f:?}");
+        }
+        let events: std::collections::BTreeSet<TriggerEvent> =
+            aimed.iter().map(|f| f.on.as_ref().unwrap().event).collect();
+        assert!(events.len() >= 3, "{events:?}");
+    }
+
+    #[test]
+    fn triggers_print_as_their_event_number_and_client() {
+        let on = Trigger { event: TriggerEvent::AcquireOk, nth: 3, client: Some("client-2".into()) };
+        assert_eq!(on.to_string(), "acquire-ok #3 of client-2");
+        assert_eq!(Trigger { event: TriggerEvent::Enter, nth: 1, client: None }.to_string(), "enter");
+        assert!(TriggerEvent::ALL.iter().all(|e| TriggerEvent::parse(e.name()) == Some(*e)));
     }
 
     #[test]

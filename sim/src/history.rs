@@ -7,7 +7,7 @@
 //!
 //! Serialised as JSON lines; the FNV-1a hash of those bytes is the run's determinism fingerprint.
 
-use crate::fault::FaultKind;
+use crate::fault::{FaultKind, TriggerEvent};
 use crate::hazard::{Hazard, HazardCounts};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
@@ -113,6 +113,20 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+impl EventKind {
+    /// The trigger event this is, if a fault can be triggered by it (`on = "..."`).
+    pub fn trigger_event(&self) -> Option<TriggerEvent> {
+        Some(match self {
+            EventKind::AcquireInvoke => TriggerEvent::Acquire,
+            EventKind::AcquireOk { .. } => TriggerEvent::AcquireOk,
+            EventKind::Enter { .. } => TriggerEvent::Enter,
+            EventKind::ReleaseInvoke => TriggerEvent::Release,
+            EventKind::LockLost { .. } => TriggerEvent::LockLost,
+            _ => return None,
+        })
+    }
+}
+
 /// One entry of the history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
@@ -200,6 +214,51 @@ struct RecorderState {
     /// When the run used up its event budget, if it did, and who is told then.
     over_budget_at: Option<u64>,
     exhausted: Arc<tokio::sync::Notify>,
+    /// Triggers of aimed faults not fired yet, in schedule order (empty for timed schedules).
+    armed: Vec<Armed>,
+    /// Fired triggers the supervisor has not taken yet, in recording order, and who is told.
+    fired: Vec<Fired>,
+    fire: Arc<tokio::sync::Notify>,
+}
+
+/// An aimed fault's trigger, waiting for its event ([`Recorder::arm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Armed {
+    /// The fault's index in the schedule.
+    pub id: u32,
+    /// Events recorded before this simulated time do not count.
+    pub from_ns: u64,
+    pub event: TriggerEvent,
+    /// Only this node's events count (`None`: any node's).
+    pub node: Option<NodeIx>,
+    /// Matching events still to come before it fires (the n-th fires it).
+    pub left: u32,
+}
+
+/// A trigger that fired: fault `id`, by an event of `node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fired {
+    pub id: u32,
+    pub node: NodeIx,
+}
+
+impl RecorderState {
+    fn fire_triggers(&mut self, t: u64, node: NodeIx, event: TriggerEvent) {
+        let mut fired = false;
+        for a in &mut self.armed {
+            if a.event == event && t >= a.from_ns && a.node.is_none_or(|n| n == node) {
+                a.left -= 1;
+                if a.left == 0 {
+                    self.fired.push(Fired { id: a.id, node });
+                    fired = true;
+                }
+            }
+        }
+        if fired {
+            self.armed.retain(|a| a.left > 0);
+            self.fire.notify_one();
+        }
+    }
 }
 
 impl RecorderState {
@@ -240,7 +299,38 @@ impl Recorder {
             }
             return;
         }
+        let event = kind.trigger_event();
         s.events.push(Event { t, node, kind });
+        if let Some(event) = event.filter(|_| !s.armed.is_empty()) {
+            s.fire_triggers(t, node, event);
+        }
+    }
+
+    /// Arm the triggers of aimed faults; [`Recorder::fired`] resolves when one fires.
+    pub fn arm(&self, triggers: Vec<Armed>) {
+        self.0.lock().expect("recorder lock").armed = triggers;
+    }
+
+    /// The triggers fired since the last call, in recording order (ties: schedule order).
+    pub fn take_fired(&self) -> Vec<Fired> {
+        std::mem::take(&mut self.0.lock().expect("recorder lock").fired)
+    }
+
+    /// Resolves once a trigger has fired that [`Recorder::take_fired`] has not taken.
+    pub async fn fired(&self) {
+        let fire = {
+            let s = self.0.lock().expect("recorder lock");
+            if !s.fired.is_empty() {
+                return;
+            }
+            s.fire.clone()
+        };
+        fire.notified().await
+    }
+
+    /// Take back the triggers that never fired (the run is over).
+    pub fn disarm(&self) -> Vec<Armed> {
+        std::mem::take(&mut self.0.lock().expect("recorder lock").armed)
     }
 
     /// When the run used up its event budget ([`EVENT_BUDGET`]), if it has.
@@ -385,6 +475,25 @@ mod tests {
             r.lease_started(a, 2);
             r.record(a, EventKind::AcquireOk { token: None, shared: false });
             assert_eq!(r.hazards(), [(Hazard::GrantToExpiredSession, 1)].into(), "granted on its new session");
+        });
+    }
+
+    #[test]
+    fn a_trigger_fires_on_the_nth_matching_event_after_arming_once() {
+        madsim::runtime::Runtime::new().block_on(async {
+            let r = Recorder::default();
+            let armed = |id, node, left| Armed { id, from_ns: 0, event: TriggerEvent::AcquireOk, node, left };
+            r.arm(vec![armed(0, None, 2), armed(1, Some(NodeIx(1)), 1), armed(2, None, 1)]);
+            let ok = EventKind::AcquireOk { token: None, shared: false };
+            r.record(NodeIx(0), EventKind::AcquireInvoke);
+            assert!(r.take_fired().is_empty(), "another event");
+            r.record(NodeIx(0), ok.clone());
+            assert_eq!(r.take_fired(), vec![Fired { id: 2, node: NodeIx(0) }], "the first of any client's");
+            r.record(NodeIx(1), ok.clone());
+            let both = vec![Fired { id: 0, node: NodeIx(1) }, Fired { id: 1, node: NodeIx(1) }];
+            assert_eq!(r.take_fired(), both, "the second, and client 1's first, in schedule order");
+            r.record(NodeIx(1), ok);
+            assert!(r.take_fired().is_empty() && r.disarm().is_empty(), "each fires once");
         });
     }
 

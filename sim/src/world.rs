@@ -7,7 +7,7 @@
 
 use crate::clock::Clock;
 use crate::fault::{Action, Fault, Target};
-use crate::history::{EventKind, NodeIx, Recorder};
+use crate::history::{Armed, EventKind, NodeIx, Recorder};
 use crate::net::Net;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
@@ -61,10 +61,14 @@ pub struct World {
     rng: ChaCha8Rng,
 }
 
-/// A fault's start or end, placed on the run's timeline.
-enum Step {
-    Start,
-    End,
+/// Why the supervisor woke.
+enum Wake {
+    /// The run used up its event budget and must stop (see [`crate::history::EVENT_BUDGET`]).
+    OverBudget,
+    /// A trigger of an aimed fault fired.
+    Fired,
+    /// The next step (or the end of the run) is due.
+    Due,
 }
 
 impl World {
@@ -135,50 +139,111 @@ impl World {
     }
 
     /// Apply `schedule` while the nodes run, then stop every node at `run_for`.
+    ///
+    /// A time-ordered queue of steps: each timed fault's start and end. An aimed fault (`on`) has no
+    /// start step: its trigger is armed in the recorder, and when the recorder sees the event it wakes
+    /// this loop at the same simulated instant, which starts the fault and queues its end. A schedule
+    /// without triggers waits on nothing more than before, so its run is unchanged.
     pub async fn run(&mut self, schedule: &[Fault], run_for: Duration) {
-        let mut steps: Vec<(Duration, usize, Step)> = Vec::new();
-        for (i, f) in schedule.iter().enumerate() {
-            steps.push((f.at, i, Step::Start));
+        // (time, is an end, schedule index): at equal times a start before an end, then schedule order.
+        let mut steps: BTreeSet<(Duration, bool, usize)> = BTreeSet::new();
+        for (i, f) in schedule.iter().enumerate().filter(|(_, f)| f.on.is_none()) {
+            steps.insert((f.at, false, i));
             if let Some(d) = f.action.duration() {
-                steps.push((f.at + d, i, Step::End));
+                steps.insert((f.at + d, true, i));
             }
         }
-        // Stable: at equal times, schedule order, and a fault's start before its end.
-        steps.sort_by_key(|(at, i, step)| (*at, matches!(step, Step::End), *i));
+        let aimed = self.arm(schedule);
         let mut hit: BTreeMap<usize, NodeIx> = BTreeMap::new();
-        for (at, i, step) in steps.into_iter().filter(|(at, _, _)| *at < run_for) {
-            if !self.sleep_within_budget(at).await {
-                break;
-            }
-            let fault = &schedule[i];
-            match step {
-                Step::Start => {
-                    if let Some(node) = self.start(i as u32, fault) {
-                        hit.insert(i, node);
+        loop {
+            let next = steps.first().copied().filter(|(at, _, _)| *at < run_for);
+            match self.wait(next.map_or(run_for, |(at, _, _)| at), aimed).await {
+                Wake::OverBudget => break,
+                Wake::Fired => {
+                    for fired in self.recorder.take_fired() {
+                        let (i, fault) = (fired.id as usize, &schedule[fired.id as usize]);
+                        if let Some(node) = self.start(fired.id, fault, Some(fired.node)) {
+                            hit.insert(i, node);
+                            if let Some(d) = fault.action.duration() {
+                                steps.insert((now() + d, true, i));
+                            }
+                        }
                     }
                 }
-                Step::End => {
-                    if let Some(node) = hit.remove(&i) {
-                        self.end(i as u32, fault, node);
+                Wake::Due => {
+                    let Some(step) = next else {
+                        break;
+                    };
+                    steps.remove(&step);
+                    let (_, end, i) = step;
+                    if !end {
+                        if let Some(node) = self.start(i as u32, &schedule[i], None) {
+                            hit.insert(i, node);
+                        }
+                    } else if let Some(node) = hit.remove(&i) {
+                        self.end(i as u32, &schedule[i], node);
                     }
                 }
             }
         }
-        self.sleep_within_budget(run_for).await;
+        if aimed && self.recorder.over_budget_at().is_none() {
+            self.skip_unfired(schedule);
+        }
         self.shutdown();
     }
 
-    /// Sleep until `at`, unless the run uses up its event budget first; false if it has (the run must
-    /// stop: see [`crate::history::EVENT_BUDGET`]). Waiting on the budget adds no timer, so runs within
-    /// it are scheduled exactly as without the check.
-    async fn sleep_within_budget(&self, at: Duration) -> bool {
+    /// Arm the triggers of the schedule's aimed faults; whether it has any.
+    fn arm(&self, schedule: &[Fault]) -> bool {
+        let armed: Vec<Armed> = schedule
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| {
+                let on = f.on.as_ref()?;
+                Some(Armed {
+                    id: i as u32,
+                    from_ns: f.at.as_nanos() as u64,
+                    event: on.event,
+                    node: on.client.as_ref().map(|c| self.index(c).expect("trigger clients are validated")),
+                    left: on.nth,
+                })
+            })
+            .collect();
+        let aimed = !armed.is_empty();
+        if aimed {
+            self.recorder.arm(armed);
+        }
+        aimed
+    }
+
+    /// A trigger that never fired is a fault that never took effect: say so in the history.
+    fn skip_unfired(&self, schedule: &[Fault]) {
+        let late = self.recorder.take_fired().into_iter().map(|f| (f.id, false));
+        let never = self.recorder.disarm().into_iter().map(|a| (a.id, true));
+        for (id, never) in late.chain(never) {
+            let fault = &schedule[id as usize];
+            let on = fault.on.as_ref().expect("armed faults have a trigger");
+            let reason = match never {
+                false => format!("{on} came as the run ended"),
+                true if fault.at.is_zero() => format!("{on} never happened"),
+                true => format!("{on} never happened after {}", crate::fault::fmt_duration(fault.at)),
+            };
+            let kind = fault.action.kind();
+            self.recorder.record(NodeIx(0), EventKind::FaultSkipped { id, fault: kind, reason });
+        }
+    }
+
+    /// Sleep until `at`, unless the run uses up its event budget first, or (`aimed`) a trigger fires.
+    /// Waiting on the budget adds no timer, so runs within it are scheduled exactly as without the check;
+    /// nor does waiting on triggers, which only a schedule with aimed faults does.
+    async fn wait(&self, at: Duration, aimed: bool) -> Wake {
         if self.recorder.over_budget_at().is_some() {
-            return false;
+            return Wake::OverBudget;
         }
         tokio::select! {
             biased;
-            _ = self.recorder.exhausted() => false,
-            _ = sleep_until(at) => true,
+            _ = self.recorder.exhausted() => Wake::OverBudget,
+            _ = self.recorder.fired(), if aimed => Wake::Fired,
+            _ = sleep_until(at) => Wake::Due,
         }
     }
 
@@ -189,9 +254,11 @@ impl World {
         }
     }
 
-    /// The node a target means now; `holder` and `waiter` pick among several from the nemesis stream.
-    fn resolve(&mut self, target: &Target) -> Result<NodeIx, String> {
+    /// The node a target means now; `holder` and `waiter` pick among several from the nemesis stream;
+    /// `trigger` is the node whose event fired the fault.
+    fn resolve(&mut self, target: &Target, trigger: Option<NodeIx>) -> Result<NodeIx, String> {
         let (candidates, nobody) = match target {
+            Target::Trigger => return Ok(trigger.expect("target = \"trigger\" is validated to come with `on`")),
             Target::Node(name) => return Ok(self.index(name).expect("targets are validated against the topology")),
             Target::RandomClient => unreachable!("random-client targets are resolved before the run"),
             Target::Holder => (self.recorder.holders(), "nobody held the lock"),
@@ -203,9 +270,9 @@ impl World {
         }
     }
 
-    fn start(&mut self, id: u32, fault: &Fault) -> Option<NodeIx> {
+    fn start(&mut self, id: u32, fault: &Fault, trigger: Option<NodeIx>) -> Option<NodeIx> {
         let kind = fault.action.kind();
-        let node = match self.resolve(&fault.target) {
+        let node = match self.resolve(&fault.target, trigger) {
             Ok(node) => node,
             Err(reason) => {
                 self.recorder.record(NodeIx(0), EventKind::FaultSkipped { id, fault: kind, reason });
@@ -353,6 +420,10 @@ impl World {
     fn cut(&mut self, from: NodeIx, to: NodeIx, on: bool) {
         self.net.cut(from, to, on);
     }
+}
+
+fn now() -> Duration {
+    Duration::from_nanos(crate::clock::sim_now_ns())
 }
 
 async fn sleep_until(at: Duration) {

@@ -2,7 +2,7 @@
 
 use locksim_locks::params::ParamSpec;
 use locksim_locks::Registry;
-use locksim_sim::fault::FaultKind;
+use locksim_sim::fault::{FaultKind, TriggerEvent};
 use locksim_sim::hazard::Hazard;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -93,8 +93,16 @@ fn faults(out: &mut String) {
     let _ = writeln!(
         out,
         "  targets: a node (client-0, redis-0, redis-0-replica, resource), \"holder\", \"waiter\" (a client inside \
-         acquire), or \"random-client\"\n"
+         acquire), \"random-client\", or \"trigger\" (the node whose event started an aimed fault)"
     );
+    let _ = writeln!(
+        out,
+        "Events that start an aimed fault (on = ..., with nth = N and client = \"client-N\"; at arms it):"
+    );
+    for e in TriggerEvent::ALL {
+        let _ = writeln!(out, "  {:<12} {}", e.name(), e.describe());
+    }
+    out.push('\n');
 }
 
 fn hazards(out: &mut String) {

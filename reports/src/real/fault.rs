@@ -34,7 +34,9 @@
 //! - a client's `partition` or `clog` from anyone but the server (the only link it has here: the
 //!   resource is locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is
 //!   written out; a server's, from anyone but clients;
-//! - `drop-reply` on a client (it sends no replies), and `[faults.random]`.
+//! - `drop-reply` on a client (it sends no replies), and `[faults.random]`;
+//! - aimed faults (`on = "<event>"`): starting one the moment an event is recorded needs the recorder to
+//!   wake the fault threads, which real mode does not do yet.
 
 use super::proxy::{Dir, Link, Side};
 use super::{Run, Slot, SERVER};
@@ -51,6 +53,15 @@ pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<(
         anyhow::bail!("{}: [faults.random] does not run with --real yet; write the faults out", scenario.path);
     }
     for f in &scenario.schedule {
+        if let Some(on) = &f.on {
+            let what = locksim_scenarios::run::describe(f);
+            anyhow::bail!(
+                "{}: fault `{what}`: --real cannot start a fault on a history event (on = \"{}\") yet; give it \
+                 `at` instead",
+                scenario.path,
+                on.event.name()
+            );
+        }
         if let Some(why) = refusal(f, server) {
             let what = locksim_scenarios::run::describe(f);
             anyhow::bail!("{}: fault `{what}`: --real {why}", scenario.path);
@@ -282,6 +293,7 @@ fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
             return run.node(name).ok_or_else(|| format!("no node {name}"));
         }
         Target::RandomClient => return Err("random-client was not resolved before the run".into()),
+        Target::Trigger => return Err("aimed faults (`on`) are refused before a real run".into()),
         Target::Holder => (run.recorder.holders(), "nobody held the lock"),
         Target::Waiter => (run.recorder.waiters(), "nobody was waiting for the lock"),
     };

@@ -480,8 +480,10 @@ fn a_partition_delays_published_messages_and_a_restart_loses_the_subscription() 
         at: Duration::from_secs(2),
         target: Target::Node("client-0".into()),
         action: Action::Partition { peers: vec!["redis-0".into()], duration: Some(Duration::from_secs(3)) },
+        on: None,
     };
-    let restart = Fault { at: Duration::from_secs(8), target: Target::Node("redis-0".into()), action: Action::Restart };
+    let restart =
+        Fault { at: Duration::from_secs(8), target: Target::Node("redis-0".into()), action: Action::Restart, on: None };
     let (got, answers) = pubsub_world(vec![partition, restart]);
     assert_eq!(answers, vec![Int(1), Int(1), Int(0)], "the restarted server has no subscriber");
     let (messages, times): (Vec<String>, Vec<u64>) = got.into_iter().unzip();

@@ -1,0 +1,170 @@
+//! Aimed faults: `on = "<event>"` starts a fault when the history records a client event, and
+//! `[faults.random] aim = true` draws such triggers.
+
+use locksim_locks::Registry;
+use locksim_scenarios::run::{resolve_schedule, run_seed};
+use locksim_scenarios::scenario::Verdict;
+use locksim_scenarios::Scenario;
+use locksim_sim::fault::{Target, TriggerEvent};
+use locksim_sim::history::EventKind;
+
+/// A 3-client `redis.set-nx-px` scenario (TTL 2 s, 20 s) with `faults` appended.
+fn scenario(faults: &str) -> Scenario {
+    Scenario::parse("t.toml", &text(faults), &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn text(faults: &str) -> String {
+    format!(
+        "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"2s\"\n\
+         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"20s\"\n{faults}"
+    )
+}
+
+fn error(faults: &str) -> String {
+    match Scenario::parse("t.toml", &text(faults), &Registry::builtin()) {
+        Ok(_) => panic!("accepted: {faults}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const PAUSE_ON_GRANT: &str =
+    "[[faults.schedule]]\non = \"acquire-ok\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"5s\"\n";
+
+#[test]
+fn on_nth_and_client_are_parsed() {
+    let s = scenario(
+        "[[faults.schedule]]\nat = \"3s\"\non = \"enter\"\nnth = 2\nclient = \"client-1\"\nkind = \"crash\"\n\
+         target = \"trigger\"\nduration = \"1s\"\n",
+    );
+    let f = &s.schedule[0];
+    let on = f.on.as_ref().unwrap();
+    assert_eq!((on.event, on.nth, on.client.as_deref()), (TriggerEvent::Enter, 2, Some("client-1")));
+    assert_eq!((f.at.as_secs(), &f.target), (3, &Target::Trigger));
+    assert_eq!(locksim_scenarios::run::describe(f), "at 3s on enter #2 of client-1 crash trigger restart after 1s");
+    assert_eq!(scenario(PAUSE_ON_GRANT).schedule[0].at.as_secs(), 0, "armed from the start by default");
+}
+
+#[test]
+fn bad_triggers_are_refused_with_their_line() {
+    let cases = [
+        (
+            "on = \"grant\"",
+            "t.toml:10:6: on: unknown event \"grant\"; expected one of: acquire, acquire-ok, enter, release, lock-lost",
+        ),
+        ("on = \"enter\"\nnth = 0", "t.toml:11:7: nth: expected a whole number from 1 to 1000000"),
+        ("on = \"enter\"\nclient = \"client-7\"", "t.toml:11:10: client: no client \"client-7\" in this scenario"),
+        ("nth = 2", "t.toml:10:7: nth and client choose the event of `on`"),
+        ("at = \"30s\"\non = \"enter\"", "t.toml:10:6: at: the run lasts 20s; a trigger armed at 30s would never fire"),
+    ];
+    for (keys, want) in cases {
+        let got =
+            error(&format!("[[faults.schedule]]\n{keys}\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"\n"));
+        assert!(got.starts_with(want), "{keys}:\n got {got}\nwant {want}");
+    }
+    let got = error("[[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"\n");
+    assert!(
+        got.starts_with(
+            "t.toml:12:10: target: \"trigger\" means the node whose event started the fault; it needs `on`"
+        ),
+        "{got}"
+    );
+    let got = error("[[faults.schedule]]\nkind = \"pause\"\ntarget = \"client-0\"\nduration = \"1s\"\n");
+    assert!(got.contains("needs `at`"), "{got}");
+}
+
+#[test]
+fn a_pause_on_the_grant_outlasting_the_ttl_is_caught_in_every_seed_a_timed_one_is_not() {
+    let aimed = scenario(PAUSE_ON_GRANT);
+    let timed =
+        scenario("[[faults.schedule]]\nat = \"5s\"\nkind = \"pause\"\ntarget = \"client-0\"\nduration = \"5s\"\n");
+    let seeds = 0..20;
+    let caught = |s: &Scenario| {
+        seeds.clone().filter(|seed| run_seed(s, *seed).unwrap().result.verdict == Verdict::Unsafe).count()
+    };
+    assert_eq!(caught(&aimed), 20, "the holder is paused the moment it is granted, for more than the TTL");
+    assert!(caught(&timed) < 20, "a pause at a fixed time misses when its target does not hold the lock");
+}
+
+#[test]
+fn the_fault_starts_at_the_instant_of_its_event_on_that_client() {
+    let s = scenario(
+        "[[faults.schedule]]\nat = \"4s\"\non = \"release\"\nnth = 2\nclient = \"client-2\"\nkind = \"pause\"\n\
+         target = \"trigger\"\nduration = \"1s\"\n",
+    );
+    let r = run_seed(&s, 1).unwrap();
+    let h = &r.history;
+    let start = h.events.iter().position(|e| matches!(e.kind, EventKind::FaultStart { .. })).expect("it fired");
+    let client2 = h.nodes.iter().position(|n| n == "client-2").unwrap() as u32;
+    let releases: Vec<usize> = (0..start)
+        .filter(|i| h.events[*i].node.0 == client2 && h.events[*i].kind == EventKind::ReleaseInvoke)
+        .filter(|i| h.events[*i].t >= 4_000_000_000)
+        .collect();
+    assert_eq!(releases.len(), 2, "the second release of client-2 after 4 s fires it");
+    let (release, fault) = (&h.events[releases[1]], &h.events[start]);
+    // The same instant but for madsim's step of task scheduling (well under a message's 1 ms latency).
+    assert!(fault.t - release.t < 1_000, "{} ns after its event", fault.t - release.t);
+    assert_eq!(fault.node, release.node, "aimed at the trigger's node");
+    let end = h.events.iter().find(|e| matches!(e.kind, EventKind::FaultEnd { .. })).unwrap();
+    assert!((1_000_000_000..1_000_001_000).contains(&(end.t - fault.t)), "lasts its duration from the event");
+}
+
+#[test]
+fn a_trigger_never_reached_is_skipped_with_its_reason() {
+    let s = scenario(
+        "[[faults.schedule]]\nat = \"2s\"\non = \"acquire-ok\"\nnth = 100000\nkind = \"pause\"\ntarget = \"trigger\"\n\
+         duration = \"5s\"\n[expect]\nverdict = \"unsafe\"\n",
+    );
+    let r = run_seed(&s, 0).unwrap();
+    let reasons: Vec<&str> = r
+        .history
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::FaultSkipped { reason, .. } => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, ["acquire-ok #100000 never happened after 2s"]);
+    assert_eq!(r.result.faults_skipped, 1);
+    let result = locksim_scenarios::sweep::sweep(&s, 0..2, 1, &|| {}).unwrap();
+    assert!(!result.as_expected);
+    let why = &result.reasons;
+    assert!(why.iter().any(|w| w.contains("every fault of every seed was skipped")), "{why:?}");
+}
+
+const AIMED_NEMESIS: &str =
+    "[faults.random]\nkinds = [\"pause\", \"crash\", \"partition\"]\nevery = [\"2s\", \"6s\"]\n\
+                             duration = [\"1s\", \"4s\"]\naim = true\n";
+
+#[test]
+fn the_aimed_nemesis_is_deterministic_and_written_out_replays_the_same_run() {
+    let drawn = scenario(AIMED_NEMESIS);
+    let faults = resolve_schedule(&drawn, 5);
+    assert!(faults.iter().all(|f| f.on.is_some() && f.target == Target::Trigger), "{faults:?}");
+    let a = run_seed(&drawn, 5).unwrap();
+    assert_eq!(a.history.hash(), run_seed(&drawn, 5).unwrap().history.hash());
+    assert!(a.history.events.iter().any(|e| matches!(e.kind, EventKind::FaultStart { .. })));
+    let one = locksim_scenarios::sweep::sweep(&drawn, 0..8, 1, &|| {}).unwrap();
+    let two = locksim_scenarios::sweep::sweep(&drawn, 0..8, 2, &|| {}).unwrap();
+    assert_eq!(serde_json::to_string(&one).unwrap(), serde_json::to_string(&two).unwrap());
+    // Written out as `shrink` writes it, then read back: the same run.
+    let shrunk = locksim_scenarios::shrink::Shrunk {
+        scenario: Scenario { schedule: faults, random: None, ..drawn.clone() },
+        seed: 5,
+        kind: locksim_scenarios::checkers::FindingKind::DoubleHolder,
+        faults_before: 0,
+        tries: 0,
+    };
+    let written = shrunk.to_toml(&text(AIMED_NEMESIS)).unwrap();
+    assert!(written.contains("on = \"") && written.contains("target = \"trigger\""), "{written}");
+    let back = Scenario::parse("w.toml", &written, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}\n{written}"));
+    assert_eq!(run_seed(&back, 5).unwrap().history.hash(), a.history.hash());
+}
+
+#[test]
+fn aim_false_leaves_the_uniform_nemesis_unchanged() {
+    let uniform = scenario(&AIMED_NEMESIS.replace("aim = true\n", ""));
+    let explicit = scenario(&AIMED_NEMESIS.replace("aim = true", "aim = false"));
+    assert_eq!(resolve_schedule(&uniform, 3), resolve_schedule(&explicit, 3));
+    assert!(resolve_schedule(&uniform, 3).iter().all(|f| f.on.is_none()));
+}
