@@ -5,7 +5,7 @@
 //! starts from its program with whatever state its program chooses to keep. Faults are applied by the
 //! supervisor (the future passed to `block_on`), which is never paused or killed itself.
 
-use crate::clock::Clock;
+use crate::clock::{Clock, TimeCache};
 use crate::fault::{Action, Fault, Target};
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::Net;
@@ -59,6 +59,8 @@ pub struct World {
     failover: Option<FailoverFn>,
     /// Choices made while the run goes on (which of several holders a fault hits).
     rng: ChaCha8Rng,
+    /// Time readings go straight to this runtime's clock while the world lives.
+    _time: TimeCache,
 }
 
 /// A fault's start or end, placed on the run's timeline.
@@ -71,6 +73,7 @@ impl World {
     /// A world for the current madsim runtime (call inside `block_on`).
     pub fn new(seed: u64) -> World {
         World {
+            _time: TimeCache::install(),
             handle: Handle::current(),
             seed,
             net: Net::new(seed),
