@@ -26,6 +26,22 @@ pub fn sim_now_ns() -> u64 {
     elapsed.unwrap_or_else(|| TimeHandle::current().elapsed()).as_nanos() as u64
 }
 
+/// madsim's `sleep(d)`, from the cached time source when there is one (the same timer, without
+/// looking up the runtime).
+pub(crate) fn sleep(d: Duration) -> madsim::time::Sleep {
+    let sleep = TIME.with(|t| t.borrow().as_ref().map(|h| h.sleep(d)));
+    sleep.unwrap_or_else(|| madsim::time::sleep(d))
+}
+
+/// madsim's `timeout(d, future)`, likewise.
+pub(crate) fn timeout<F: std::future::Future>(
+    d: Duration,
+    future: F,
+) -> impl std::future::Future<Output = Result<F::Output, madsim::time::error::Elapsed>> {
+    let handle = TIME.with(|t| t.borrow().clone()).unwrap_or_else(TimeHandle::current);
+    handle.timeout(d, future)
+}
+
 /// Keeps the current runtime's time source for [`sim_now_ns`] on this thread while it lives (a world
 /// holds one; it is made and dropped inside the runtime's `block_on`). Without one, every reading asks
 /// madsim for the current runtime.
@@ -134,7 +150,7 @@ impl Clock {
 
     /// Sleep for `d` as this node's timers measure it.
     pub async fn sleep(&self, d: Duration) {
-        madsim::time::sleep(self.real_duration(d)).await
+        sleep(self.real_duration(d)).await
     }
 }
 

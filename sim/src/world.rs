@@ -347,6 +347,6 @@ impl World {
 async fn sleep_until(at: Duration) {
     let now = Duration::from_nanos(crate::clock::sim_now_ns());
     if at > now {
-        madsim::time::sleep(at - now).await;
+        crate::clock::sleep(at - now).await;
     }
 }
