@@ -9,12 +9,59 @@
 //! monotonic clock: a jump does not move them, but drift does — a fast oscillator makes a node's
 //! "one second" pass sooner.
 
+use madsim::time::TimeHandle;
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+thread_local! {
+    /// The running world's time source, kept by [`TimeCache`]: `TimeHandle::current()` clones two `Arc`s
+    /// (and drops them) on every reading, and time is read on every message and event.
+    static TIME: RefCell<Option<TimeHandle>> = const { RefCell::new(None) };
+}
+
 /// Nanoseconds of simulated time since the world started.
 pub fn sim_now_ns() -> u64 {
-    madsim::time::TimeHandle::current().elapsed().as_nanos() as u64
+    let elapsed = TIME.with(|t| t.borrow().as_ref().map(TimeHandle::elapsed));
+    elapsed.unwrap_or_else(|| TimeHandle::current().elapsed()).as_nanos() as u64
+}
+
+/// madsim's `sleep(d)`, from the cached time source when there is one (the same timer, without
+/// looking up the runtime).
+pub(crate) fn sleep(d: Duration) -> madsim::time::Sleep {
+    let sleep = TIME.with(|t| t.borrow().as_ref().map(|h| h.sleep(d)));
+    sleep.unwrap_or_else(|| madsim::time::sleep(d))
+}
+
+/// madsim's `timeout(d, future)`, likewise.
+pub(crate) fn timeout<F: std::future::Future>(
+    d: Duration,
+    future: F,
+) -> impl std::future::Future<Output = Result<F::Output, madsim::time::error::Elapsed>> {
+    let handle = TIME.with(|t| t.borrow().clone()).unwrap_or_else(TimeHandle::current);
+    handle.timeout(d, future)
+}
+
+/// Keeps the current runtime's time source for [`sim_now_ns`] on this thread while it lives (a world
+/// holds one; it is made and dropped inside the runtime's `block_on`). Without one, every reading asks
+/// madsim for the current runtime.
+pub(crate) struct TimeCache {
+    previous: Option<TimeHandle>,
+}
+
+impl TimeCache {
+    /// Call inside a madsim runtime.
+    pub(crate) fn install() -> TimeCache {
+        TimeCache { previous: TIME.with(|t| t.borrow_mut().replace(TimeHandle::current())) }
+    }
+}
+
+impl Drop for TimeCache {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        // The thread may be ending (its locals already gone): then there is nothing left to restore.
+        let _ = TIME.try_with(|t| *t.borrow_mut() = previous);
+    }
 }
 
 /// One node's view of time. Cheap to clone; clones share the same clock.
@@ -103,7 +150,7 @@ impl Clock {
 
     /// Sleep for `d` as this node's timers measure it.
     pub async fn sleep(&self, d: Duration) {
-        madsim::time::sleep(self.real_duration(d)).await
+        sleep(self.real_duration(d)).await
     }
 }
 

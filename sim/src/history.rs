@@ -169,15 +169,46 @@ impl History {
         out
     }
 
-    /// The determinism fingerprint: FNV-1a over [`History::to_jsonl`].
+    /// The determinism fingerprint: FNV-1a over [`History::to_jsonl`], hashed as it is written (the
+    /// text is never kept).
     pub fn hash(&self) -> u64 {
-        fnv1a(self.to_jsonl().as_bytes())
+        let mut hasher = Fnv1a(FNV_OFFSET);
+        for e in &self.events {
+            let line = EventLine { t: e.t, node: self.name(e.node), kind: &e.kind };
+            serde_json::to_writer(&mut hasher, &line).expect("events serialise");
+            hasher.add(b"\n");
+        }
+        hasher.0
     }
 }
 
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
 /// 64-bit FNV-1a: tiny, portable and stable across Rust versions (std's `Hash` is not promised to be).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    let mut hasher = Fnv1a(FNV_OFFSET);
+    hasher.add(bytes);
+    hasher.0
+}
+
+/// FNV-1a as a sink for text: the hash so far.
+struct Fnv1a(u64);
+
+impl Fnv1a {
+    fn add(&mut self, bytes: &[u8]) {
+        self.0 = bytes.iter().fold(self.0, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    }
+}
+
+impl std::io::Write for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.add(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The most events one run may record. A seed is milliseconds of work; one that records this many
@@ -501,5 +532,18 @@ mod tests {
     fn fnv1a_matches_the_reference_vectors() {
         assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
         assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
+    }
+
+    #[test]
+    fn the_hash_is_fnv1a_of_the_json_lines() {
+        let h = History {
+            nodes: vec!["client-0".into(), "redis-0".into()],
+            events: vec![
+                Event { t: 5, node: NodeIx(0), kind: EventKind::AcquireOk { token: Some(3), shared: false } },
+                Event { t: 9, node: NodeIx(1), kind: EventKind::Notify { cause: "deleted \"x\"".into() } },
+            ],
+            end: 10,
+        };
+        assert_eq!(h.hash(), fnv1a(h.to_jsonl().as_bytes()));
     }
 }

@@ -403,7 +403,7 @@ impl Rpc {
             sleep_until(arrive_ns).await;
             (life, body)
         };
-        let reply = madsim::time::timeout(self.clock.real_duration(timeout), reply).await;
+        let reply = crate::clock::timeout(self.clock.real_duration(timeout), reply).await;
         let mut s = self.net.state();
         if let Some(inbox) = s.inboxes.get_mut(&self.me) {
             inbox.waiting.remove(&tag);
@@ -465,7 +465,7 @@ impl Rpc {
 async fn sleep_until(at_ns: u64) {
     let now = sim_now_ns();
     if at_ns > now {
-        madsim::time::sleep(Duration::from_nanos(at_ns - now)).await;
+        crate::clock::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 

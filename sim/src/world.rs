@@ -5,7 +5,7 @@
 //! starts from its program with whatever state its program chooses to keep. Faults are applied by the
 //! supervisor (the future passed to `block_on`), which is never paused or killed itself.
 
-use crate::clock::Clock;
+use crate::clock::{Clock, TimeCache};
 use crate::fault::{Action, Fault, Target};
 use crate::history::{Armed, EventKind, NodeIx, Recorder};
 use crate::net::Net;
@@ -59,6 +59,8 @@ pub struct World {
     failover: Option<FailoverFn>,
     /// Choices made while the run goes on (which of several holders a fault hits).
     rng: ChaCha8Rng,
+    /// Time readings go straight to this runtime's clock while the world lives.
+    _time: TimeCache,
 }
 
 /// Why the supervisor woke.
@@ -75,6 +77,7 @@ impl World {
     /// A world for the current madsim runtime (call inside `block_on`).
     pub fn new(seed: u64) -> World {
         World {
+            _time: TimeCache::install(),
             handle: Handle::current(),
             seed,
             net: Net::new(seed),
@@ -429,6 +432,6 @@ fn now() -> Duration {
 async fn sleep_until(at: Duration) {
     let now = Duration::from_nanos(crate::clock::sim_now_ns());
     if at > now {
-        madsim::time::sleep(at - now).await;
+        crate::clock::sleep(at - now).await;
     }
 }

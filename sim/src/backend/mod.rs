@@ -202,7 +202,7 @@ fn answer_parked<B: Backend>(state: &Mutex<B>, rpc: &Rpc, parked: &mut Vec<Parke
 async fn sleep_until_ns(at_ns: u64) {
     let now = sim_now_ns();
     if at_ns > now {
-        madsim::time::sleep(Duration::from_nanos(at_ns - now)).await;
+        crate::clock::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 
