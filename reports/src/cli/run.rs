@@ -167,7 +167,8 @@ fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCo
 pub fn real_summary(result: &ScenarioResult, runs: u64) -> String {
     let mut out = String::new();
     for line in summary(result, runs).lines() {
-        if line.starts_with("reproduce:") {
+        // Hazards are marked by the simulated backends and world only: a real run has none to show.
+        if line.starts_with("reproduce:") || line.starts_with("hazards:") {
             continue;
         }
         let line = match line.split_once(&format!("): {runs} seeds, ")) {
