@@ -88,3 +88,39 @@ fn a_bad_vary_names_the_file_and_key_and_exits_2() {
         assert_eq!(stdout(&o), "", "{vary}: nothing runs");
     }
 }
+
+#[test]
+fn the_shards_of_a_sweep_merge_into_the_sweep_of_all_their_seeds() {
+    let (dir, file) = pause_file(PAUSE);
+    let vary = "faults.schedule.0.duration=2s..8s/3s";
+    let part = |i: u64| dir.path().join(format!("part-{i}"));
+    for i in 1..=2 {
+        let shard = format!("{i}/2");
+        let o = sweep(&file, vary, &["--shard", &shard, "--out", part(i).to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        assert!(stdout(&o).contains(&format!("(shard {i}/2): seeds unsafe by")), "{}", stdout(&o));
+    }
+    let whole = sweep(&file, vary, &[]);
+    let (one, two) = (part(1), part(2));
+    let merged = locksim(&[
+        "sweep",
+        file.to_str().unwrap(),
+        "--vary",
+        vary,
+        "--merge",
+        one.to_str().unwrap(),
+        two.to_str().unwrap(),
+    ]);
+    assert_eq!(merged.status.code(), Some(0), "{}", stderr(&merged));
+    assert_eq!(stdout(&merged), stdout(&whole), "merged shards print what one sweep of their seeds prints");
+    assert!(stdout(&whole).contains("breaks at 5s"), "{}", stdout(&whole));
+
+    // A shard missing, or another key, is refused, naming what is wrong.
+    let o = locksim(&["sweep", file.to_str().unwrap(), "--vary", vary, "--merge", one.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("missing shards of seeds 0..10: 2/2 (seeds 5..10)"), "{}", stderr(&o));
+    let o =
+        locksim(&["sweep", file.to_str().unwrap(), "--vary", "recipe.ttl=2s..8s/3s", "--merge", one.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("by faults.schedule.0.duration, not of"), "{}", stderr(&o));
+}

@@ -37,13 +37,19 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     jobs: Option<u16>,
     /// Run only part `i` of `n` of the seeds at each value, e.g. `--shard 2/4`: the table then counts
-    /// only this part's seeds.
+    /// only this part's seeds. Give each part its own `--out`, then `--merge` them.
     #[arg(long, value_parser = super::parse_shard)]
     shard: Option<(u64, u64)>,
-    /// Write the chart (sweep.svg: the unsafe rate against the value, its interval as a band) and the
-    /// table (sweep.md, sweep.json) into this directory.
+    /// Write the chart (sweep.svg: the unsafe rate against the value, its interval as a band), the
+    /// table (sweep.md, sweep.json) and every seed's result (points.json, for `--merge`) into this
+    /// directory.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run nothing: merge the `--out` directories of earlier sweeps of this file and `--vary` (the
+    /// shards of one sweep, or runs of adjoining seeds) into one table, chart and breaking point.
+    /// Refused when they are of another file, key or values, or leave seeds out.
+    #[arg(long, num_args = 1.., value_name = "DIR", conflicts_with_all = ["seeds", "shard", "jobs"])]
+    merge: Vec<PathBuf>,
 }
 
 /// The result at one value of the key.
@@ -67,6 +73,10 @@ pub fn sweep(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
         anyhow::bail!("{shown}: {}", locksim_locks::command::ONLY_REAL);
     }
     super::check_outputs([], args.out.as_deref())?;
+    if !args.merge.is_empty() {
+        let points = merge(&shown, &scenarios[0], &vary, &args.merge)?;
+        return finish(&args, &scenarios[0], &vary.key, points);
+    }
     let range = super::shard(args.seeds.clone(), args.shard);
     if let Some(note) = super::empty_shard(&args.seeds, args.shard).filter(|_| range.is_empty()) {
         super::emit(&note)?;
@@ -84,20 +94,89 @@ pub fn sweep(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     let mut points = Vec::new();
     for (value, scenario) in vary.values.iter().zip(&scenarios) {
         bar.set_message(format!("{} = {value}", vary.key));
-        let result = sweep_each(scenario, range.clone(), jobs, &|| bar.inc(1), |_| Ok::<(), HarnessError>(()))?;
+        // Every seed's result is kept only for points.json, which only --out writes.
+        let mut kept = Vec::new();
+        let keep = |seed| {
+            if args.out.is_some() {
+                kept.push(seed);
+            }
+            Ok::<(), HarnessError>(())
+        };
+        let mut result = sweep_each(scenario, range.clone(), jobs, &|| bar.inc(1), keep)?;
+        result.results = kept;
+        result.shard = super::shard_record(&args.seeds, args.shard);
         points.push(Point { value: *value, result });
     }
     bar.finish_and_clear();
+    finish(&args, &scenarios[0], &vary.key, points)?;
+    eprintln!("{} seeds in {:.1} s on {jobs} jobs", seeds * vary.values.len() as u64, started.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print the table and the breaking point; with `--out`, write them out with the chart and the points.
+fn finish(args: &Args, scenario: &Scenario, key: &str, points: Vec<Point>) -> anyhow::Result<ExitCode> {
     let rates: Vec<(Value, Rate)> = points.iter().map(|p| (p.value, p.result.unsafe_rate)).collect();
     let breaking = breaking_point(&rates);
-    let head = format!("{} ({}), seeds {}..{}", scenarios[0].name, scenarios[0].recipe.id, range.start, range.end);
-    super::emit(&table(&head, &vary.key, &points, &breaking))?;
+    let seeds = &points[0].result.seeds;
+    let part = points[0].result.shard.as_ref().map_or(String::new(), |s| format!(" (shard {}/{})", s.index, s.count));
+    let head = format!("{} ({}), seeds {}..{}{part}", scenario.name, scenario.recipe.id, seeds.start, seeds.end);
+    super::emit(&table(&head, key, &points, &breaking))?;
     if let Some(dir) = &args.out {
-        write_out(dir, &head, &vary.key, &points, &breaking)?;
+        write_out(dir, &head, key, &points, &breaking)?;
         super::emit(&format!("wrote {}\n", dir.join("sweep.svg").display()))?;
     }
-    eprintln!("{} seeds in {:.1} s on {jobs} jobs", seeds * points.len() as u64, started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--out` writes to points.json: every value's result with its seeds', for `--merge`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PointsFile {
+    path: String,
+    key: String,
+    points: Vec<PointFile>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PointFile {
+    value: String,
+    result: ScenarioResult,
+}
+
+/// `--merge`: the points of earlier sweeps' `--out` directories, merged value by value (their seeds
+/// judged again as one sweep, as `report` merges a suite's shards).
+fn merge(shown: &str, scenario: &Scenario, vary: &Vary, dirs: &[PathBuf]) -> anyhow::Result<Vec<Point>> {
+    let values: Vec<String> = vary.values.iter().map(ToString::to_string).collect();
+    let mut parts: Vec<Vec<ScenarioResult>> = vec![Vec::new(); values.len()];
+    for dir in dirs {
+        let path = dir.join("points.json");
+        let at = path.display();
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("{at}: {e} (give the --out directory of a sweep run with this version)"))?;
+        let file: PointsFile = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+        let name = file.points.first().map_or("", |p| p.result.scenario.as_str());
+        if name != scenario.name || file.key != vary.key {
+            anyhow::bail!(
+                "{at}: a sweep of `{name}` by {}, not of {shown} (`{}`) by {}",
+                file.key,
+                scenario.name,
+                vary.key
+            );
+        }
+        let theirs: Vec<&str> = file.points.iter().map(|p| p.value.as_str()).collect();
+        if theirs != values {
+            anyhow::bail!("{at}: its values are {}, not --vary's {}", theirs.join(", "), values.join(", "));
+        }
+        for (i, p) in file.points.into_iter().enumerate() {
+            parts[i].push(p.result);
+        }
+    }
+    let mut points = Vec::new();
+    for ((value, parts), shown_value) in vary.values.iter().zip(parts).zip(&values) {
+        let result =
+            locksim_scenarios::sweep::merge(parts).map_err(|e| anyhow::anyhow!("{} = {shown_value}: {e}", vary.key))?;
+        points.push(Point { value: *value, result });
+    }
+    Ok(points)
 }
 
 /// The printed table: a row per value, then the breaking point.
@@ -176,5 +255,11 @@ fn write_out(
         "safe_to": breaking.safe_to.map(|v| v.to_string()),
         "breaks_at": breaking.breaks_at.map(|(v, _)| v.to_string()),
     });
-    write("sweep.json", serde_json::to_string_pretty(&json)? + "\n")
+    write("sweep.json", serde_json::to_string_pretty(&json)? + "\n")?;
+    let file = PointsFile {
+        path: points[0].result.path.clone(),
+        key: key.to_string(),
+        points: points.iter().map(|p| PointFile { value: p.value.to_string(), result: p.result.clone() }).collect(),
+    };
+    write("points.json", serde_json::to_string(&file)? + "\n")
 }
