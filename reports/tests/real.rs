@@ -157,7 +157,7 @@ fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
         ),
         ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
         ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis and sql"),
-        ("sql-unique-insert-crash.toml", "sql.unique-insert: --real runs sql.for-update and sql.advisory"),
+        ("etcd-mutex-crash.toml", "etcd.mutex: --real runs the built-in recipes of the redis and sql"),
     ] {
         let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
         assert_eq!(out.status.code(), Some(2), "{scenario}");
@@ -296,11 +296,12 @@ fn builtin_redis_set_nx_px_paused_past_its_ttl_is_caught_and_fencing_refuses_the
     }
 }
 
-/// The simulator's own `sql.for-update` and `sql.advisory`, run for real on a real PostgreSQL: the row
-/// lock's session is ended by `idle_in_transaction_session_timeout` under a paused holder, whose write
-/// then lands; the advisory lock's session outlives the pause, and nothing is unsafe.
+/// The simulator's own database recipes, run for real on a real PostgreSQL: the row lock's session is
+/// ended by `idle_in_transaction_session_timeout` under a paused holder, whose write then lands; the
+/// advisory lock's session outlives the pause, and nothing is unsafe; ShedLock's row expires under a
+/// paused holder; the lock-table row of a killed holder stays, and nobody gets the lock again.
 #[test]
-fn builtin_sql_for_update_is_caught_by_the_idle_timeout_and_advisory_stays_safe_on_real_postgresql() {
+fn builtin_sql_recipes_on_real_postgresql_are_caught_where_the_simulator_catches_them() {
     if !server_ready("postgres") {
         return;
     }
@@ -311,6 +312,12 @@ fn builtin_sql_for_update_is_caught_by_the_idle_timeout_and_advisory_stays_safe_
             "expected unsafe [double-holder, unsafe-write]: as expected",
         ),
         ("builtin-sql-advisory-pause", "sql.advisory", "expected safe: as expected"),
+        (
+            "builtin-sql-unique-insert-expiry-pause",
+            "sql.unique-insert-expiry",
+            "expected unsafe [double-holder, unsafe-write]: as expected",
+        ),
+        ("builtin-sql-unique-insert-crash", "sql.unique-insert", "expected unsafe [deadlock]: as expected"),
     ] {
         let path = format!("scenarios/real/{scenario}.toml");
         let out = locksim(&["run", &path, "--real", "--runs", "1"]);

@@ -23,8 +23,14 @@ use std::time::Duration;
 use tokio_postgres::SimpleQueryMessage;
 
 /// The tables and sequence the built-in recipes use, as real mode makes them on a fresh server (the
-/// simulated server's: `lock_rows` with its one row `lock`, `locks`, `shedlock`, the sequence `fence`).
+/// simulated server's, whose rows take any column: here typed as the recipes write them): `lock_rows`
+/// with its one row `lock` (`sql.for-update`), `locks` (`sql.unique-insert`: the holder's `owner`),
+/// `shedlock` (`sql.unique-insert-expiry`: ShedLock's `lock_until`, `locked_at` in epoch milliseconds,
+/// and `locked_by`), and the sequence `fence`.
 pub const SCHEMA: &str = "CREATE TABLE lock_rows (k text PRIMARY KEY); INSERT INTO lock_rows (k) VALUES ('lock'); \
+                          CREATE TABLE locks (k text PRIMARY KEY, owner text); \
+                          CREATE TABLE shedlock (k text PRIMARY KEY, lock_until bigint, locked_at bigint, \
+                          locked_by text); \
                           CREATE SEQUENCE fence;";
 
 /// One connection to a real server: one session.
