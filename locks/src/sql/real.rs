@@ -11,13 +11,14 @@
 //!   backend) is [`ClientError::Closed`] from then on; it never opens again;
 //! - server errors are results ([`SqlResult::Error`]) by SQLSTATE, as the sim answers them.
 //!
-//! Statements are written as the SQL the recipes' [`Stmt`]s stand for ([`sql`]) and sent by the simple
+//! Statements are written as the SQL the recipes' [`Stmt`]s stand for ([`write`]) and sent by the simple
 //! query protocol. One difference: tokio-postgres does not hand over `COMMIT`'s command tag, so the
 //! `COMMIT` of a failed transaction reads as done, not [`SqlResult::RolledBack`] (the built-in recipes
 //! roll a failed transaction back themselves before they commit anything).
 
 use locksim_sim::backend::sql::client::{ClientError, CONNECT_TIMEOUT};
-use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, Row, SqlError, SqlResult, Stmt, Value};
+use locksim_sim::backend::sql::text::{write, Style};
+use locksim_sim::backend::sql::{Row, SqlError, SqlResult, Stmt, Value};
 use std::cell::Cell;
 use std::time::Duration;
 use tokio_postgres::SimpleQueryMessage;
@@ -62,7 +63,7 @@ impl RealConnection {
         if self.is_closed() {
             return Err(ClientError::Closed);
         }
-        let text = sql(&stmt);
+        let text = write(&stmt, &Style::REAL);
         let query = self.client.simple_query(&text);
         let answer = if self.read_timeout.is_zero() {
             query.await
@@ -159,92 +160,4 @@ fn result(stmt: &Stmt, messages: &[SimpleQueryMessage]) -> SqlResult {
 /// An answer of the wrong shape: the session is as good as gone.
 fn unexpected(_: Option<Value>) -> SqlError {
     SqlError::Terminated
-}
-
-/// The SQL a statement stands for (tables keyed by the text column `k`).
-pub fn sql(stmt: &Stmt) -> String {
-    let wheres = |key: &str, cond: &[Cond]| {
-        let mut parts = vec![format!("k = {}", literal(&Value::Text(key.into())))];
-        parts.extend(cond.iter().map(|c| format!("{} {} {}", c.column, op(c.op), expr(&c.rhs))));
-        parts.join(" AND ")
-    };
-    let ms = |d: &Duration| match d.as_millis() {
-        0 => "0".to_string(),
-        ms => format!("'{ms}ms'"),
-    };
-    match stmt {
-        Stmt::Begin => "BEGIN".into(),
-        Stmt::Commit => "COMMIT".into(),
-        Stmt::Rollback => "ROLLBACK".into(),
-        Stmt::Select { table, key, for_update } => {
-            format!("SELECT * FROM {table} WHERE {}{}", wheres(key, &[]), if *for_update { " FOR UPDATE" } else { "" })
-        }
-        Stmt::Insert { table, key, row } => {
-            let columns: Vec<&str> = ["k"].into_iter().chain(row.iter().map(|(c, _)| c.as_str())).collect();
-            let values: Vec<String> =
-                [literal(&Value::Text(key.clone()))].into_iter().chain(row.iter().map(|(_, e)| expr(e))).collect();
-            format!("INSERT INTO {table} ({}) VALUES ({})", columns.join(", "), values.join(", "))
-        }
-        Stmt::Update { table, key, set, cond } => {
-            let set: Vec<String> = set.iter().map(|(c, e)| format!("{c} = {}", expr(e))).collect();
-            format!("UPDATE {table} SET {} WHERE {}", set.join(", "), wheres(key, cond))
-        }
-        Stmt::Delete { table, key, cond } => format!("DELETE FROM {table} WHERE {}", wheres(key, cond)),
-        Stmt::NextVal { sequence } => format!("SELECT nextval('{sequence}')"),
-        Stmt::AdvisoryLock(k) => format!("SELECT pg_advisory_lock({k})"),
-        Stmt::TryAdvisoryLock(k) => format!("SELECT pg_try_advisory_lock({k})"),
-        Stmt::AdvisoryUnlock(k) => format!("SELECT pg_advisory_unlock({k})"),
-        Stmt::SetLockTimeout(d) => format!("SET lock_timeout = {}", ms(d)),
-        Stmt::SetIdleInTransactionSessionTimeout(d) => {
-            format!("SET idle_in_transaction_session_timeout = {}", ms(d))
-        }
-        Stmt::CreateTable { table, if_not_exists } => {
-            format!("CREATE TABLE {}{table} (k text PRIMARY KEY)", if *if_not_exists { "IF NOT EXISTS " } else { "" })
-        }
-        Stmt::CreateSequence { sequence, if_not_exists } => {
-            format!("CREATE SEQUENCE {}{sequence}", if *if_not_exists { "IF NOT EXISTS " } else { "" })
-        }
-    }
-}
-
-/// `now()` as the sim's `NowPlus` means it: the database's clock, in epoch milliseconds.
-fn expr(e: &Expr) -> String {
-    match e {
-        Expr::Value(v) => literal(v),
-        Expr::NowPlus(ms) => format!("(floor(extract(epoch from now()) * 1000)::bigint + {ms})"),
-        Expr::ColumnPlus(c, d) => format!("{c} + {d}"),
-    }
-}
-
-fn literal(v: &Value) -> String {
-    match v {
-        Value::Null => "NULL".into(),
-        Value::Int(n) => n.to_string(),
-        Value::Text(t) => format!("'{}'", t.replace('\'', "''")),
-    }
-}
-
-fn op(op: CmpOp) -> &'static str {
-    match op {
-        CmpOp::Eq => "=",
-        CmpOp::Ne => "<>",
-        CmpOp::Lt => "<",
-        CmpOp::Le => "<=",
-        CmpOp::Gt => ">",
-        CmpOp::Ge => ">=",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statements_are_written_as_postgresql_reads_them() {
-        let select = Stmt::Select { table: "lock_rows".into(), key: "lock".into(), for_update: true };
-        assert_eq!(sql(&select), "SELECT * FROM lock_rows WHERE k = 'lock' FOR UPDATE");
-        assert_eq!(sql(&Stmt::SetLockTimeout(Duration::from_millis(1500))), "SET lock_timeout = '1500ms'");
-        assert_eq!(sql(&Stmt::AdvisoryUnlock(42)), "SELECT pg_advisory_unlock(42)");
-        assert_eq!(literal(&Value::Text("o'k".into())), "'o''k'");
-    }
 }

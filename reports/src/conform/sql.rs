@@ -16,6 +16,7 @@
 use super::pgwire;
 use super::servers::{Addr, Kind, Server};
 use super::{Action, Answer, Family, Step, SLOT_MS};
+use locksim_sim::backend::sql::text::{self, NowAs, Style};
 use locksim_sim::backend::sql::{
     Cond, ConnId, Expr, Op as CmpOp, Row, Settings, SqlError, SqlRequest, SqlResponse, SqlResult, SqlState, Stmt, Value,
 };
@@ -124,79 +125,11 @@ impl fmt::Display for Op {
 
 /// The SQL a statement stands for. `origin`: the real server's `now()` is written in milliseconds
 /// since the script's start (the wall clock, in epoch milliseconds, at that start), as the model
-/// counts it; `None` writes `now()` (for people).
+/// counts it; `None` writes `now()` (for people). A `SELECT` lists [`COLUMNS`], in their order.
 fn sql(stmt: &Stmt, origin: Option<i64>) -> String {
-    let expr = |e: &Expr| match (e, origin) {
-        (Expr::Value(v), _) => literal(v),
-        (Expr::NowPlus(ms), None) if *ms < 0 => format!("now() - interval '{} ms'", -ms),
-        (Expr::NowPlus(ms), None) => format!("now() + interval '{ms} ms'"),
-        (Expr::NowPlus(ms), Some(o)) => format!("(floor(extract(epoch from now()) * 1000)::bigint - {o} + {ms})"),
-        (Expr::ColumnPlus(c, d), _) if *d < 0 => format!("{c} - {}", -d),
-        (Expr::ColumnPlus(c, d), _) => format!("{c} + {d}"),
-    };
-    let wheres = |key: &str, cond: &[Cond]| {
-        let mut parts = vec![format!("k = '{key}'")];
-        parts.extend(cond.iter().map(|c| format!("{} {} {}", c.column, op(c.op), expr(&c.rhs))));
-        parts.join(" AND ")
-    };
-    let ms = |d: &Duration| match d.as_millis() {
-        0 => "0".to_string(),
-        ms => format!("'{ms}ms'"),
-    };
-    match stmt {
-        Stmt::Begin => "BEGIN".into(),
-        Stmt::Commit => "COMMIT".into(),
-        Stmt::Rollback => "ROLLBACK".into(),
-        Stmt::Select { table, key, for_update } => format!(
-            "SELECT {} FROM {table} WHERE k = '{key}'{}",
-            COLUMNS.join(", "),
-            if *for_update { " FOR UPDATE" } else { "" }
-        ),
-        Stmt::Insert { table, key, row } => {
-            let columns: Vec<&str> = ["k"].into_iter().chain(row.iter().map(|(c, _)| c.as_str())).collect();
-            let values: Vec<String> =
-                [format!("'{key}'")].into_iter().chain(row.iter().map(|(_, e)| expr(e))).collect();
-            format!("INSERT INTO {table} ({}) VALUES ({})", columns.join(", "), values.join(", "))
-        }
-        Stmt::Update { table, key, set, cond } => {
-            let set: Vec<String> = set.iter().map(|(c, e)| format!("{c} = {}", expr(e))).collect();
-            format!("UPDATE {table} SET {} WHERE {}", set.join(", "), wheres(key, cond))
-        }
-        Stmt::Delete { table, key, cond } => format!("DELETE FROM {table} WHERE {}", wheres(key, cond)),
-        Stmt::NextVal { sequence } => format!("SELECT nextval('{sequence}')"),
-        Stmt::AdvisoryLock(k) => format!("SELECT pg_advisory_lock({k})"),
-        Stmt::TryAdvisoryLock(k) => format!("SELECT pg_try_advisory_lock({k})"),
-        Stmt::AdvisoryUnlock(k) => format!("SELECT pg_advisory_unlock({k})"),
-        Stmt::SetLockTimeout(d) => format!("SET lock_timeout = {}", ms(d)),
-        Stmt::SetIdleInTransactionSessionTimeout(d) => {
-            format!("SET idle_in_transaction_session_timeout = {}", ms(d))
-        }
-        Stmt::CreateTable { table, if_not_exists } => {
-            format!("CREATE TABLE {}{table} (k text PRIMARY KEY)", if *if_not_exists { "IF NOT EXISTS " } else { "" })
-        }
-        Stmt::CreateSequence { sequence, if_not_exists } => {
-            format!("CREATE SEQUENCE {}{sequence}", if *if_not_exists { "IF NOT EXISTS " } else { "" })
-        }
-    }
-}
-
-fn literal(v: &Value) -> String {
-    match v {
-        Value::Null => "NULL".into(),
-        Value::Int(n) => n.to_string(),
-        Value::Text(s) => format!("'{s}'"),
-    }
-}
-
-fn op(op: CmpOp) -> &'static str {
-    match op {
-        CmpOp::Eq => "=",
-        CmpOp::Ne => "<>",
-        CmpOp::Lt => "<",
-        CmpOp::Le => "<=",
-        CmpOp::Gt => ">",
-        CmpOp::Ge => ">=",
-    }
+    let select = COLUMNS.join(", ");
+    let now = origin.map_or(NowAs::Interval, NowAs::MillisSince);
+    text::write(stmt, &Style { select: &select, now })
 }
 
 /// A value as compared: `until` (milliseconds since the script's start, set from `now()`) to its

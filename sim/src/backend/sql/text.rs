@@ -19,6 +19,9 @@
 //!
 //! `expr` is a literal (`'text'`, an integer, `NULL`), `now()` or `now() ± interval '…'` (the model
 //! keeps times as milliseconds), or a column `±` an integer; `op` is `=`, `<>`, `!=`, `<`, `<=`, `>`, `>=`.
+//!
+//! The other way, [`write`] writes a [`Stmt`] as the SQL a real PostgreSQL runs — for real mode's
+//! connections and for conformance — in a [`Style`] that says how to write a time.
 
 use super::{Cond, Expr, Op, Stmt, Value};
 use std::collections::BTreeMap;
@@ -617,6 +620,111 @@ fn duration(text: &str) -> Option<Duration> {
     Some(Duration::from_millis(n.checked_mul(ms)?))
 }
 
+/// How [`write`] writes what can be asked of PostgreSQL in more than one way.
+#[derive(Debug, Clone, Copy)]
+pub struct Style<'a> {
+    /// What a `SELECT` of a row lists: `*`, or its columns (`n, owner, until`) in a fixed order.
+    pub select: &'a str,
+    /// How `now()` is written where the model keeps it as milliseconds ([`Expr::NowPlus`]).
+    pub now: NowAs,
+}
+
+/// How `now() + ms` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NowAs {
+    /// `now() + interval '… ms'`: as people write it, and as [`Schema::parse`] reads it back.
+    Interval,
+    /// Milliseconds since an origin in epoch milliseconds, as a `bigint` (0: epoch milliseconds, as the
+    /// built-in recipes' real tables keep their times).
+    MillisSince(i64),
+}
+
+impl Style<'_> {
+    /// Every column, times in epoch milliseconds: the built-in recipes' statements on a real server.
+    pub const REAL: Style<'static> = Style { select: "*", now: NowAs::MillisSince(0) };
+}
+
+/// The SQL text a statement stands for (tables keyed by the text column `k`), in `style`.
+pub fn write(stmt: &Stmt, style: &Style) -> String {
+    let expr = |e: &Expr| match (e, style.now) {
+        (Expr::Value(v), _) => literal(v),
+        (Expr::NowPlus(ms), NowAs::Interval) if *ms < 0 => format!("now() - interval '{} ms'", -ms),
+        (Expr::NowPlus(ms), NowAs::Interval) => format!("now() + interval '{ms} ms'"),
+        (Expr::NowPlus(ms), NowAs::MillisSince(0)) => {
+            format!("(floor(extract(epoch from now()) * 1000)::bigint + {ms})")
+        }
+        (Expr::NowPlus(ms), NowAs::MillisSince(o)) => {
+            format!("(floor(extract(epoch from now()) * 1000)::bigint - {o} + {ms})")
+        }
+        (Expr::ColumnPlus(c, d), _) if *d < 0 => format!("{c} - {}", -d),
+        (Expr::ColumnPlus(c, d), _) => format!("{c} + {d}"),
+    };
+    let key = |key: &str| literal(&Value::Text(key.into()));
+    let wheres = |k: &str, cond: &[Cond]| {
+        let mut parts = vec![format!("k = {}", key(k))];
+        parts.extend(cond.iter().map(|c| format!("{} {} {}", c.column, operator(c.op), expr(&c.rhs))));
+        parts.join(" AND ")
+    };
+    let ms = |d: &Duration| match d.as_millis() {
+        0 => "0".to_string(),
+        ms => format!("'{ms}ms'"),
+    };
+    let if_not_exists = |yes: bool| if yes { "IF NOT EXISTS " } else { "" };
+    match stmt {
+        Stmt::Begin => "BEGIN".into(),
+        Stmt::Commit => "COMMIT".into(),
+        Stmt::Rollback => "ROLLBACK".into(),
+        Stmt::Select { table, key: k, for_update } => format!(
+            "SELECT {} FROM {table} WHERE {}{}",
+            style.select,
+            wheres(k, &[]),
+            if *for_update { " FOR UPDATE" } else { "" }
+        ),
+        Stmt::Insert { table, key: k, row } => {
+            let columns: Vec<&str> = ["k"].into_iter().chain(row.iter().map(|(c, _)| c.as_str())).collect();
+            let values: Vec<String> = [key(k)].into_iter().chain(row.iter().map(|(_, e)| expr(e))).collect();
+            format!("INSERT INTO {table} ({}) VALUES ({})", columns.join(", "), values.join(", "))
+        }
+        Stmt::Update { table, key: k, set, cond } => {
+            let set: Vec<String> = set.iter().map(|(c, e)| format!("{c} = {}", expr(e))).collect();
+            format!("UPDATE {table} SET {} WHERE {}", set.join(", "), wheres(k, cond))
+        }
+        Stmt::Delete { table, key: k, cond } => format!("DELETE FROM {table} WHERE {}", wheres(k, cond)),
+        Stmt::NextVal { sequence } => format!("SELECT nextval({})", key(sequence)),
+        Stmt::AdvisoryLock(k) => format!("SELECT pg_advisory_lock({k})"),
+        Stmt::TryAdvisoryLock(k) => format!("SELECT pg_try_advisory_lock({k})"),
+        Stmt::AdvisoryUnlock(k) => format!("SELECT pg_advisory_unlock({k})"),
+        Stmt::SetLockTimeout(d) => format!("SET lock_timeout = {}", ms(d)),
+        Stmt::SetIdleInTransactionSessionTimeout(d) => format!("SET idle_in_transaction_session_timeout = {}", ms(d)),
+        Stmt::CreateTable { table, if_not_exists: yes } => {
+            format!("CREATE TABLE {}{table} (k text PRIMARY KEY)", if_not_exists(*yes))
+        }
+        Stmt::CreateSequence { sequence, if_not_exists: yes } => {
+            format!("CREATE SEQUENCE {}{sequence}", if_not_exists(*yes))
+        }
+    }
+}
+
+/// A value as an SQL literal, quotes doubled.
+fn literal(v: &Value) -> String {
+    match v {
+        Value::Null => "NULL".into(),
+        Value::Int(n) => n.to_string(),
+        Value::Text(t) => format!("'{}'", t.replace('\'', "''")),
+    }
+}
+
+fn operator(op: Op) -> &'static str {
+    match op {
+        Op::Eq => "=",
+        Op::Ne => "<>",
+        Op::Lt => "<",
+        Op::Le => "<=",
+        Op::Gt => ">",
+        Op::Ge => ">=",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,5 +836,52 @@ mod tests {
             e.to_string(),
             "\"SELECT * FROM jobs\", column 15: table jobs is not in the schema: parse its CREATE TABLE first"
         );
+    }
+
+    #[test]
+    fn written_statements_read_back_as_themselves_and_as_postgresql_takes_them() {
+        let mut s = Schema::new();
+        s.parse("CREATE TABLE locks (k text PRIMARY KEY, owner text, until bigint)").unwrap();
+        let now = Style { select: "*", now: NowAs::Interval };
+        let cond = |column: &str, op, rhs| Cond { column: column.into(), op, rhs };
+        let stmts = [
+            Stmt::Select { table: "locks".into(), key: "it's".into(), for_update: true },
+            Stmt::Insert {
+                table: "locks".into(),
+                key: "lock".into(),
+                row: vec![
+                    ("owner".into(), Expr::Value(Value::Text("c-0".into()))),
+                    ("until".into(), Expr::NowPlus(-5)),
+                ],
+            },
+            Stmt::Update {
+                table: "locks".into(),
+                key: "lock".into(),
+                set: vec![("until".into(), Expr::ColumnPlus("until".into(), -3))],
+                cond: vec![cond("until", Op::Le, Expr::NowPlus(1500)), cond("owner", Op::Ne, Expr::Value(Value::Null))],
+            },
+            Stmt::Delete { table: "locks".into(), key: "lock".into(), cond: vec![] },
+            Stmt::NextVal { sequence: "fence".into() },
+            Stmt::TryAdvisoryLock(42),
+            Stmt::SetLockTimeout(Duration::from_millis(1500)),
+            Stmt::SetIdleInTransactionSessionTimeout(Duration::ZERO),
+            Stmt::CreateSequence { sequence: "fence".into(), if_not_exists: true },
+        ];
+        for stmt in stmts {
+            let text = write(&stmt, &now);
+            assert_eq!(s.parse(&text), Ok(stmt), "{text}");
+        }
+        let select = Stmt::Select { table: "lock_rows".into(), key: "lock".into(), for_update: true };
+        assert_eq!(write(&select, &Style::REAL), "SELECT * FROM lock_rows WHERE k = 'lock' FOR UPDATE");
+        let expiry = Stmt::Delete {
+            table: "locks".into(),
+            key: "lock".into(),
+            cond: vec![cond("until", Op::Lt, Expr::NowPlus(0))],
+        };
+        assert_eq!(
+            write(&expiry, &Style { select: "*", now: NowAs::MillisSince(1000) }),
+            "DELETE FROM locks WHERE k = 'lock' AND until < (floor(extract(epoch from now()) * 1000)::bigint - 1000 + 0)"
+        );
+        assert_eq!(write(&Stmt::AdvisoryUnlock(42), &Style::REAL), "SELECT pg_advisory_unlock(42)");
     }
 }
