@@ -53,6 +53,18 @@ pub fn kinds_summary(result: &ScenarioResult) -> String {
     result.seeds_with.iter().map(|(k, n)| format!("{} in {n}", k.name())).collect::<Vec<_>>().join(", ")
 }
 
+/// `seed 17 is the first, 18 seeds in; from any seed, 3 seeds (median)` — or `None` when no seed was
+/// unsafe.
+pub fn to_violation(result: &ScenarioResult) -> Option<String> {
+    let t = result.to_violation?;
+    let seeds = |n: u64| if n == 1 { "1 seed".to_string() } else { format!("{n} seeds") };
+    let median = match t.median {
+        Some(m) => format!("from any seed, {} (median)", seeds(m)),
+        None => "from most seeds, none before the range ends (median unknown)".into(),
+    };
+    Some(format!("seed {} is the first, {} in; {median}", t.first_seed, seeds(t.first)))
+}
+
 /// `lease-expired-while-held in 92 seeds (94 times), stale-holder-resumed in 92 seeds (92 times)`
 pub fn hazards_summary(result: &ScenarioResult) -> String {
     let times = |h| result.hazard_counts.get(h).copied().unwrap_or(0);

@@ -28,6 +28,7 @@ pub mod scenario;
 pub mod shrink;
 pub mod suite;
 pub mod sweep;
+pub mod to_violation;
 pub mod variant;
 pub mod vary;
 pub mod workload;

@@ -10,6 +10,7 @@ use crate::distribution::Distribution;
 use crate::rate::Rate;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
+use crate::to_violation::{Gaps, ToViolation};
 use locksim_sim::hazard::{add_counts, Hazard, HazardCounts};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,6 +60,10 @@ pub struct ScenarioResult {
     pub seeds_with_hazard: BTreeMap<Hazard, u64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hazard_counts: HazardCounts,
+    /// How many seeds it took to find a violation (`None`: no unsafe seed, or results written before
+    /// it was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_violation: Option<ToViolation>,
     /// Measurements over all seeds.
     pub summary: Summary,
     /// Every seed's result, in seed order (empty when the sweep did not keep them: see [`sweep_each`]).
@@ -357,6 +362,7 @@ pub struct Judge {
     count: u64,
     unsafe_seeds: u64,
     first_unsafe: Option<u64>,
+    gaps: Gaps,
     /// The violations the unsafe seeds found.
     unsafe_kinds: BTreeSet<FindingKind>,
     first_with: BTreeMap<FindingKind, u64>,
@@ -377,10 +383,11 @@ impl Judge {
     pub fn new(meta: Meta, seeds: Range<u64>) -> Judge {
         Judge {
             meta,
-            seeds,
+            seeds: seeds.clone(),
             count: 0,
             unsafe_seeds: 0,
             first_unsafe: None,
+            gaps: Gaps::new(seeds),
             unsafe_kinds: BTreeSet::new(),
             first_with: BTreeMap::new(),
             seeds_with: BTreeMap::new(),
@@ -403,6 +410,7 @@ impl Judge {
         if r.verdict == Verdict::Unsafe {
             self.unsafe_seeds += 1;
             earliest(&mut self.first_unsafe);
+            self.gaps.unsafe_seed(r.seed);
             self.unsafe_kinds.extend(r.counts.keys().filter(|k| k.is_violation()));
         }
         for kind in r.counts.keys() {
@@ -511,6 +519,7 @@ impl Judge {
             seeds_with: self.seeds_with,
             seeds_with_hazard: self.seeds_with_hazard,
             hazard_counts: self.hazard_counts,
+            to_violation: self.gaps.finish(),
             unsafe_rate,
             rate_with,
             summary,

@@ -2,6 +2,8 @@
 
 use crate::results::ResultsWriter;
 use crate::text;
+use locksim_scenarios::run::SeedResult;
+use locksim_scenarios::scenario::Verdict;
 use locksim_scenarios::sweep::{sweep_each, ScenarioResult};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +62,9 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
+    if let Some(line) = text::to_violation(result) {
+        out.push_str(&format!("to a violation: {line}\n"));
+    }
     let hazards = text::hazards_summary(result);
     out.push_str(&format!("hazards: {}\n", if hazards.is_empty() { "none reached".into() } else { hazards }));
     out.push_str(&format!("measured: {}\n", text::summary(&result.summary)));
@@ -81,7 +86,15 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
     // Seed results go straight to the file as they finish, in seed order: nothing is kept per seed, so
     // memory stays flat over any number of seeds.
     let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &scenario.name)).transpose()?;
-    let mut save = |seed| json.as_mut().map_or(Ok(()), |out| out.seed(&seed));
+    let started = Instant::now();
+    // When the first violation came, in wall time: what finding this bug costs here.
+    let mut first_violation = None;
+    let mut save = |seed: SeedResult| {
+        if seed.verdict == Verdict::Unsafe {
+            first_violation.get_or_insert_with(|| started.elapsed().as_secs_f64());
+        }
+        json.as_mut().map_or(Ok(()), |out| out.seed(&seed))
+    };
     let empty = super::empty_shard(&args.seeds, args.shard).filter(|_| range.is_empty());
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
@@ -89,7 +102,6 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta}")
             .expect("valid template"),
     );
-    let started = Instant::now();
     let mut result = sweep_each(&scenario, range, jobs, &|| bar.inc(1), &mut save)?;
     result.shard = super::shard_record(&args.seeds, args.shard);
     let wall = started.elapsed().as_secs_f64();
@@ -104,8 +116,9 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
     }
     super::emit(&summary(&result, seeds))?;
     let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
+    let first = first_violation.map_or(String::new(), |s| format!("; the first violation after {s:.2} s"));
     eprintln!(
-        "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s",
+        "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s{first}",
         seeds as f64 / wall,
         simulated / wall
     );
