@@ -293,6 +293,7 @@ pub(crate) mod tests {
             rate_with: BTreeMap::new(),
             seeds_with_hazard: BTreeMap::new(),
             hazard_counts: BTreeMap::new(),
+            to_violation: None,
             summary: Summary::default(),
             results: (0..n).map(|s| seed(s, if s < bad { vec![kind] } else { vec![] })).collect(),
             shard: None,

@@ -220,8 +220,12 @@ impl Scenario {
         let workload = workload(&src, &file, &recipe, registry)?;
         let (stock, invariant) = (workload.stock, workload.work);
         let topo = topology(&recipe, &backend_params, command.as_ref(), workload.clients);
-        let schedule: Vec<Fault> =
-            file.faults.schedule.iter().map(|t| fault(&src, t, &topo, workload.duration)).collect::<Result<_, _>>()?;
+        let schedule: Vec<Fault> = file
+            .faults
+            .schedule
+            .iter()
+            .map(|t| fault(&src, t, &topo, workload.duration, recipe.id))
+            .collect::<Result<_, _>>()?;
         check_restarts(&src, &file.faults.schedule, &schedule)?;
         let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
         let liveness = file.check.liveness.as_ref().map_or(Ok(Duration::from_secs(30)), |l| {
@@ -589,9 +593,15 @@ fn check_restarts(src: &Source, tables: &[Spanned<Table>], schedule: &[Fault]) -
 
 /// One `[[faults.schedule]]` entry: `at`, `kind`, `target`, and the keys its kind takes. A fault that
 /// could never take effect in a run of `run_for` is refused: a fault test must not pass without its fault.
-fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology, run_for: Duration) -> Result<Fault, ScenarioError> {
+fn fault(
+    src: &Source,
+    table: &Spanned<Table>,
+    topo: &Topology,
+    run_for: Duration,
+    recipe: &str,
+) -> Result<Fault, ScenarioError> {
     let mut s = Section::new(src, "[[faults.schedule]]", table.get_ref());
-    let on = trigger(&mut s, topo)?;
+    let on = trigger(&mut s, topo, recipe)?;
     let at = match s.take("at") {
         Some(at_v) => {
             let at = s.duration("at", &at_v, false)?.1;
@@ -706,8 +716,10 @@ fn fault(src: &Source, table: &Spanned<Table>, topo: &Topology, run_for: Duratio
     Ok(Fault { at, target, action, on })
 }
 
-/// `on = "<event>"`, with `nth` and `client`: what starts an aimed fault (taken out of `s`).
-fn trigger(s: &mut Section, topo: &Topology) -> Result<Option<Trigger>, ScenarioError> {
+/// `on = "<event>"`, with `nth` and `client`: what starts an aimed fault (taken out of `s`). A point
+/// inside a recipe must be one `recipe` passes: another recipe never would, and the fault would never
+/// start.
+fn trigger(s: &mut Section, topo: &Topology, recipe: &str) -> Result<Option<Trigger>, ScenarioError> {
     let (on_v, nth_v, client_v) = (s.take("on"), s.take("nth"), s.take("client"));
     let Some(on_v) = on_v else {
         if let Some(v) = nth_v.or(client_v) {
@@ -719,9 +731,16 @@ fn trigger(s: &mut Section, topo: &Topology) -> Result<Option<Trigger>, Scenario
     };
     let name = s.string("on", &on_v)?;
     let event = TriggerEvent::parse(&name).ok_or_else(|| {
-        let known: Vec<&str> = TriggerEvent::ALL.iter().map(|e| e.name()).collect();
+        let known: Vec<&str> = TriggerEvent::ALL.iter().chain(&TriggerEvent::POINTS).map(|e| e.name()).collect();
         s.error(on_v.span(), format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", ")))
     })?;
+    if let Some(recipes) = event.recipes().filter(|r| !r.contains(&recipe)) {
+        let m = format!(
+            "on: \"{name}\" is a point inside {}, and this scenario's recipe is {recipe}: it would never start",
+            recipes.join(", ")
+        );
+        return Err(s.error(on_v.span(), m));
+    }
     let nth = match &nth_v {
         None => 1,
         Some(v) => match v.get_ref() {

@@ -126,7 +126,7 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    x % 4 == 0
+                    x.is_multiple_of(4)
                 })
                 .collect();
             let counted = of(100..100 + n, &unsafe_seeds).and_then(|t| t.median);

@@ -49,11 +49,17 @@ fn bad_triggers_are_refused_with_their_line() {
     let cases = [
         (
             "on = \"grant\"",
-            "t.toml:10:6: on: unknown event \"grant\"; expected one of: acquire, acquire-ok, enter, release, lock-lost",
+            "t.toml:10:6: on: unknown event \"grant\"; expected one of: acquire, acquire-ok, enter, release, lock-lost, \
+             etcd-mutex-checked",
         ),
         ("on = \"enter\"\nnth = 0", "t.toml:11:7: nth: expected a whole number from 1 to 1000000"),
         ("on = \"enter\"\nclient = \"client-7\"", "t.toml:11:10: client: no client \"client-7\" in this scenario"),
         ("nth = 2", "t.toml:10:7: nth and client choose the event of `on`"),
+        (
+            "on = \"etcd-mutex-checked\"",
+            "t.toml:10:6: on: \"etcd-mutex-checked\" is a point inside etcd.mutex, and this scenario's recipe is \
+             redis.set-nx-px: it would never start",
+        ),
         ("at = \"30s\"\non = \"enter\"", "t.toml:10:6: at: the run lasts 20s; a trigger armed at 30s would never fire"),
     ];
     for (keys, want) in cases {
@@ -167,4 +173,28 @@ fn aim_false_leaves_the_uniform_nemesis_unchanged() {
     let explicit = scenario(&AIMED_NEMESIS.replace("aim = true", "aim = false"));
     assert_eq!(resolve_schedule(&uniform, 3), resolve_schedule(&explicit, 3));
     assert!(resolve_schedule(&uniform, 3).iter().all(|f| f.on.is_none()));
+}
+
+/// A pause at a point inside etcd's `Mutex`, between its re-check and its grant, holds the waiter there:
+/// its lease expires before it records the grant, in every seed — where timed pauses of waiters land in
+/// that window about once in a hundred seeds.
+#[test]
+fn a_pause_at_the_mutex_recheck_point_grants_to_an_expired_session_in_every_seed() {
+    let text = |faults: &str| {
+        format!(
+            "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"2s\"\n\
+             [workload]\nkind = \"counter\"\nclients = 4\nduration = \"20s\"\nhold = [\"1s\", \"3s\"]\n{faults}"
+        )
+    };
+    let parse = |faults: &str| Scenario::parse("t.toml", &text(faults), &Registry::builtin()).unwrap();
+    let aimed = parse(
+        "[[faults.schedule]]\nat = \"5s\"\non = \"etcd-mutex-checked\"\nkind = \"pause\"\ntarget = \"trigger\"\n\
+         duration = \"5s\"\n",
+    );
+    for seed in 0..10 {
+        let run = run_seed(&aimed, seed).unwrap();
+        assert_eq!(run.result.verdict, Verdict::Unsafe, "seed {seed}");
+        let hazards: Vec<String> = run.result.hazards.keys().map(|h| h.to_string()).collect();
+        assert_eq!(hazards, ["grant-to-expired-session"], "seed {seed}: paused before its grant, not after");
+    }
 }

@@ -9,6 +9,8 @@
 //! network: [`Ctx::rpc`] and [`Ctx::clock`] are the simulator's alone.
 
 use crate::clock::Clock;
+use crate::fault::TriggerEvent;
+use crate::history::{NodeIx, Recorder};
 use crate::net::Rpc;
 use crate::rng::{stream, ChaCha8Rng, Rng, RngCore, Stream};
 use crate::world::NodeEnv;
@@ -32,10 +34,26 @@ pub struct Ctx {
 /// Where a context's time and network come from.
 #[derive(Clone)]
 enum Flavour {
-    /// A simulated node: its clock and its endpoint.
-    Sim { clock: Clock, rpc: Rc<Rpc> },
+    /// A simulated node: its clock, its endpoint, and the run's recorder (for points).
+    Sim { clock: Clock, rpc: Rc<Rpc>, recorder: Recorder, me: NodeIx },
     /// A real process: real time, real sockets (the family clients open their own).
     Real(RealTime),
+}
+
+/// Lets every other ready task run once before this one goes on.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// Real time for [`Ctx::real`], read by functions its caller supplies (the binary reads the machine's
@@ -53,7 +71,8 @@ impl Ctx {
     pub fn new(env: &NodeEnv, rpc: Rc<Rpc>) -> Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
-        Ctx { flavour: Flavour::Sim { clock: env.clock.clone(), rpc }, rng, node_wide: Rc::default() }
+        let flavour = Flavour::Sim { clock: env.clock.clone(), rpc, recorder: env.recorder.clone(), me: env.me };
+        Ctx { flavour, rng, node_wide: Rc::default() }
     }
 
     /// The context of a real client process (real mode), drawing from the `Recipe` stream of `seed` at
@@ -97,6 +116,21 @@ impl Ctx {
         match &self.flavour {
             Flavour::Sim { clock, .. } => clock.sleep(d).await,
             Flavour::Real(_) => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// The recipe has reached `point` ([`TriggerEvent::POINTS`]): a fault armed for it starts here,
+    /// before the recipe's next step — the recipe yields until the world has started it (a pause then
+    /// holds it at this point). It records nothing, and without a fault armed for the point it does not
+    /// yield, so a run is the same whether or not its recipe passes points. A real process has no
+    /// armed faults (real mode refuses `on`).
+    pub async fn point(&self, point: TriggerEvent) {
+        if let Flavour::Sim { recorder, me, .. } = &self.flavour {
+            if recorder.point(*me, point) {
+                while recorder.fired_pending() {
+                    YieldOnce(false).await;
+                }
+            }
         }
     }
 

@@ -227,9 +227,14 @@ pub enum TriggerEvent {
     Release,
     /// `LockLost`: a client learned that its lock is gone.
     LockLost,
+    /// A point inside `etcd.mutex` (no history event): the wait for the keys ahead has ended and the
+    /// re-check found our key (3.5) — or, without it (3.4.x), the wait has just ended — and the grant is
+    /// returned next. A pause here outlives the lease before the client records its grant.
+    EtcdMutexChecked,
 }
 
 impl TriggerEvent {
+    /// The history's client events a fault can be triggered by.
     pub const ALL: [TriggerEvent; 5] = [
         TriggerEvent::Acquire,
         TriggerEvent::AcquireOk,
@@ -238,6 +243,10 @@ impl TriggerEvent {
         TriggerEvent::LockLost,
     ];
 
+    /// Points inside recipes: moments between two of a recipe's own steps, which the history does not
+    /// show. The recipe passes them ([`crate::ctx::Ctx::point`]); only an armed trigger notices.
+    pub const POINTS: [TriggerEvent; 1] = [TriggerEvent::EtcdMutexChecked];
+
     pub fn name(self) -> &'static str {
         match self {
             TriggerEvent::Acquire => "acquire",
@@ -245,11 +254,20 @@ impl TriggerEvent {
             TriggerEvent::Enter => "enter",
             TriggerEvent::Release => "release",
             TriggerEvent::LockLost => "lock-lost",
+            TriggerEvent::EtcdMutexChecked => "etcd-mutex-checked",
         }
     }
 
     pub fn parse(name: &str) -> Option<TriggerEvent> {
-        TriggerEvent::ALL.into_iter().find(|e| e.name() == name)
+        TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS).find(|e| e.name() == name)
+    }
+
+    /// The recipes that pass a point (`None`: a history event, which every recipe's clients record).
+    pub fn recipes(self) -> Option<&'static [&'static str]> {
+        match self {
+            TriggerEvent::EtcdMutexChecked => Some(&["etcd.mutex"]),
+            _ => None,
+        }
     }
 
     /// One line for `locksim list faults`.
@@ -260,6 +278,9 @@ impl TriggerEvent {
             TriggerEvent::Enter => "the resource sees a critical section begin (after the grant, before any write)",
             TriggerEvent::Release => "a client calls release (its release is on its way)",
             TriggerEvent::LockLost => "a client learns its lock is gone (session or lease lost)",
+            TriggerEvent::EtcdMutexChecked => {
+                "etcd.mutex: the wait is over and the re-check found our key; the grant is returned next"
+            }
         }
     }
 }

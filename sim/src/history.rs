@@ -337,6 +337,25 @@ impl Recorder {
         }
     }
 
+    /// `node` passed a point inside its recipe ([`TriggerEvent::POINTS`]): it fires the triggers armed
+    /// for it, and records nothing (a history is the same whether or not anyone watches a point).
+    /// Whether it fired one.
+    pub fn point(&self, node: NodeIx, point: TriggerEvent) -> bool {
+        let t = crate::clock::sim_now_ns();
+        let mut s = self.0.lock().expect("recorder lock");
+        if s.armed.is_empty() || s.over_budget_at.is_some() {
+            return false;
+        }
+        let before = s.fired.len();
+        s.fire_triggers(t, node, point);
+        s.fired.len() > before
+    }
+
+    /// Whether a fired trigger waits for the world to start its fault.
+    pub fn fired_pending(&self) -> bool {
+        !self.0.lock().expect("recorder lock").fired.is_empty()
+    }
+
     /// Arm the triggers of aimed faults; [`Recorder::fired`] resolves when one fires.
     pub fn arm(&self, triggers: Vec<Armed>) {
         self.0.lock().expect("recorder lock").armed = triggers;

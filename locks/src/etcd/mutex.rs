@@ -28,6 +28,7 @@ use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::client::EtcdClient;
 use locksim_sim::backend::etcd::{Cmp, Compare, Op, OpResult, Range, Target};
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::TriggerEvent;
 
 const RECHECK: ParamSpec = ParamSpec {
     name: "recheck",
@@ -106,12 +107,19 @@ impl Mutex {
             Ok(()) if self.params.bool("recheck") => {
                 self.etcd.get(Range::key(my_key)).await.map_err(|e| e.outcome("get"))
             }
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                self.ctx.point(TriggerEvent::EtcdMutexChecked).await;
+                return Ok(());
+            }
             Err(outcome) => Err(outcome),
         };
         match checked {
             Ok((mine, _)) if mine.is_empty() => Err(Outcome::Fail("session expired: our key is gone".into())),
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // The window the re-check cannot close: our key was there when etcd answered.
+                self.ctx.point(TriggerEvent::EtcdMutexChecked).await;
+                Ok(())
+            }
             Err(outcome) => {
                 let _ = self.etcd.delete(my_key).await;
                 Err(outcome)

@@ -11,7 +11,7 @@
 //!   backend) is [`ClientError::Closed`] from then on; it never opens again;
 //! - server errors are results ([`SqlResult::Error`]) by SQLSTATE, as the sim answers them.
 //!
-//! Statements are written as the SQL the recipes' [`Stmt`]s stand for ([`write`]) and sent by the simple
+//! Statements are written as the SQL the recipes' [`Stmt`]s stand for ([`write()`]) and sent by the simple
 //! query protocol. One difference: tokio-postgres does not hand over `COMMIT`'s command tag, so the
 //! `COMMIT` of a failed transaction reads as done, not [`SqlResult::RolledBack`] (the built-in recipes
 //! roll a failed transaction back themselves before they commit anything).

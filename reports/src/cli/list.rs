@@ -99,8 +99,8 @@ fn faults(out: &mut String) {
         out,
         "Events that start an aimed fault (on = ..., with nth = N and client = \"client-N\"; at arms it):"
     );
-    for e in TriggerEvent::ALL {
-        let _ = writeln!(out, "  {:<12} {}", e.name(), e.describe());
+    for e in TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS) {
+        let _ = writeln!(out, "  {:<20} {}", e.name(), e.describe());
     }
     out.push('\n');
 }

@@ -20,7 +20,7 @@
 //! `expr` is a literal (`'text'`, an integer, `NULL`), `now()` or `now() ± interval '…'` (the model
 //! keeps times as milliseconds), or a column `±` an integer; `op` is `=`, `<>`, `!=`, `<`, `<=`, `>`, `>=`.
 //!
-//! The other way, [`write`] writes a [`Stmt`] as the SQL a real PostgreSQL runs — for real mode's
+//! The other way, [`write()`] writes a [`Stmt`] as the SQL a real PostgreSQL runs — for real mode's
 //! connections and for conformance — in a [`Style`] that says how to write a time.
 
 use super::{Cond, Expr, Op, Stmt, Value};
@@ -620,7 +620,7 @@ fn duration(text: &str) -> Option<Duration> {
     Some(Duration::from_millis(n.checked_mul(ms)?))
 }
 
-/// How [`write`] writes what can be asked of PostgreSQL in more than one way.
+/// How [`write()`] writes what can be asked of PostgreSQL in more than one way.
 #[derive(Debug, Clone, Copy)]
 pub struct Style<'a> {
     /// What a `SELECT` of a row lists: `*`, or its columns (`n, owner, until`) in a fixed order.
