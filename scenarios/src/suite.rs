@@ -138,10 +138,8 @@ fn hazard(src: &Source, name: &Spanned<String>) -> Result<Hazard, ScenarioError>
 }
 
 fn override_clients(src: &Source, scenario: &mut Scenario, clients: &Spanned<i64>) -> Result<(), ScenarioError> {
+    crate::scenario::check_clients(src, clients)?;
     let n = *clients.get_ref();
-    if !(1..=64).contains(&n) {
-        return Err(src.error(clients.span(), format!("clients: expected a whole number from 1 to 64, found {n}")));
-    }
     scenario.workload.clients = n as usize;
     scenario.name = format!("{}-{n}-clients", scenario.name);
     let topology = scenario.topology();

@@ -94,7 +94,7 @@ fn bad_flash_sale_parameters_are_errors_with_their_line() {
         ),
         (
             "kind = \"flash-sale\"\nclients = -2\nstock = 5",
-            "f.toml:7:11: clients: expected a whole number from 1 to 64, found -2",
+            "f.toml:7:11: clients: expected a whole number from 1 to 1000, found -2",
         ),
         ("kind = \"flash-sale\"\nclients = 3", "f.toml:6:8: a flash sale needs `stock`, the items on sale"),
         (
