@@ -250,6 +250,9 @@ impl Session<'_> {
                 Some(Line::Closed) => return Ok(Got::End(End::Died)),
                 Some(Line::Bad(e)) => return Err(e.into()),
                 Some(Line::Message(Message::Lost { reason })) => self.heard_lost(reason),
+                // A line read once the run is over may answer what another client's end of run set off
+                // (its process killed, its lock freed): it belongs to no run.
+                Some(Line::Message(_)) if self.run.over() => return Ok(Got::End(End::Over)),
                 Some(Line::Message(m)) => return Ok(Got::Message(m)),
             }
         }
