@@ -156,8 +156,7 @@ fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
             "redis.redlock with [backend] masters = 5: --real starts one Redis server",
         ),
         ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
-        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis and sql"),
-        ("etcd-mutex-crash.toml", "etcd.mutex: --real runs the built-in recipes of the redis and sql"),
+        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis, etcd and sql"),
     ] {
         let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
         assert_eq!(out.status.code(), Some(2), "{scenario}");
@@ -328,6 +327,62 @@ fn builtin_sql_recipes_on_real_postgresql_are_caught_where_the_simulator_catches
         assert!(text.contains(&format!("{scenario} ({recipe}): 2 real runs, ")), "{text}");
         assert!(text.contains(verdict), "{text}");
     }
+}
+
+/// The simulator's own `etcd.mutex` (clientv3 `concurrency.Mutex`), run for real as `locksim adapter`
+/// processes on a real etcd through its JSON gateway: a holder paused past its lease's TTL is revoked,
+/// the next waiter is granted, and the paused holder's write lands after its read; with fencing, the
+/// resource refuses that write's older create_revision.
+#[test]
+fn builtin_etcd_mutex_paused_past_its_lease_is_caught_and_fencing_refuses_the_stale_write() {
+    if !server_ready("etcd") {
+        return;
+    }
+    for (scenario, verdict) in [
+        ("builtin-etcd-mutex-pause", "expected unsafe [double-holder, unsafe-write]: as expected"),
+        ("builtin-etcd-mutex-fencing-pause", "expected unsafe [double-holder, stale-write-rejected]: as expected"),
+    ] {
+        let path = format!("scenarios/real/{scenario}.toml");
+        let out = locksim(&["run", &path, "--real", "--runs", "2"]);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {text}\n{err}");
+        assert!(text.contains(&format!("{scenario} (etcd.mutex): 2 real runs, ")), "{text}");
+        assert!(text.contains(verdict), "{text}");
+    }
+}
+
+/// A built-in recipe that listens for the loss of its lock (`lost_on = "keepalive"`) says so unprompted:
+/// cut off from etcd, the holder's real keep-alive hears nothing for the lease's TTL and stops, and the
+/// adapter's `{"lost":...}` line becomes `lock-lost` in the real history, inside the hold and the cut.
+#[test]
+fn a_builtin_etcd_holder_cut_off_past_its_lease_says_lost_unprompted() {
+    if !server_ready("etcd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"2s\"\nlost_on = \"keepalive\"\n[workload]\n\
+                kind = \"counter\"\nclients = 2\nduration = \"6s\"\nhold = \"4s\"\nthink = \"0ms\"\n\
+                [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"holder\"\n\
+                peers = [\"etcd-0\"]\nduration = \"4s\"\n";
+    std::fs::write(&path, text).unwrap();
+    let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
+    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap();
+    let history = history.expect("one run");
+    let (node, start, end) = fault_window(&history);
+    let client = history.nodes.iter().position(|n| *n == node).unwrap() as u32;
+    let lost = history.events.iter().find(|e| e.node.0 == client && matches!(e.kind, EventKind::LockLost { .. }));
+    let lost = lost.unwrap_or_else(|| panic!("{node} never said lost: {:#?}", history.events));
+    let EventKind::LockLost { reason } = &lost.kind else { unreachable!() };
+    assert!(reason.contains("lease keep-alive stopped: no answer for the lease TTL"), "{reason}");
+    let at = lost.t as f64 / 1e9;
+    assert!(at > start + 1.0 && at < end, "lost at {at}s, the cut {start}..{end}");
 }
 
 /// A built-in recipe's real Redis client keeps the simulated client's contract: a command that gets no

@@ -19,7 +19,6 @@ use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds,
 use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::etcd::client::EtcdClient;
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, KeyValue, Op, OpResult, Range, Target};
 use locksim_sim::ctx::Ctx;
 
@@ -42,7 +41,7 @@ const PREFIX: &str = "/election/";
 struct Candidate {
     ctx: Ctx,
     params: Params,
-    etcd: EtcdClient,
+    etcd: super::EtcdConn,
     session: Option<Session>,
     /// Our proposal's value.
     name: String,

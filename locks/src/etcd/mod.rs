@@ -11,7 +11,9 @@
 //! TTL).
 
 mod election;
+pub mod gateway;
 mod mutex;
+pub mod real;
 mod txn_lease;
 
 pub use election::observe;
@@ -170,6 +172,38 @@ impl EtcdApi for EtcdClient {
     }
 }
 
+/// A recipe's etcd client: of the simulated server, or (real mode) of a real one. Enum dispatch: the
+/// simulated path stays as direct as before.
+#[derive(Clone)]
+pub enum EtcdConn {
+    Sim(EtcdClient),
+    Real(real::RealEtcd),
+}
+
+#[async_trait(?Send)]
+impl EtcdApi for EtcdConn {
+    async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
+        match self {
+            EtcdConn::Sim(sim) => sim.request(request).await,
+            EtcdConn::Real(real) => real.request(request).await,
+        }
+    }
+
+    async fn watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<Watcher, CallError> {
+        match self {
+            EtcdConn::Sim(sim) => sim.watch(key, prefix, start_revision).await,
+            EtcdConn::Real(real) => real.watch(key, prefix, start_revision).await,
+        }
+    }
+
+    fn keep_alive(&self, lease: LeaseId, ttl: Duration) -> KeepAlive {
+        match self {
+            EtcdConn::Sim(sim) => sim.keep_alive(lease, ttl),
+            EtcdConn::Real(real) => real.keep_alive(lease, ttl),
+        }
+    }
+}
+
 /// Parameters every etcd recipe shares; a user's recipe may list them in its `params` too.
 pub const TTL: ParamSpec =
     ParamSpec::duration("ttl", 5_000, "lease TTL in whole seconds (etcd grants at least 2s); kept alive every TTL/3");
@@ -193,8 +227,13 @@ pub fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
     Ok(())
 }
 
-/// A client of this world's etcd from `ctx`'s node, whose calls wait up to `call_timeout`.
-pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdClient {
+/// A client of this world's etcd from `ctx`'s node (or, in real mode, of the real server), whose calls
+/// wait up to `call_timeout`.
+pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn {
+    if let Servers::Real(real) = servers {
+        let addr = real.etcd.as_deref().expect("an etcd recipe's process is given LOCKSIM_ETCD");
+        return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), addr, call_timeout));
+    }
     let etcd = EtcdServers::from(servers);
     let env = ClientEnv {
         rpc: ctx.rpc().clone(),
@@ -203,7 +242,7 @@ pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdClie
         server: etcd.server,
         router: ctx.node_wide(|| Router::new(ctx.random_u64())),
     };
-    EtcdClient::new(env, call_timeout)
+    EtcdConn::Sim(EtcdClient::new(env, call_timeout))
 }
 
 /// A lease kept alive: clientv3's `concurrency.Session`. The end of its keep-alive is recorded in the

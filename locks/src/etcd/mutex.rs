@@ -25,7 +25,6 @@ use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds,
 use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::etcd::client::EtcdClient;
 use locksim_sim::backend::etcd::{Cmp, Compare, Op, OpResult, Range, Target};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::TriggerEvent;
@@ -56,7 +55,7 @@ const PREFIX: &str = "/mutex/";
 struct Mutex {
     ctx: Ctx,
     params: Params,
-    etcd: EtcdClient,
+    etcd: super::EtcdConn,
     session: Option<Session>,
     /// Our key and its create_revision while we hold the lock.
     held: Option<(String, i64)>,

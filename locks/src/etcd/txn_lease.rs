@@ -17,7 +17,6 @@
 use super::{connect, whole_seconds, EtcdApi, Failed, Session, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::etcd::client::EtcdClient;
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, Op, Range, Target};
 use locksim_sim::ctx::Ctx;
 use std::time::Duration;
@@ -50,7 +49,7 @@ const LOCK: &str = "/lock";
 struct TxnLease {
     ctx: Ctx,
     params: Params,
-    etcd: EtcdClient,
+    etcd: super::EtcdConn,
     wait: bool,
     held: Option<Session>,
 }

@@ -18,6 +18,7 @@
 
 use super::servers::{Addr, Kind, Server};
 use super::{http, ticks, Action, Answer, Family, Step, MARGIN_MS, SLOT_MS};
+use locksim_locks::etcd::gateway;
 use locksim_sim::backend::etcd::{
     Cmp, Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, Event, EventType, KeyValue, Op as KvOp, OpResult,
     Range, SortOrder, SortTarget, Target, WatchResponse,
@@ -426,11 +427,11 @@ impl Family for Etcd {
         for l in leases["leases"].as_array().into_iter().flatten() {
             let _ = http::post(addr, "/v3/lease/revoke", &json!({"ID": l["ID"]}).to_string());
         }
-        http::post(addr, "/v3/kv/deleterange", &json!({"key": b64("\0"), "range_end": b64("\0")}).to_string())?;
-        let answer: Value =
-            serde_json::from_str(&http::post(addr, "/v3/kv/range", &json!({"key": b64("k0")}).to_string())?)?;
+        let everything = json!({"key": gateway::b64("\0"), "range_end": gateway::b64("\0")});
+        http::post(addr, "/v3/kv/deleterange", &everything.to_string())?;
+        let answer = http::post(addr, "/v3/kv/range", &gateway::range(&Range::key("k0")).to_string())?;
         // The model starts at revision 1.
-        Ok(Run { offset: int(&answer["header"]["revision"]) - 1, leases: Mutex::new(Vec::new()) })
+        Ok(Run { offset: gateway::revision(&serde_json::from_str(&answer)?) - 1, leases: Mutex::new(Vec::new()) })
     }
 
     fn connect(addr: &Addr, run: &Arc<Run>, _: usize) -> anyhow::Result<Client> {
@@ -586,226 +587,112 @@ struct Watch {
     _closer: http::Closer,
 }
 
-fn b64(s: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(s)
-}
-
-fn unb64(v: &Value) -> String {
-    use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap_or("")).unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// A JSON integer as the gateway writes it (int64 as a string; absent when zero).
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::String(s) => s.parse().unwrap_or(0),
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        _ => 0,
+/// A script's request with the real server's revisions (the script's counted from its start).
+fn to_real(request: EtcdRequest, offset: i64) -> EtcdRequest {
+    let shift = |r: i64| if r > 0 { r + offset } else { r };
+    let range = |r: Range| Range { max_create_revision: shift(r.max_create_revision), ..r };
+    let op = |op: KvOp| match op {
+        KvOp::Range(r) => KvOp::Range(range(r)),
+        other => other,
+    };
+    match request {
+        EtcdRequest::Op(o) => EtcdRequest::Op(op(o)),
+        EtcdRequest::Txn { compare, success, failure } => EtcdRequest::Txn {
+            compare: compare
+                .into_iter()
+                .map(|c| Compare {
+                    target: match c.target {
+                        Target::CreateRevision(r) => Target::CreateRevision(shift(r)),
+                        Target::ModRevision(r) => Target::ModRevision(shift(r)),
+                        other => other,
+                    },
+                    ..c
+                })
+                .collect(),
+            success: success.into_iter().map(op).collect(),
+            failure: failure.into_iter().map(op).collect(),
+        },
+        other => other,
     }
 }
 
-/// The end of a prefix range: the prefix with its last byte plus one.
-fn range_end(prefix: &str) -> String {
-    let mut bytes = prefix.as_bytes().to_vec();
-    *bytes.last_mut().expect("a prefix") += 1;
-    String::from_utf8_lossy(&bytes).into_owned()
+/// A key as the script sees it: revisions counted from the script's start.
+fn kv_from_real(kv: KeyValue, offset: i64) -> KeyValue {
+    let shift = |r: i64| if r == 0 { 0 } else { r - offset };
+    KeyValue { create_revision: shift(kv.create_revision), mod_revision: shift(kv.mod_revision), ..kv }
+}
+
+/// The real server's answer with the script's revisions.
+fn from_real(reply: EtcdReply, offset: i64) -> EtcdReply {
+    let result = |r: OpResult| match r {
+        OpResult::Range { kvs, count } => {
+            OpResult::Range { kvs: kvs.into_iter().map(|kv| kv_from_real(kv, offset)).collect(), count }
+        }
+        other => other,
+    };
+    match reply {
+        EtcdReply::Op { revision, result: r } => EtcdReply::Op { revision: revision - offset, result: result(r) },
+        EtcdReply::Txn { revision, succeeded, results } => EtcdReply::Txn {
+            revision: revision - offset,
+            succeeded,
+            results: results.into_iter().map(result).collect(),
+        },
+        EtcdReply::LeaseRevoked { revision } => EtcdReply::LeaseRevoked { revision: revision - offset },
+        other => other,
+    }
 }
 
 impl Client {
+    /// A unary request by the gateway; an error saying the lease is unknown is that etcd error.
     fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         match http::post(self.addr.0, path, &body.to_string()) {
             Ok(text) => Ok(serde_json::from_str(&text)?),
-            Err(e) if e.to_string().contains("lease not found") => Ok(json!({"error": "lease not found"})),
+            Err(e) if gateway::lease_not_found(&e.to_string()) => Ok(json!({"error": "lease not found"})),
             Err(e) => Err(e.into()),
         }
-    }
-
-    fn lease_id(&self, lease: usize) -> String {
-        self.run.leases.lock().expect("leases lock").get(lease).map_or("-1".into(), |id| id.to_string())
     }
 
     fn lease_name(&self) -> impl Fn(i64) -> Option<usize> + '_ {
         |id| self.run.leases.lock().expect("leases lock").iter().position(|i| *i == id)
     }
 
-    fn kv(&self, v: &Value) -> KeyValue {
-        let rev = |v: &Value| match int(v) {
-            0 => 0,
-            r => r - self.run.offset,
-        };
-        KeyValue {
-            key: unb64(&v["key"]),
-            value: unb64(&v["value"]),
-            create_revision: rev(&v["create_revision"]),
-            mod_revision: rev(&v["mod_revision"]),
-            version: int(&v["version"]),
-            lease: int(&v["lease"]),
-        }
-    }
-
-    fn range_json(&self, r: &Range) -> Value {
-        let mut body = json!({"key": b64(&r.key)});
-        if r.prefix {
-            body["range_end"] = json!(b64(&range_end(&r.key)));
-        }
-        if let Some((target, order)) = r.sort {
-            body["sort_target"] = json!(match target {
-                SortTarget::Key => "KEY",
-                SortTarget::Create => "CREATE",
-                SortTarget::Mod => "MOD",
-            });
-            body["sort_order"] = json!(match order {
-                SortOrder::Ascend => "ASCEND",
-                SortOrder::Descend => "DESCEND",
-            });
-        }
-        if r.limit > 0 {
-            body["limit"] = json!(r.limit.to_string());
-        }
-        if r.max_create_revision > 0 {
-            body["max_create_revision"] = json!((r.max_create_revision + self.run.offset).to_string());
-        }
-        body
-    }
-
-    fn put_json(&self, key: &str, value: &str, lease: &Option<usize>) -> Value {
-        let mut body = json!({"key": b64(key), "value": b64(value)});
-        if let Some(l) = lease {
-            body["lease"] = json!(self.lease_id(*l));
-        }
-        body
-    }
-
-    fn range_result(&self, v: &Value) -> OpResult {
-        let kvs = v["kvs"].as_array().into_iter().flatten().map(|kv| self.kv(kv)).collect();
-        OpResult::Range { kvs, count: int(&v["count"]) as usize }
-    }
-
-    fn revision(&self, v: &Value) -> i64 {
-        int(&v["header"]["revision"]) - self.run.offset
-    }
-
     fn send(&mut self, op: &Op) -> anyhow::Result<String> {
-        let reply = match op {
+        match op {
             Op::Events => {
                 let events = self.watch.as_ref().map(|w| std::mem::take(&mut *w.events.lock().expect("events lock")));
                 return Ok(events.unwrap_or_default().join(" | "));
             }
             Op::Watch { key, prefix, start_revision } => return self.watch(key, *prefix, *start_revision),
-            Op::Put { key, value, lease } => {
-                let v = self.post("/v3/kv/put", self.put_json(key, value, lease))?;
-                match v.get("error") {
-                    Some(_) => EtcdReply::Error(EtcdError::LeaseNotFound),
-                    None => EtcdReply::Op { revision: self.revision(&v), result: OpResult::Put },
-                }
-            }
-            Op::Range(r) => {
-                let v = self.post("/v3/kv/range", self.range_json(r))?;
-                EtcdReply::Op { revision: self.revision(&v), result: self.range_result(&v) }
-            }
-            Op::Delete { key, prefix } => {
-                let mut body = json!({"key": b64(key)});
-                if *prefix {
-                    body["range_end"] = json!(b64(&range_end(key)));
-                }
-                let v = self.post("/v3/kv/deleterange", body)?;
-                EtcdReply::Op {
-                    revision: self.revision(&v),
-                    result: OpResult::Delete { deleted: int(&v["deleted"]) as usize },
-                }
-            }
-            Op::Txn { compare, put: (key, value, lease) } => {
-                let (target, field, constant) = match &compare.target {
-                    Target::Value(v) => ("VALUE", "value", json!(b64(v))),
-                    Target::Version(n) => ("VERSION", "version", json!(n.to_string())),
-                    Target::CreateRevision(r) => ("CREATE", "create_revision", json!(self.real_revision(*r))),
-                    Target::ModRevision(r) => ("MOD", "mod_revision", json!(self.real_revision(*r))),
-                };
-                let result = match compare.cmp {
-                    Cmp::Equal => "EQUAL",
-                    Cmp::NotEqual => "NOT_EQUAL",
-                    Cmp::Less => "LESS",
-                    Cmp::Greater => "GREATER",
-                };
-                let mut cmp = json!({"key": b64(&compare.key), "result": result, "target": target});
-                cmp[field] = constant;
-                let body = json!({
-                    "compare": [cmp],
-                    "success": [{"request_put": self.put_json(key, value, lease)}],
-                    "failure": [{"request_range": self.range_json(&Range::key(&compare.key))}],
-                });
-                let v = self.post("/v3/kv/txn", body)?;
-                if v.get("error").is_some() {
-                    EtcdReply::Error(EtcdError::LeaseNotFound)
-                } else {
-                    let results = v["responses"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|r| match r.get("response_range") {
-                            Some(range) => self.range_result(range),
-                            None => OpResult::Put,
-                        })
-                        .collect();
-                    EtcdReply::Txn { revision: self.revision(&v), succeeded: v["succeeded"] == json!(true), results }
-                }
-            }
-            Op::Grant { ttl_s } => {
-                let v = self.post("/v3/lease/grant", json!({"TTL": ttl_s.to_string()}))?;
-                let id = int(&v["ID"]);
-                self.run.leases.lock().expect("leases lock").push(id);
-                EtcdReply::LeaseGranted { id, ttl_s: int(&v["TTL"]) }
-            }
-            Op::KeepAlive { lease } => {
-                let v = self.post("/v3/lease/keepalive", json!({"ID": self.lease_id(*lease)}))?;
-                EtcdReply::KeepAlive { id: 0, ttl_s: int(&v["result"]["TTL"]) }
-            }
-            Op::Revoke { lease } => {
-                let v = self.post("/v3/lease/revoke", json!({"ID": self.lease_id(*lease)}))?;
-                match v.get("error") {
-                    Some(_) => EtcdReply::Error(EtcdError::LeaseNotFound),
-                    None => EtcdReply::LeaseRevoked { revision: self.revision(&v) },
-                }
-            }
-            Op::TimeToLive { lease } => {
-                let v = self.post("/v3/lease/timetolive", json!({"ID": self.lease_id(*lease)}))?;
-                EtcdReply::TimeToLive { id: 0, ttl_s: int(&v["TTL"]), granted_ttl_s: int(&v["grantedTTL"]) }
-            }
-        };
-        Ok(show(&reply, &self.lease_name()))
-    }
-
-    fn real_revision(&self, r: i64) -> String {
-        (if r > 0 { r + self.run.offset } else { r }).to_string()
+            _ => {}
+        }
+        let ids = self.run.leases.lock().expect("leases lock").clone();
+        let request = to_real(to_model(op, &ids, 0), self.run.offset);
+        let (path, body) = gateway::encode(&request).expect("a unary request");
+        let reply = gateway::decode(&request, &self.post(path, body)?);
+        if let EtcdReply::LeaseGranted { id, .. } = reply {
+            self.run.leases.lock().expect("leases lock").push(id);
+        }
+        Ok(show(&from_real(reply, self.run.offset), &self.lease_name()))
     }
 
     /// Open the client's watch stream; answered once the server says it is created.
     fn watch(&mut self, key: &str, prefix: bool, start_revision: i64) -> anyhow::Result<String> {
-        let mut create = json!({"key": b64(key)});
-        if prefix {
-            create["range_end"] = json!(b64(&range_end(key)));
-        }
-        if start_revision > 0 {
-            create["start_revision"] = json!((start_revision + self.run.offset).to_string());
-        }
-        let (closer, mut lines) = http::open(self.addr.0, "/v3/watch", &json!({"create_request": create}).to_string())?;
+        let start = if start_revision > 0 { start_revision + self.run.offset } else { 0 };
+        let create = gateway::watch_create(key, prefix, start);
+        let (closer, mut lines) = http::open(self.addr.0, "/v3/watch", &create.to_string())?;
         let created: Value = serde_json::from_str(&lines.next_line()?.unwrap_or_default())?;
         // What the previous stream (ended by a restart) delivered and nobody asked for yet.
         let undrained = self.watch.take().map(|w| std::mem::take(&mut *w.events.lock().expect("events lock")));
         let events = Arc::new(Mutex::new(undrained.unwrap_or_default()));
         let (sink, run) = (events.clone(), self.run.clone());
-        let reader = Client { addr: self.addr, run: self.run.clone(), watch: None };
         // The first message may already carry events (a watch from a past revision).
         let mut pending = vec![created];
         std::thread::spawn(move || {
             let name = |id| run.leases.lock().expect("leases lock").iter().position(|i| *i == id);
             loop {
                 for message in pending.drain(..) {
-                    for e in message["result"]["events"].as_array().into_iter().flatten() {
-                        let kind = if e["type"] == json!("DELETE") { EventType::Delete } else { EventType::Put };
-                        let event = Event { kind, kv: reader.kv(&e["kv"]) };
+                    for e in gateway::watch_message(&message).1 {
+                        let event = Event { kv: kv_from_real(e.kv, run.offset), ..e };
                         sink.lock().expect("events lock").push(show_event(&event, &name));
                     }
                 }

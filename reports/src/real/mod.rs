@@ -9,9 +9,9 @@
 //! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
 //! checkers. Its backend must map to one real server — done so far: the Redis family on one master
-//! without replicas (not Redlock, not failover), and the database family on PostgreSQL (its tables and
-//! sequence made, and the `[backend]` settings set, on the fresh database before the clients start);
-//! anything else is refused before the run, saying why.
+//! without replicas (not Redlock, not failover), the etcd family (through etcd's JSON gateway), and the
+//! database family on PostgreSQL (its tables and sequence made, and the `[backend]` settings set, on the
+//! fresh database before the clients start); anything else is refused before the run, saying why.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
@@ -260,8 +260,9 @@ fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
         ),
         "redis" => Ok(CommandServer::Redis),
         "sql" => Ok(CommandServer::PostgreSql),
+        "etcd" => Ok(CommandServer::Etcd),
         family => anyhow::bail!(
-            "{}: {recipe}: --real runs the built-in recipes of the redis and sql families on a real server; \
+            "{}: {recipe}: --real runs the built-in recipes of the redis, etcd and sql families on a real server; \
              {family} recipes are not done yet (a `command` recipe runs against any of the four servers)",
             scenario.path
         ),

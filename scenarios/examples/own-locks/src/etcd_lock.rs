@@ -6,10 +6,9 @@
 //! renewing: its lease, and the key with it, expire after the TTL and the next client goes on.
 //! `scenarios/etcd-lease-key-crash.toml` checks that it stays safe when holders crash.
 
-use locksim_locks::etcd::{connect, EtcdApi, Session, CALL_TIMEOUT, FAMILY, TTL};
+use locksim_locks::etcd::{connect, EtcdApi, EtcdConn, Session, CALL_TIMEOUT, FAMILY, TTL};
 use locksim_locks::params::{ParamSpec, Params};
 use locksim_locks::{async_trait, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::etcd::client::EtcdClient;
 use locksim_sim::backend::etcd::{Cmp, Compare, Op, Target};
 use locksim_sim::ctx::Ctx;
 use std::time::Duration;
@@ -32,7 +31,7 @@ const KEY: &str = "/my-locks/orders";
 
 struct LeaseKey {
     ctx: Ctx,
-    etcd: EtcdClient,
+    etcd: EtcdConn,
     ttl: Duration,
     poll: Duration,
     held: Option<Session>,

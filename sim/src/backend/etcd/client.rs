@@ -27,6 +27,7 @@ use crate::history::{EventKind, NodeIx};
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -153,7 +154,7 @@ impl EtcdClient {
         let watched = Watched { events: tx, key: key.into(), prefix, next_revision: start_revision };
         router.watchers.borrow_mut().insert(id, watched);
         // Dropped on failure: the watch is cancelled, in case the server got the request after all.
-        let watcher = Watcher { id, events, env: self.env.clone() };
+        let watcher = Watcher { events, cancel: Cancel::Sim { id, env: self.env.clone() } };
         let request = EtcdRequest::Watch { id, connection: router.connection, key: key.into(), prefix, start_revision };
         if let EtcdReply::WatchCreated { revision, .. } = self.request(request).await? {
             // A watch "from now" resumes after the revision it was created at.
@@ -166,20 +167,74 @@ impl EtcdClient {
 
     /// Keep `lease` alive in the background until the server says it is gone or answers stop for a TTL.
     pub fn keep_alive(&self, lease: LeaseId, ttl: Duration) -> KeepAlive {
-        let (tx, done) = watch::channel(None);
-        let task = Background::spawn(keep_alive_loop(self.clone(), lease, ttl, tx));
-        KeepAlive { done, _task: task }
+        KeepAlive::start(self.clone(), lease, ttl)
+    }
+}
+
+/// What one lease's keep-alive loop runs on: a client's keep-alive call, its node's monotonic clock, and
+/// where the loop and its answers run. The simulated client ([`EtcdClient`]) and a real one share the
+/// loop ([`KeepAlive::start`]): only these differ.
+pub trait Lessor: Clone + 'static {
+    /// One `LeaseKeepAlive` and its answer.
+    fn keep_alive_once(&self, lease: LeaseId) -> impl Future<Output = Result<EtcdReply, CallError>>;
+    fn monotonic_ms(&self) -> i64;
+    fn sleep(&self, d: Duration) -> impl Future<Output = ()>;
+    /// Run `task` in the background until it ends, or until the handle is dropped.
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background;
+    /// Run `task` to its end beside the caller, detached.
+    fn spawn_detached(&self, task: impl Future<Output = ()> + 'static);
+    /// The keep-alive of `lease` has stopped, for `why` (a simulated client records it in the history).
+    fn stopped(&self, lease: LeaseId, why: &str);
+}
+
+impl Lessor for EtcdClient {
+    fn keep_alive_once(&self, lease: LeaseId) -> impl Future<Output = Result<EtcdReply, CallError>> {
+        self.request(EtcdRequest::LeaseKeepAlive { id: lease })
+    }
+
+    fn monotonic_ms(&self) -> i64 {
+        self.env.clock.monotonic_ms()
+    }
+
+    fn sleep(&self, d: Duration) -> impl Future<Output = ()> {
+        self.env.clock.sleep(d)
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
+        Background::spawn(task)
+    }
+
+    fn spawn_detached(&self, task: impl Future<Output = ()> + 'static) {
+        madsim::task::spawn_local(task);
+    }
+
+    fn stopped(&self, lease: LeaseId, why: &str) {
+        let state = format!("keep-alive of lease {lease:x} stopped: {why}");
+        self.env.recorder.record(self.env.rpc.me(), EventKind::Session { state });
     }
 }
 
 /// A watch; dropping it cancels it on the server.
 pub struct Watcher {
-    id: WatchId,
     events: mpsc::UnboundedReceiver<WatchResponse>,
-    env: ClientEnv,
+    cancel: Cancel,
+}
+
+/// How a dropped watch is cancelled.
+enum Cancel {
+    /// A simulated client's: forget the id and tell the server.
+    Sim { id: WatchId, env: ClientEnv },
+    /// A real client's: the task reading the watch's own stream is aborted, which closes the stream and
+    /// so the watch (the gRPC gateway cancels a watch whose HTTP stream is gone).
+    Stream { _reader: Background },
 }
 
 impl Watcher {
+    /// A watch fed by `reader`, a task of a real client that reads the watch's stream into `events`.
+    pub fn streamed(events: mpsc::UnboundedReceiver<WatchResponse>, reader: Background) -> Watcher {
+        Watcher { events, cancel: Cancel::Stream { _reader: reader } }
+    }
+
     /// The next batch of events (never `None` while the watcher lives).
     pub async fn next(&mut self) -> Option<WatchResponse> {
         self.events.recv().await
@@ -188,8 +243,10 @@ impl Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.env.router.watchers.borrow_mut().remove(&self.id);
-        self.env.rpc.tell(self.env.server, EtcdRequest::CancelWatch { id: self.id });
+        if let Cancel::Sim { id, env } = &self.cancel {
+            env.router.watchers.borrow_mut().remove(id);
+            env.rpc.tell(env.server, EtcdRequest::CancelWatch { id: *id });
+        }
     }
 }
 
@@ -201,6 +258,13 @@ pub struct KeepAlive {
 }
 
 impl KeepAlive {
+    /// Keep `lease` (granted for `ttl`) alive on `lessor` in the background.
+    pub fn start(lessor: impl Lessor, lease: LeaseId, ttl: Duration) -> KeepAlive {
+        let (tx, done) = watch::channel(None);
+        let task = lessor.spawn(keep_alive_loop(lessor.clone(), lease, ttl, tx));
+        KeepAlive { done, _task: task }
+    }
+
     /// Resolves, with the reason, when the keep-alive has stopped.
     pub async fn stopped(&self) -> String {
         let mut done = self.done.clone();
@@ -220,17 +284,16 @@ impl KeepAlive {
 }
 
 /// The end of one lease's keep-alive, said once.
-struct Ending {
+struct Ending<L> {
     lease: LeaseId,
     done: watch::Sender<Option<String>>,
-    env: ClientEnv,
+    lessor: L,
 }
 
-impl Ending {
+impl<L: Lessor> Ending<L> {
     fn stop(&self, why: &str) {
         if self.done.borrow().is_none() {
-            let state = format!("keep-alive of lease {:x} stopped: {why}", self.lease);
-            self.env.recorder.record(self.env.rpc.me(), EventKind::Session { state });
+            self.lessor.stopped(self.lease, why);
             self.done.send_replace(Some(why.to_string()));
         }
     }
@@ -242,18 +305,17 @@ impl Ending {
 
 /// clientv3's `sendKeepAliveLoop`, `recvKeepAlive` and `deadlineLoop` for one lease, on the node's
 /// monotonic clock.
-async fn keep_alive_loop(client: EtcdClient, lease: LeaseId, ttl: Duration, done: watch::Sender<Option<String>>) {
+async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, done: watch::Sender<Option<String>>) {
     const SEND_EVERY: Duration = Duration::from_millis(500);
-    let clock = client.env.clock.clone();
     // (next keep-alive due, deadline): due at once, and the first answer must come within a TTL.
-    let now = clock.monotonic_ms();
+    let now = lessor.monotonic_ms();
     let timing = Rc::new(Cell::new((now, now + ttl.as_millis() as i64)));
-    let ending = Rc::new(Ending { lease, done, env: client.env.clone() });
+    let ending = Rc::new(Ending { lease, done, lessor: lessor.clone() });
     let mut ticks = 0u64;
     while !ending.stopped() {
-        clock.sleep(SEND_EVERY).await;
+        lessor.sleep(SEND_EVERY).await;
         ticks += 1;
-        let now = clock.monotonic_ms();
+        let now = lessor.monotonic_ms();
         let (next, deadline) = timing.get();
         if ticks.is_multiple_of(2) && now > deadline {
             ending.stop("no answer for the lease TTL");
@@ -263,16 +325,16 @@ async fn keep_alive_loop(client: EtcdClient, lease: LeaseId, ttl: Duration, done
         }
         // The answer is handled beside the loop, as the real client's receive loop does; once the
         // keep-alive is dropped, a late answer finds nobody (the real client forgets the lease).
-        let (client, timing, ending) = (client.clone(), timing.clone(), Rc::downgrade(&ending));
-        madsim::task::spawn_local(async move {
-            let answer = client.request(EtcdRequest::LeaseKeepAlive { id: lease }).await;
+        let (client, timing, ending) = (lessor.clone(), timing.clone(), Rc::downgrade(&ending));
+        lessor.spawn_detached(async move {
+            let answer = client.keep_alive_once(lease).await;
             let Some(ending) = ending.upgrade() else { return };
             match answer {
                 Ok(EtcdReply::KeepAlive { ttl_s, .. }) if ttl_s <= 0 => {
                     ending.stop("the server says the lease has expired")
                 }
                 Ok(EtcdReply::KeepAlive { ttl_s, .. }) => {
-                    let now = client.env.clock.monotonic_ms();
+                    let now = client.monotonic_ms();
                     timing.set((now + ttl_s * 1000 / 3, now + ttl_s * 1000));
                 }
                 _ => {}
