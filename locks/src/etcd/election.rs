@@ -51,7 +51,12 @@ struct Candidate {
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let etcd = connect(&ctx, servers, params.duration("call_timeout"));
-    let name = format!("node-{}", ctx.rpc().me().0);
+    // The proposal's value names the candidate: its node, or a real process's random name.
+    let name = if ctx.is_real() {
+        format!("candidate-{:016x}", ctx.random_u64())
+    } else {
+        format!("node-{}", ctx.rpc().me().0)
+    };
     Box::new(Candidate { ctx, params: params.clone(), etcd, session: None, name, leading: None })
 }
 
