@@ -231,6 +231,10 @@ pub enum TriggerEvent {
     /// re-check found our key (3.5) — or, without it (3.4.x), the wait has just ended — and the grant is
     /// returned next. A pause here outlives the lease before the client records its grant.
     EtcdMutexChecked,
+    /// A point inside the ZooKeeper queue locks (Curator's `createsTheLock`, in every `zk.*` recipe but
+    /// `zk.ephemeral`): the client is about to create its sequential node. A `drop-reply` started here
+    /// loses that create's reply, which the server applied: the window of a retried create.
+    ZkQueueCreate,
 }
 
 impl TriggerEvent {
@@ -245,7 +249,7 @@ impl TriggerEvent {
 
     /// Points inside recipes: moments between two of a recipe's own steps, which the history does not
     /// show. The recipe passes them ([`crate::ctx::Ctx::point`]); only an armed trigger notices.
-    pub const POINTS: [TriggerEvent; 1] = [TriggerEvent::EtcdMutexChecked];
+    pub const POINTS: [TriggerEvent; 2] = [TriggerEvent::EtcdMutexChecked, TriggerEvent::ZkQueueCreate];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -255,6 +259,7 @@ impl TriggerEvent {
             TriggerEvent::Release => "release",
             TriggerEvent::LockLost => "lock-lost",
             TriggerEvent::EtcdMutexChecked => "etcd-mutex-checked",
+            TriggerEvent::ZkQueueCreate => "zk-queue-create",
         }
     }
 
@@ -266,6 +271,13 @@ impl TriggerEvent {
     pub fn recipes(self) -> Option<&'static [&'static str]> {
         match self {
             TriggerEvent::EtcdMutexChecked => Some(&["etcd.mutex"]),
+            TriggerEvent::ZkQueueCreate => Some(&[
+                "zk.sequential",
+                "zk.sequential-unprotected",
+                "zk.rwlock",
+                "zk.semaphore-mutex",
+                "zk.leader-election",
+            ]),
             _ => None,
         }
     }
@@ -281,6 +293,7 @@ impl TriggerEvent {
             TriggerEvent::EtcdMutexChecked => {
                 "etcd.mutex: the wait is over and the re-check found our key; the grant is returned next"
             }
+            TriggerEvent::ZkQueueCreate => "a ZooKeeper queue lock is about to create its sequential node",
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, ZkError};
 use locksim_sim::ctx::{Background, Ctx};
+use locksim_sim::fault::TriggerEvent;
 use std::time::Duration;
 
 const PARAMS: &[ParamSpec] = &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON];
@@ -201,6 +202,7 @@ impl Sequential {
                     Err(_) => continue,
                 }
             }
+            self.ctx.point(TriggerEvent::ZkQueueCreate).await;
             match zk.create(&path, CreateMode::EphemeralSequential).await {
                 Ok((path, stat)) => return Ok((path, stat.czxid)),
                 Err(ClientError::ConnectionLoss) => may_exist = true,
