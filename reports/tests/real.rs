@@ -1,5 +1,5 @@
 //! Real mode (`locksim run FILE --real`): what it refuses before starting anything, and shipped real
-//! scenarios on real Redis, etcd and PostgreSQL with the Python adapters. Where a server
+//! scenarios on real Redis, ZooKeeper, etcd and PostgreSQL, built-in and with the Python adapters. Where a server
 //! (`.ci/install-servers`) or the adapters' virtualenv (`scenarios/real/setup`) is missing, the real run
 //! says so and passes, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it, so that in CI it
 //! fails instead.
@@ -156,7 +156,10 @@ fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
             "redis.redlock with [backend] masters = 5: --real starts one Redis server",
         ),
         ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
-        ("zk-ephemeral-gc-pause.toml", "zk.ephemeral: --real runs the built-in recipes of the redis, etcd and sql"),
+        (
+            "zk-ephemeral-gc-pause.toml",
+            "zk.ephemeral with [backend] tick_time = 2000ms: --real starts ZooKeeper with tickTime 200ms",
+        ),
     ] {
         let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
         assert_eq!(out.status.code(), Some(2), "{scenario}");
@@ -346,49 +349,96 @@ fn builtin_etcd_mutex_paused_past_its_lease_is_caught_and_fencing_refuses_the_st
     ]);
 }
 
-/// Every built-in etcd recipe runs in real client processes on a real etcd, and without faults stays safe
-/// while its clients take turns.
+/// The simulator's own `zk.sequential` (Curator's `InterProcessMutex`), run for real as `locksim
+/// adapter` processes on a real ZooKeeper: a holder paused past its session timeout loses its session and
+/// its node, the next in line is granted, and the resumed holder writes before its client hears that its
+/// connection is gone; with fencing, the resource refuses the older czxid.
 #[test]
-fn every_builtin_etcd_recipe_runs_for_real_and_stays_safe_without_faults() {
-    if !server_ready("etcd") {
+fn builtin_zk_sequential_paused_past_its_session_is_caught_and_fencing_refuses_the_stale_write() {
+    if !server_ready("zookeeper") {
         return;
     }
+    built_in_runs_as_expected(&[
+        ("builtin-zk-sequential-pause", "zk.sequential", "expected unsafe [double-holder, unsafe-write]"),
+        (
+            "builtin-zk-sequential-fencing-pause",
+            "zk.sequential",
+            "expected unsafe [double-holder, stale-write-rejected]",
+        ),
+    ]);
+}
+
+/// Every built-in etcd and ZooKeeper recipe runs in real client processes on its real server, and
+/// without faults stays safe while its clients take turns.
+#[test]
+fn every_builtin_etcd_and_zookeeper_recipe_runs_for_real_and_stays_safe_without_faults() {
+    let etcd: &[&str] = &["etcd.txn-lease", "etcd.txn-lease-wait", "etcd.mutex", "etcd.election"];
+    let zk: &[&str] = &[
+        "zk.ephemeral",
+        "zk.sequential",
+        "zk.sequential-unprotected",
+        "zk.rwlock",
+        "zk.semaphore-mutex",
+        "zk.leader-election",
+    ];
+    let families = [
+        ("etcd", etcd, "ttl = \"2s\"\n"),
+        ("zookeeper", zk, "session_timeout = \"2s\"\n[backend]\ntick_time = \"200ms\"\n"),
+    ];
     let dir = tempfile::tempdir().unwrap();
-    for id in ["etcd.txn-lease", "etcd.txn-lease-wait", "etcd.mutex", "etcd.election"] {
-        let path = dir.path().join(format!("{id}.toml"));
-        let text = format!(
-            "name = \"calm\"\n[recipe]\nid = \"{id}\"\nttl = \"2s\"\n[workload]\nkind = \"counter\"\nclients = 2\n\
-             duration = \"3s\"\nhold = [\"50ms\", \"100ms\"]\n"
-        );
-        std::fs::write(&path, text).unwrap();
-        let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
-        let text = stdout(&out);
-        assert_eq!(out.status.code(), Some(0), "{id}: {text}\n{}", stderr(&out));
-        assert!(text.contains(&format!("calm ({id}): 1 real runs, 0 unsafe")), "{text}");
-        let acquisitions: f64 = text
-            .split("measured: ")
-            .nth(1)
-            .and_then(|m| m.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{id}: no acquisitions measured: {text}"));
-        assert!(acquisitions >= 2.0, "{id}: {text}");
+    for (server, ids, keys) in families {
+        if !server_ready(server) {
+            continue;
+        }
+        for id in ids {
+            let path = dir.path().join(format!("{id}.toml"));
+            let text = format!(
+                "name = \"calm\"\n[recipe]\nid = \"{id}\"\n{keys}[workload]\nkind = \"counter\"\nclients = 2\n\
+                 duration = \"3s\"\nhold = [\"50ms\", \"100ms\"]\n"
+            );
+            std::fs::write(&path, text).unwrap();
+            let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
+            let text = stdout(&out);
+            assert_eq!(out.status.code(), Some(0), "{id}: {text}\n{}", stderr(&out));
+            assert!(text.contains(&format!("calm ({id}): 1 real runs, 0 unsafe")), "{text}");
+            let acquisitions: f64 = text
+                .split("measured: ")
+                .nth(1)
+                .and_then(|m| m.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{id}: no acquisitions measured: {text}"));
+            assert!(acquisitions >= 2.0, "{id}: {text}");
+        }
     }
 }
 
-/// A built-in recipe that listens for the loss of its lock (`lost_on = "keepalive"`) says so unprompted:
-/// cut off from etcd, the holder's real keep-alive hears nothing for the lease's TTL and stops, and the
-/// adapter's `{"lost":...}` line becomes `lock-lost` in the real history, inside the hold and the cut.
+/// A built-in recipe that listens for the loss of its lock (`lost_on`) says so unprompted: cut off from
+/// etcd, the holder's real keep-alive hears nothing for the lease's TTL and stops; cut off from ZooKeeper,
+/// its real client hears nothing for 2/3 of the session timeout and is disconnected (Curator's SUSPENDED).
+/// The adapter's `{"lost":...}` line becomes `lock-lost` in the real history, inside the hold and the cut.
 #[test]
-fn a_builtin_etcd_holder_cut_off_past_its_lease_says_lost_unprompted() {
-    if !server_ready("etcd") {
-        return;
+fn a_builtin_holder_cut_off_from_etcd_or_zookeeper_says_lost_unprompted() {
+    if server_ready("etcd") {
+        let recipe = "id = \"etcd.mutex\"\nttl = \"2s\"\nlost_on = \"keepalive\"\n";
+        cut_off_holder_says_lost(recipe, "etcd-0", "lease keep-alive stopped: no answer for the lease TTL");
     }
+    if server_ready("zookeeper") {
+        let recipe = "id = \"zk.sequential\"\nsession_timeout = \"2s\"\nlost_on = \"suspended\"\n\
+                      [backend]\ntick_time = \"200ms\"\n";
+        cut_off_holder_says_lost(recipe, "zk-0", "connection suspended");
+    }
+}
+
+/// Run `recipe` (its `[recipe]` keys, and any `[backend]`) for real, the holder cut off from `server` for
+/// 4 s while it holds for 4 s, and check it said `lost` for `reason` in the cut, a second or more in.
+fn cut_off_holder_says_lost(recipe: &str, server: &str, reason: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.toml");
-    let text = "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"2s\"\nlost_on = \"keepalive\"\n[workload]\n\
-                kind = \"counter\"\nclients = 2\nduration = \"6s\"\nhold = \"4s\"\nthink = \"0ms\"\n\
-                [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"holder\"\n\
-                peers = [\"etcd-0\"]\nduration = \"4s\"\n";
+    let text = format!(
+        "name = \"t\"\n[recipe]\n{recipe}[workload]\nkind = \"counter\"\nclients = 2\nduration = \"6s\"\n\
+         hold = \"4s\"\nthink = \"0ms\"\n[[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\n\
+         target = \"holder\"\npeers = [\"{server}\"]\nduration = \"4s\"\n"
+    );
     std::fs::write(&path, text).unwrap();
     let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
     std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
@@ -402,11 +452,11 @@ fn a_builtin_etcd_holder_cut_off_past_its_lease_says_lost_unprompted() {
     let (node, start, end) = fault_window(&history);
     let client = history.nodes.iter().position(|n| *n == node).unwrap() as u32;
     let lost = history.events.iter().find(|e| e.node.0 == client && matches!(e.kind, EventKind::LockLost { .. }));
-    let lost = lost.unwrap_or_else(|| panic!("{node} never said lost: {:#?}", history.events));
-    let EventKind::LockLost { reason } = &lost.kind else { unreachable!() };
-    assert!(reason.contains("lease keep-alive stopped: no answer for the lease TTL"), "{reason}");
+    let lost = lost.unwrap_or_else(|| panic!("{recipe}: {node} never said lost: {:#?}", history.events));
+    let EventKind::LockLost { reason: said } = &lost.kind else { unreachable!() };
+    assert!(said.contains(reason), "{recipe}: {said}");
     let at = lost.t as f64 / 1e9;
-    assert!(at > start + 1.0 && at < end, "lost at {at}s, the cut {start}..{end}");
+    assert!(at > start + 1.0 && at < end, "{recipe}: lost at {at}s, the cut {start}..{end}");
 }
 
 /// A built-in recipe's real Redis client keeps the simulated client's contract: a command that gets no

@@ -88,6 +88,15 @@ impl Ctx {
         matches!(self.flavour, Flavour::Real(_))
     }
 
+    /// A name for this client that its peers tell apart (a candidate's value in an election): a simulated
+    /// node's index, or a real process's name drawn from its random stream.
+    pub fn name(&self) -> String {
+        match &self.flavour {
+            Flavour::Sim { me, .. } => format!("node-{}", me.0),
+            Flavour::Real(_) => format!("candidate-{:016x}", self.random_u64()),
+        }
+    }
+
     /// The node's one value of type `T`, made with `make` on first use.
     pub fn node_wide<T: 'static>(&self, make: impl FnOnce() -> T) -> Rc<T> {
         let mut map = self.node_wide.borrow_mut();

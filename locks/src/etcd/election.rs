@@ -51,12 +51,7 @@ struct Candidate {
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let etcd = connect(&ctx, servers, params.duration("call_timeout"));
-    // The proposal's value names the candidate: its node, or a real process's random name.
-    let name = if ctx.is_real() {
-        format!("candidate-{:016x}", ctx.random_u64())
-    } else {
-        format!("node-{}", ctx.rpc().me().0)
-    };
+    let name = ctx.name();
     Box::new(Candidate { ctx, params: params.clone(), etcd, session: None, name, leading: None })
 }
 

@@ -73,7 +73,7 @@ struct Led {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let name = format!("node-{}", ctx.rpc().me().0);
+    let name = ctx.name();
     Box::new(Candidate { core: Sequential::new(params, ctx, servers, true), led: None, name })
 }
 

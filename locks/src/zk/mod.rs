@@ -13,14 +13,16 @@
 //!   SUSPENDED — which leaves a window of about 2/3·T in which another client may hold the lock.
 
 mod ephemeral;
+pub mod jute;
 mod leader;
+pub mod real;
 mod rwlock;
 mod semaphore;
 mod sequential;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
-use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Router, Watch, ZkClient};
+use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Router, Watch, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
@@ -231,7 +233,7 @@ pub fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
 /// can be opened.
 #[derive(Clone)]
 pub struct ZkSession {
-    env: ClientEnv,
+    host: Host,
     requested: Duration,
     /// Held across a connect, so that two users of one handle never open two sessions.
     client: Rc<AsyncMutex<Option<ZkClient>>>,
@@ -241,15 +243,25 @@ impl ZkSession {
     /// A handle on this world's ZooKeeper from `ctx`'s node, asking for sessions of `session_timeout`
     /// (the server negotiates it into 2..20 ticks). No session is opened until first used.
     pub fn new(ctx: &Ctx, servers: &Servers, session_timeout: Duration) -> ZkSession {
-        let zk = ZkServers::from(servers);
-        let env = ClientEnv {
-            rpc: ctx.rpc().clone(),
-            clock: ctx.clock().clone(),
-            recorder: zk.recorder.clone(),
-            server: zk.server,
-            router: ctx.node_wide(Router::default),
+        let router = ctx.node_wide(Router::default);
+        let host = match servers {
+            Servers::Real(real) => {
+                let addr = real.zookeeper.as_deref().expect("a ZooKeeper recipe's process is given LOCKSIM_ZOOKEEPER");
+                let link = Rc::new(real::RealZk::new(ctx.clone(), addr, router.clone()));
+                Host::Real { ctx: ctx.clone(), link, router }
+            }
+            _ => {
+                let zk = ZkServers::from(servers);
+                Host::Sim(ClientEnv {
+                    rpc: ctx.rpc().clone(),
+                    clock: ctx.clock().clone(),
+                    recorder: zk.recorder.clone(),
+                    server: zk.server,
+                    router,
+                })
+            }
         };
-        ZkSession { env, requested: session_timeout, client: Rc::default() }
+        ZkSession { host, requested: session_timeout, client: Rc::default() }
     }
 
     /// A live session: the current one, or a new one if there is none or it has expired (`None`: the
@@ -258,7 +270,7 @@ impl ZkSession {
     pub async fn live(&self) -> Option<ZkClient> {
         let mut client = self.client.lock().await;
         if client.as_ref().is_none_or(ZkClient::expired) {
-            *client = ZkClient::connect(self.env.clone(), self.requested).await;
+            *client = ZkClient::connect(self.host.clone(), self.requested).await;
         }
         client.clone()
     }

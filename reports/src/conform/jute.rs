@@ -6,121 +6,10 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
-/// Request types (`ZooDefs.OpCode`).
-pub const CREATE: i32 = 1;
-pub const CREATE2: i32 = 15;
-pub const DELETE: i32 = 2;
-pub const EXISTS: i32 = 3;
-pub const GET_DATA: i32 = 4;
-pub const SET_DATA: i32 = 5;
-pub const GET_CHILDREN2: i32 = 12;
-pub const PING: i32 = 11;
-pub const REMOVE_WATCHES: i32 = 18;
-pub const CHECK: i32 = 13;
-pub const MULTI: i32 = 14;
-pub const SYNC: i32 = 9;
-/// A `multi`'s result entry for an operation that failed or was not applied (`OpCode.error`).
-pub const ERROR: i32 = -1;
-pub const CLOSE_SESSION: i32 = -11;
-pub const SET_WATCHES: i32 = 101;
-
-/// A request body, written as jute writes it (big-endian, length-prefixed strings and buffers).
-#[derive(Default)]
-pub struct Body(Vec<u8>);
-
-impl Body {
-    pub fn int(mut self, v: i32) -> Self {
-        self.0.extend(v.to_be_bytes());
-        self
-    }
-
-    pub fn long(mut self, v: i64) -> Self {
-        self.0.extend(v.to_be_bytes());
-        self
-    }
-
-    pub fn bool(mut self, v: bool) -> Self {
-        self.0.push(u8::from(v));
-        self
-    }
-
-    pub fn bytes(self, v: &[u8]) -> Self {
-        let mut b = self.int(v.len() as i32);
-        b.0.extend(v);
-        b
-    }
-
-    pub fn str(self, v: &str) -> Self {
-        self.bytes(v.as_bytes())
-    }
-
-    /// `ZooDefs.Ids.OPEN_ACL_UNSAFE`: everyone may do everything.
-    pub fn open_acl(self) -> Self {
-        self.int(1).int(31).str("world").str("anyone")
-    }
-}
-
-/// A reply body, read back.
-pub struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    /// A `MultiHeader`: the operation's type, whether this is the end marker, and its error code.
-    pub fn multi_header(&mut self) -> std::io::Result<(i32, bool, i32)> {
-        let kind = self.int()?;
-        let done = self.take(1)?[0] != 0;
-        Ok((kind, done, self.int()?))
-    }
-
-    fn take(&mut self, n: usize) -> std::io::Result<&[u8]> {
-        if self.0.len() < n {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a short ZooKeeper reply"));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    pub fn int(&mut self) -> std::io::Result<i32> {
-        Ok(i32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    pub fn long(&mut self) -> std::io::Result<i64> {
-        Ok(i64::from_be_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-
-    pub fn bytes(&mut self) -> std::io::Result<Vec<u8>> {
-        let n = self.int()?;
-        Ok(if n < 0 { Vec::new() } else { self.take(n as usize)?.to_vec() })
-    }
-
-    pub fn str(&mut self) -> std::io::Result<String> {
-        Ok(String::from_utf8_lossy(&self.bytes()?).into_owned())
-    }
-}
-
-/// The fields of a znode's `Stat`, in wire order.
-#[derive(Debug, Clone, Copy)]
-pub struct Stat {
-    pub czxid: i64,
-    pub mzxid: i64,
-    pub version: i32,
-    pub cversion: i32,
-    pub ephemeral_owner: i64,
-    pub num_children: i32,
-    pub pzxid: i64,
-}
-
-impl Reader<'_> {
-    pub fn stat(&mut self) -> std::io::Result<Stat> {
-        let (czxid, mzxid) = (self.long()?, self.long()?);
-        let (_ctime, _mtime) = (self.long()?, self.long()?);
-        let (version, cversion, _aversion) = (self.int()?, self.int()?, self.int()?);
-        let ephemeral_owner = self.long()?;
-        let (_data_length, num_children) = (self.int()?, self.int()?);
-        let pzxid = self.long()?;
-        Ok(Stat { czxid, mzxid, version, cversion, ephemeral_owner, num_children, pzxid })
-    }
-}
+pub use locksim_locks::zk::jute::{
+    error, flags, Body, Reader, Stat, CHECK, CLOSE_SESSION, CREATE, CREATE2, DELETE, ERROR, EXISTS, GET_CHILDREN2,
+    GET_DATA, MULTI, PING, REMOVE_WATCHES, SET_DATA, SET_WATCHES, SYNC,
+};
 
 /// A watch event (`WatcherEvent`): its type and path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,13 +87,10 @@ impl Conn {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(super::ANSWER_TIMEOUT))?;
-        let (id, password) = session.unwrap_or((0, vec![0; 16]));
-        let request = Body::default().int(0).long(0).int(timeout_ms).long(id).bytes(&password).bool(false);
+        let request = Body::connect(timeout_ms, session.as_ref().map(|(id, password)| (*id, password.as_slice())));
         write_frame(&mut stream, &request.0)?;
         let frame = read_frame(&mut stream)?;
-        let mut r = Reader(&frame);
-        let (_protocol, timeout) = (r.int()?, r.int()?);
-        let (session, password) = (r.long()?, r.bytes()?);
+        let (timeout, session, password) = Reader(&frame).connected()?;
         if timeout <= 0 {
             return Ok(Err(Expired));
         }

@@ -596,29 +596,12 @@ pub struct Client {
     reattach: bool,
 }
 
-/// `CreateMode`'s flags on the wire.
-fn flags(mode: CreateMode) -> i32 {
-    match mode {
-        CreateMode::Persistent => 0,
-        CreateMode::Ephemeral => 1,
-        CreateMode::PersistentSequential => 2,
-        CreateMode::EphemeralSequential => 3,
-    }
-}
-
 /// `KeeperException.Code` values the model names.
 fn error(code: i32) -> String {
-    let e = match code {
-        -101 => ZkError::NoNode,
-        -110 => ZkError::NodeExists,
-        -103 => ZkError::BadVersion,
-        -111 => ZkError::NotEmpty,
-        -108 => ZkError::NoChildrenForEphemerals,
-        -112 => ZkError::SessionExpired,
-        -121 => ZkError::NoWatcher,
-        other => return format!("error code {other}"),
-    };
-    format!("error {e:?}")
+    match jute::error(code) {
+        Some(e) => format!("error {e:?}"),
+        None => format!("error code {code}"),
+    }
 }
 
 impl Client {
@@ -698,9 +681,14 @@ impl Client {
             let mut body = Body::default();
             for op in ops {
                 body = match op {
-                    TxnOp::Create { path, data, mode } => {
-                        body.int(jute::CREATE2).bool(false).int(-1).str(path).str(data).open_acl().int(flags(*mode))
-                    }
+                    TxnOp::Create { path, data, mode } => body
+                        .int(jute::CREATE2)
+                        .bool(false)
+                        .int(-1)
+                        .str(path)
+                        .str(data)
+                        .open_acl()
+                        .int(jute::flags(*mode)),
                     TxnOp::Delete { path, version } => {
                         body.int(jute::DELETE).bool(false).int(-1).str(path).int(*version)
                     }
@@ -755,7 +743,7 @@ impl Client {
 
     /// `create2`: the path created and its stat, or the error.
     fn create(&mut self, path: &str, data: &str, mode: CreateMode) -> anyhow::Result<Result<(String, Stat), String>> {
-        let flags = flags(mode);
+        let flags = jute::flags(mode);
         Ok(match self.call(jute::CREATE2, || Body::default().str(path).str(data).open_acl().int(flags))? {
             Ok(body) => {
                 let mut r = jute::reader(&body);

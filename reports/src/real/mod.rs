@@ -8,10 +8,11 @@
 //! clients as processes of this very binary, `locksim adapter SCENARIO --seed S` ([`adapter`],
 //! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
-//! checkers. Its backend must map to one real server — done so far: the Redis family on one master
-//! without replicas (not Redlock, not failover), the etcd family (through etcd's JSON gateway), and the
-//! database family on PostgreSQL (its tables and sequence made, and the `[backend]` settings set, on the
-//! fresh database before the clients start); anything else is refused before the run, saying why.
+//! checkers. Its backend must map to one real server: the Redis family on one master without replicas
+//! (not Redlock, not failover), the ZooKeeper family (with the launcher's tickTime), the etcd family
+//! (through etcd's JSON gateway), and the database family on PostgreSQL (its tables and sequence made,
+//! and the `[backend]` settings set, on the fresh database before the clients start); anything else is
+//! refused before the run, saying why.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
@@ -242,6 +243,9 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     Ok(Clients::Command(command))
 }
 
+/// The tickTime of the ZooKeeper real mode starts (the conformance launcher's).
+const ZK_TICK: Duration = Duration::from_millis(crate::conform::zk::TICK_MS);
+
 /// The one real server a built-in recipe's scenario maps to, or why real mode cannot run it.
 fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
     let (recipe, backend) = (scenario.recipe.id, &scenario.backend_params);
@@ -261,9 +265,19 @@ fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
         "redis" => Ok(CommandServer::Redis),
         "sql" => Ok(CommandServer::PostgreSql),
         "etcd" => Ok(CommandServer::Etcd),
+        "zk" if backend.duration("tick_time") != ZK_TICK => anyhow::bail!(
+            "{}: {recipe} with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms, which \
+             bounds the sessions it grants (2 to 20 ticks); set [backend] tick_time = \"{}ms\" so that the \
+             simulated and the real server negotiate the same session timeout",
+            scenario.path,
+            backend.duration("tick_time").as_millis(),
+            ZK_TICK.as_millis(),
+            ZK_TICK.as_millis()
+        ),
+        "zk" => Ok(CommandServer::ZooKeeper),
         family => anyhow::bail!(
-            "{}: {recipe}: --real runs the built-in recipes of the redis, etcd and sql families on a real server; \
-             {family} recipes are not done yet (a `command` recipe runs against any of the four servers)",
+            "{}: {recipe}: --real runs the built-in recipes of the redis, zk, etcd and sql families on a real \
+             server, not {family}",
             scenario.path
         ),
     }

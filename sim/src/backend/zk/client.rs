@@ -27,11 +27,13 @@
 //! The client records each change of its connection state in the history as `Session`.
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
-use crate::ctx::Background;
+use crate::ctx::{Background, Ctx};
 use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
@@ -66,6 +68,91 @@ impl Watch {
 /// Where a client lives and whom it talks to; its router is the node's ZooKeeper event router.
 pub type ClientEnv = crate::backend::ClientEnv<Router>;
 
+/// Where a client's sessions live: a simulated node, or a real process (real mode) whose connections to a
+/// real server are a [`Link`]. The client itself — pings, timeouts, states, watches — is the same.
+#[derive(Clone)]
+pub enum Host {
+    Sim(ClientEnv),
+    /// A real process: its time and tasks (`ctx`, [`Ctx::real`]), its connection to the server, and its
+    /// router, to which the link hands the watch notifications it reads.
+    Real {
+        ctx: Ctx,
+        link: Rc<dyn Link>,
+        router: Rc<Router>,
+    },
+}
+
+/// A real client's connection to a real server (real mode; `locksim-locks` has one over TCP): a call as
+/// the simulated network's [`Rpc::call_on`] makes it.
+pub trait Link {
+    /// Send `request` on connection `conn` and wait at most `timeout` for its reply, and the connection
+    /// it came on. A `Connect` opens a new connection (closing the old one); any other request on a
+    /// connection that is no longer the open one is `Reset`, unsent. `Timeout`: no reply in time, or the
+    /// connection broke with the request sent (it may have been applied).
+    fn call_on(&self, conn: Option<u32>, request: ZkRequest, timeout: Duration) -> LinkCall;
+}
+
+/// What [`Link::call_on`] answers.
+pub type LinkCall = Pin<Box<dyn Future<Output = Result<(ZkReply, u32), CallError>>>>;
+
+impl Host {
+    fn router(&self) -> &Rc<Router> {
+        match self {
+            Host::Sim(env) => &env.router,
+            Host::Real { router, .. } => router,
+        }
+    }
+
+    async fn call_on(
+        &self,
+        conn: Option<u32>,
+        request: ZkRequest,
+        timeout: Duration,
+    ) -> Result<(ZkReply, u32), CallError> {
+        match self {
+            Host::Sim(env) => env.rpc.call_on(env.server, conn, request, timeout).await,
+            Host::Real { link, .. } => link.call_on(conn, request, timeout).await,
+        }
+    }
+
+    fn monotonic_ms(&self) -> i64 {
+        match self {
+            Host::Sim(env) => env.clock.monotonic_ms(),
+            Host::Real { ctx, .. } => ctx.monotonic_ms(),
+        }
+    }
+
+    async fn sleep(&self, d: Duration) {
+        match self {
+            Host::Sim(env) => env.clock.sleep(d).await,
+            Host::Real { ctx, .. } => ctx.sleep(d).await,
+        }
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
+        match self {
+            Host::Sim(_) => Background::spawn(task),
+            Host::Real { ctx, .. } => ctx.spawn(task),
+        }
+    }
+
+    /// Run `task` to its end beside the caller.
+    fn spawn_detached(&self, task: impl Future<Output = ()> + 'static) {
+        match self {
+            Host::Sim(_) => drop(madsim::task::spawn_local(task)),
+            Host::Real { .. } => drop(tokio::task::spawn_local(task)),
+        }
+    }
+
+    /// A change of the session's connection state, in the history (a real process's history is its
+    /// adapter's lines: there the change reaches it only as a holder's `lost`).
+    fn record(&self, state: &str) {
+        if let Host::Sim(env) = self {
+            env.recorder.record(env.rpc.me(), EventKind::Session { state: state.into() });
+        }
+    }
+}
+
 type Watchers = BTreeMap<(SessionId, String), Vec<oneshot::Sender<WatchEvent>>>;
 
 /// Hands each notification that reaches a node to the watchers of its session — like the real client's
@@ -88,7 +175,8 @@ impl Router {
         }
     }
 
-    fn deliver(&self, event: WatchEvent) {
+    /// Hand a notification to the watchers of its session and path (each watch fires once).
+    pub fn deliver(&self, event: WatchEvent) {
         if let Some(recorder) =
             self.recorder.borrow().as_ref().filter(|_| self.disconnected.borrow().contains(&event.session))
         {
@@ -107,7 +195,7 @@ impl Router {
 }
 
 struct Shared {
-    env: ClientEnv,
+    host: Host,
     session: SessionId,
     timeout: Duration,
     /// When the client last heard from the server, and last sent to it (monotonic ms).
@@ -128,15 +216,15 @@ pub struct ZkClient {
 
 impl ZkClient {
     /// Open a session; `None` if the server did not answer within `requested`.
-    pub async fn connect(env: ClientEnv, requested: Duration) -> Option<ZkClient> {
+    pub async fn connect(host: Host, requested: Duration) -> Option<ZkClient> {
         let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
-        let (session, timeout_ms, life) = match env.rpc.call_on(env.server, None, request, requested).await {
+        let (session, timeout_ms, life) = match host.call_on(None, request, requested).await {
             Ok((ZkReply::Connected { session, timeout_ms }, life)) => (session, timeout_ms, life),
             _ => return None,
         };
-        let now = env.clock.monotonic_ms();
+        let now = host.monotonic_ms();
         let shared = Rc::new(Shared {
-            env,
+            host,
             session,
             timeout: Duration::from_millis(timeout_ms as u64),
             last_heard_ms: Cell::new(now),
@@ -144,9 +232,11 @@ impl ZkClient {
             conn: Cell::new(Some(life)),
             state: watch::channel(ConnState::Connected).0,
         });
-        shared.record("connected");
-        shared.env.router.start(&shared.env.rpc, &shared.env.recorder);
-        let pinger = Background::spawn(pinger(shared.clone()));
+        shared.host.record("connected");
+        if let Host::Sim(env) = &shared.host {
+            env.router.start(&env.rpc, &env.recorder);
+        }
+        let pinger = shared.host.spawn(pinger(shared.clone()));
         Some(ZkClient { shared, _pinger: Rc::new(pinger) })
     }
 
@@ -176,7 +266,7 @@ impl ZkClient {
         // Registered before the request leaves, so that no notification can overtake it.
         let watch = watch_path.as_ref().map(|p| self.shared.register(p));
         if let ZkOp::RemoveWatches { path } = &op {
-            self.shared.env.router.watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
+            self.shared.host.router().watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
         }
         let reply = self.shared.request(ZkRequest::Op { session: self.shared.session, op }).await;
         match reply {
@@ -188,10 +278,6 @@ impl ZkClient {
 }
 
 impl Shared {
-    fn record(&self, state: &str) {
-        self.env.recorder.record(self.env.rpc.me(), EventKind::Session { state: state.into() });
-    }
-
     /// The state now (copied out: a borrow held across a state change would deadlock the channel).
     fn now(&self) -> ConnState {
         *self.state.borrow()
@@ -203,23 +289,23 @@ impl Shared {
             return;
         }
         self.state.send_replace(state);
-        self.record(match state {
+        self.host.record(match state {
             ConnState::Connected => "reconnected",
             ConnState::Disconnected => "disconnected",
             ConnState::Expired => "expired",
         });
         if state != ConnState::Connected {
             // Every watcher hears of the state change: its watch ends.
-            self.env.router.end_watches(self.session);
-            self.env.router.disconnected.borrow_mut().insert(self.session);
+            self.host.router().end_watches(self.session);
+            self.host.router().disconnected.borrow_mut().insert(self.session);
         } else {
-            self.env.router.disconnected.borrow_mut().remove(&self.session);
+            self.host.router().disconnected.borrow_mut().remove(&self.session);
         }
     }
 
     fn register(&self, path: &str) -> Watch {
         let (tx, rx) = oneshot::channel();
-        self.env.router.watchers.borrow_mut().entry((self.session, path.to_string())).or_default().push(tx);
+        self.host.router().watchers.borrow_mut().entry((self.session, path.to_string())).or_default().push(tx);
         Watch(rx)
     }
 
@@ -230,13 +316,12 @@ impl Shared {
     /// Send a request on the connection within the read timeout; any answer shows the connection is
     /// alive. A reset (the server restarted) drops the connection and re-attaches the session at once.
     async fn request(self: &Rc<Self>, request: ZkRequest) -> Result<ZkReply, CallError> {
-        let clock = &self.env.clock;
-        self.last_sent_ms.set(clock.monotonic_ms());
+        self.last_sent_ms.set(self.host.monotonic_ms());
         let conn = self.conn.get();
-        match self.env.rpc.call_on(self.env.server, conn, request, self.read_timeout()).await {
+        match self.host.call_on(conn, request, self.read_timeout()).await {
             Ok((reply, life)) => {
                 self.conn.set(Some(life));
-                self.last_heard_ms.set(clock.monotonic_ms());
+                self.last_heard_ms.set(self.host.monotonic_ms());
                 match reply {
                     ZkReply::Error(ZkError::SessionExpired) => self.set_state(ConnState::Expired),
                     _ => self.set_state(ConnState::Connected),
@@ -246,7 +331,7 @@ impl Shared {
             Err(CallError::Reset) => {
                 if self.conn.replace(None).is_some() {
                     self.set_state(ConnState::Disconnected);
-                    madsim::task::spawn_local(reattach(self.clone()));
+                    self.host.spawn_detached(reattach(self.clone()));
                 }
                 Err(CallError::Reset)
             }
@@ -275,7 +360,7 @@ const RESUMED_LATE_MS: i64 = 50;
 /// `ClientCnxn.SendThread.run`: ping when idle for sends, declare the connection lost the moment the
 /// read timeout passes without a word, re-attach every T/3 while disconnected.
 async fn pinger(shared: Rc<Shared>) {
-    let clock = shared.env.clock.clone();
+    let clock = &shared.host;
     let read_timeout = shared.read_timeout().as_millis() as i64;
     let mut wake_at = clock.monotonic_ms();
     loop {
@@ -288,7 +373,7 @@ async fn pinger(shared: Rc<Shared>) {
         let next = match shared.now() {
             ConnState::Expired => return,
             ConnState::Disconnected => {
-                madsim::task::spawn_local(reattach(shared.clone()));
+                shared.host.spawn_detached(reattach(shared.clone()));
                 shared.timeout.as_millis() as i64 / 3
             }
             ConnState::Connected => {
@@ -304,9 +389,9 @@ async fn pinger(shared: Rc<Shared>) {
                 if to_ping <= 0 || idle_send > MAX_SEND_PING_INTERVAL_MS {
                     // The ping runs beside the loop, so a lost one does not delay the next check.
                     let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
-                    let shared = shared.clone();
-                    madsim::task::spawn_local(async move {
-                        let _ = shared.request(ping).await;
+                    let pinging = shared.clone();
+                    shared.host.spawn_detached(async move {
+                        let _ = pinging.request(ping).await;
                     });
                     to_ping = read_timeout / 2;
                 }
