@@ -439,16 +439,7 @@ fn cut_off_holder_says_lost(recipe: &str, server: &str, reason: &str) {
          hold = \"4s\"\nthink = \"0ms\"\n[[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\n\
          target = \"holder\"\npeers = [\"{server}\"]\nduration = \"4s\"\n"
     );
-    std::fs::write(&path, text).unwrap();
-    let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
-    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
-    let mut history = None;
-    locksim_reports::real::run(&scenario, 1, 0, |run| {
-        history = Some(run.history.clone());
-        Ok(())
-    })
-    .unwrap();
-    let history = history.expect("one run");
+    let history = one_real_run(&path, &text);
     let (node, start, end) = fault_window(&history);
     let client = history.nodes.iter().position(|n| *n == node).unwrap() as u32;
     let lost = history.events.iter().find(|e| e.node.0 == client && matches!(e.kind, EventKind::LockLost { .. }));
@@ -473,17 +464,7 @@ fn a_builtin_redis_call_cut_off_past_its_timeout_is_unknown_and_the_client_goes_
                 call_timeout = \"500ms\"\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"5s\"\n\
                 [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"client-0\"\n\
                 peers = [\"redis-0\"]\nduration = \"2s\"\n";
-    std::fs::write(&path, text).unwrap();
-    let scenario = Scenario::load(&path, &locksim_locks::Registry::builtin()).unwrap();
-    // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
-    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
-    let mut history = None;
-    locksim_reports::real::run(&scenario, 1, 0, |run| {
-        history = Some(run.history.clone());
-        Ok(())
-    })
-    .unwrap();
-    let history = history.expect("one run");
+    let history = one_real_run(&path, text);
     let (node, start, end) = fault_window(&history);
     assert_eq!(node, "client-0");
     let client = history.nodes.iter().position(|n| n == "client-0").unwrap() as u32;
@@ -618,6 +599,22 @@ fn real_history(body: &str) -> History {
 }
 
 /// When fault 0 started and ended (seconds since the run's start), on which node.
+/// The history of one real run of the scenario `text`, written at `path`, run by the library as a
+/// program of yours would (`locksim_reports::real::run`).
+fn one_real_run(path: &Path, text: &str) -> History {
+    std::fs::write(path, text).unwrap();
+    let scenario = Scenario::load(path, &locksim_locks::Registry::builtin()).unwrap();
+    // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
+    std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap();
+    history.expect("one run")
+}
+
 fn fault_window(h: &History) -> (String, f64, f64) {
     let at = |e: &Event| e.t as f64 / 1e9;
     let start = h.events.iter().find(|e| matches!(e.kind, EventKind::FaultStart { id: 0, .. })).expect("it started");

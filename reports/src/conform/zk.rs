@@ -610,15 +610,7 @@ impl Client {
     }
 
     fn stat(&self, s: jute::Stat) -> Stat {
-        Stat {
-            czxid: s.czxid as u64,
-            mzxid: s.mzxid as u64,
-            pzxid: s.pzxid as u64,
-            version: s.version,
-            cversion: s.cversion,
-            ephemeral_owner: s.ephemeral_owner as u64,
-            num_children: s.num_children,
-        }
+        s.into()
     }
 
     /// Re-attach the session on a new connection; `false` if the server says it has expired.
