@@ -25,6 +25,9 @@
 //!   the write it was about to make when a pause ends.
 //!
 //! The client records each change of its connection state in the history as `Session`.
+//!
+//! The same client runs in real mode's processes ([`Host::Real`]): there a [`Link`] carries its
+//! requests to a real server over TCP, and its timers are the process's.
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::ctx::{Background, Ctx};
@@ -86,9 +89,10 @@ pub enum Host {
 /// the simulated network's [`Rpc::call_on`] makes it.
 pub trait Link {
     /// Send `request` on connection `conn` and wait at most `timeout` for its reply, and the connection
-    /// it came on. A `Connect` opens a new connection (closing the old one); any other request on a
-    /// connection that is no longer the open one is `Reset`, unsent. `Timeout`: no reply in time, or the
-    /// connection broke with the request sent (it may have been applied).
+    /// it came on. A `Connect` opens a new connection (closing the old one). `Reset`: the connection is
+    /// gone — no longer the open one (the request was not sent), or broken with the request out (it may
+    /// have been applied); either way the client reports `ConnectionLoss` and re-attaches at once, as
+    /// `ClientCnxn` does on a socket error. `Timeout`: no reply in time.
     fn call_on(&self, conn: Option<u32>, request: ZkRequest, timeout: Duration) -> LinkCall;
 }
 
