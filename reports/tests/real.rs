@@ -696,12 +696,18 @@ fn a_real_run_leaves_no_process_port_or_directory_behind_even_when_it_fails() {
         real.join("adapters/redis_py_lock.py").display()
     );
     // A run that ends well (a partition still on at the end), and one whose command breaks the protocol.
-    for (then, code) in [(adapter.as_str(), 0), ("read l; echo hello; sleep 30", 2)] {
+    // The broken command waits until both clients have recorded themselves: the harness error stops the
+    // run at once, and a client it stops before its shell writes the record could not be checked.
+    let broken = |record: &Path| {
+        format!("read l; while [ $(wc -l < {}) -lt 2 ]; do sleep 0.05; done; echo hello; sleep 30", record.display())
+    };
+    for (broke, code) in [(false, 0), (true, 2)] {
         let dir = tempfile::tempdir().unwrap();
         let tmp = dir.path().join("tmp");
         std::fs::create_dir(&tmp).unwrap();
         let record = dir.path().join("record");
-        let path = recording_scenario(dir.path(), &record, then);
+        let then = if broke { broken(&record) } else { adapter.clone() };
+        let path = recording_scenario(dir.path(), &record, &then);
         let out = Command::new(env!("CARGO_BIN_EXE_locksim"))
             .args(["run", &path, "--real"])
             .env("TMPDIR", &tmp)
