@@ -9,50 +9,165 @@
 //! monotonic clock: a jump does not move them, but drift does — a fast oscillator makes a node's
 //! "one second" pass sooner.
 
-use madsim::time::TimeHandle;
+use madsim::time::{Instant, TimeHandle};
 use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 thread_local! {
     /// The running world's time source, kept by [`TimeCache`]: `TimeHandle::current()` clones two `Arc`s
     /// (and drops them) on every reading, and time is read on every message and event.
-    static TIME: RefCell<Option<TimeHandle>> = const { RefCell::new(None) };
+    static TIME: RefCell<Option<Source>> = const { RefCell::new(None) };
+}
+
+/// A runtime's time source, and what [`wake_at`] needs to add a timer cheaply.
+struct Source {
+    handle: TimeHandle,
+    /// madsim's instant at simulated time 0: its timers are set in instants.
+    zero: Instant,
+    /// A timer that [`wake_at`] resets to each deadline and polls once, which adds one entry to
+    /// madsim's heap — rather than making (and dropping) a `Sleep` for every message.
+    arm: madsim::time::Sleep,
+}
+
+impl Source {
+    fn current() -> Source {
+        let handle = TimeHandle::current();
+        let zero = handle.now_instant() - handle.elapsed();
+        Source { arm: handle.sleep_until(zero), handle, zero }
+    }
 }
 
 /// Nanoseconds of simulated time since the world started.
 pub fn sim_now_ns() -> u64 {
-    let elapsed = TIME.with(|t| t.borrow().as_ref().map(TimeHandle::elapsed));
+    let elapsed = TIME.with(|t| t.borrow().as_ref().map(|s| s.handle.elapsed()));
     elapsed.unwrap_or_else(|| TimeHandle::current().elapsed()).as_nanos() as u64
 }
 
-/// madsim's `sleep(d)`, from the cached time source when there is one (the same timer, without
-/// looking up the runtime).
-pub(crate) fn sleep(d: Duration) -> madsim::time::Sleep {
-    let sleep = TIME.with(|t| t.borrow().as_ref().map(|h| h.sleep(d)));
-    sleep.unwrap_or_else(|| madsim::time::sleep(d))
+/// Where a timer's wake-up goes: the waker of the task waiting on it now, or nowhere once nobody waits.
+///
+/// madsim's timers cannot be cancelled (its `naive_timer` heap only expires), and its `Sleep` adds a
+/// new timer every time it is polled while pending. A task that waits on a call's timeout and then
+/// on its reply, or in a `select!`, piles up timers that each wake it later for nothing — and every
+/// wake-up is a poll, a draw from madsim's generator and a step of its clock. A timer that wakes
+/// through a slot is added once, and once its waiter has gone it wakes nobody.
+pub(crate) struct WakeSlot(Mutex<Option<Waker>>);
+
+impl WakeSlot {
+    pub(crate) fn new() -> Arc<WakeSlot> {
+        Arc::new(WakeSlot(Mutex::new(None)))
+    }
+
+    /// `waker` is the one to wake now (a task is polled with the same waker each time, so this rarely
+    /// clones).
+    pub(crate) fn set(&self, waker: &Waker) {
+        let mut slot = self.0.lock().expect("wake slot lock");
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+
+    /// Nobody waits any more: a timer that fires now wakes no one.
+    pub(crate) fn clear(&self) {
+        self.0.lock().expect("wake slot lock").take();
+    }
 }
 
-/// madsim's `timeout(d, future)`, likewise.
-pub(crate) fn timeout<F: std::future::Future>(
-    d: Duration,
-    future: F,
-) -> impl std::future::Future<Output = Result<F::Output, madsim::time::error::Elapsed>> {
-    let handle = TIME.with(|t| t.borrow().clone()).unwrap_or_else(TimeHandle::current);
-    handle.timeout(d, future)
+impl Wake for WakeSlot {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let waker = self.0.lock().expect("wake slot lock").take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Wake whoever waits in `slot` when `at_ns` of simulated time comes (at once if it has come): one
+/// entry in madsim's timer heap, added the only way madsim offers — by polling its `Sleep`, here with
+/// the slot as its waker.
+pub(crate) fn wake_at<W: Wake + Send + Sync + 'static>(at_ns: u64, slot: &Arc<W>) {
+    let waker = Waker::from(slot.clone());
+    let mut cx = Context::from_waker(&waker);
+    let due = TIME.with(|t| {
+        let mut source = t.borrow_mut();
+        let source = source.as_mut()?;
+        let mut arm = Pin::new(&mut source.arm);
+        arm.as_mut().reset(source.zero + Duration::from_nanos(at_ns));
+        Some(arm.poll(&mut cx).is_ready())
+    });
+    let due = due.unwrap_or_else(|| {
+        let mut timer = madsim::time::sleep(Duration::from_nanos(at_ns.saturating_sub(sim_now_ns())));
+        Pin::new(&mut timer).poll(&mut cx).is_ready()
+    });
+    if due {
+        slot.wake_by_ref();
+    }
+}
+
+/// A sleep of `d` (at least 1 ms, as madsim's and tokio's are) whose timer is added once, however often
+/// it is polled, and wakes nobody once it is dropped (see [`WakeSlot`]). Its deadline is fixed when it
+/// is made.
+pub(crate) fn sleep(d: Duration) -> Sleep {
+    let deadline_ns = sim_now_ns() + d.max(Duration::from_millis(1)).as_nanos() as u64;
+    Sleep { deadline_ns, armed: None }
+}
+
+/// See [`sleep`].
+pub(crate) struct Sleep {
+    deadline_ns: u64,
+    /// Set once the timer is in madsim's heap.
+    armed: Option<Arc<WakeSlot>>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if sim_now_ns() >= self.deadline_ns {
+            if let Some(slot) = self.armed.take() {
+                slot.clear();
+            }
+            return Poll::Ready(());
+        }
+        match &self.armed {
+            Some(slot) => slot.set(cx.waker()),
+            None => {
+                let slot = WakeSlot::new();
+                slot.set(cx.waker());
+                wake_at(self.deadline_ns, &slot);
+                self.armed = Some(slot);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(slot) = &self.armed {
+            slot.clear();
+        }
+    }
 }
 
 /// Keeps the current runtime's time source for [`sim_now_ns`] on this thread while it lives (a world
 /// holds one; it is made and dropped inside the runtime's `block_on`). Without one, every reading asks
 /// madsim for the current runtime.
 pub(crate) struct TimeCache {
-    previous: Option<TimeHandle>,
+    previous: Option<Source>,
 }
 
 impl TimeCache {
     /// Call inside a madsim runtime.
     pub(crate) fn install() -> TimeCache {
-        TimeCache { previous: TIME.with(|t| t.borrow_mut().replace(TimeHandle::current())) }
+        TimeCache { previous: TIME.with(|t| t.borrow_mut().replace(Source::current())) }
     }
 }
 
@@ -130,7 +245,8 @@ impl Clock {
     /// How long simulated time must pass for this node's timers to measure `d`.
     pub fn real_duration(&self, d: Duration) -> Duration {
         let rate = self.0.lock().expect("clock lock").rate;
-        Duration::from_nanos((d.as_nanos() as f64 / rate) as u64)
+        // Through u64: a u128 converts to f64 in software, and no duration here nears 2^64 ns.
+        Duration::from_nanos((d.as_nanos() as u64 as f64 / rate) as u64)
     }
 
     /// Step the wall clock by `delta_ms` (NTP step, operator error, VM migration).

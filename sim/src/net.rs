@@ -23,17 +23,17 @@
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
 
-use crate::clock::{sim_now_ns, Clock};
+use crate::clock::{sim_now_ns, wake_at, Clock, WakeSlot};
 use crate::history::NodeIx;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use crate::world::NodeEnv;
 use std::any::Any;
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Wake, Waker};
 use std::time::Duration;
-use tokio::sync::{oneshot, Notify};
 
 /// Base latency of every message, drawn uniformly (madsim's default range).
 const LATENCY_NS: (u64, u64) = (1_000_000, 10_000_000);
@@ -99,24 +99,121 @@ struct NetState {
 /// A received request: who sent it, where the answer goes (nowhere for a stream message), the body.
 type Request = (ReplyTo, Payload);
 
+/// A request in an inbox, first out by arrival time, then by send order.
+struct Queued {
+    at: (u64, u64),
+    request: Request,
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // `BinaryHeap` pops its greatest: the earliest is the greatest.
+        other.at.cmp(&self.at)
+    }
+}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Queued {}
+
 /// A reply on its way: when it arrives, the life of the node that sent it, and the body (`None`: a
 /// reset).
 type Reply = (u64, u32, Option<Payload>);
+
+/// A call waiting for its reply: the reply once it is on its way, the caller's waker, and when the
+/// caller gives up (sim ns).
+struct Waiting {
+    reply: Option<Reply>,
+    caller: Option<Waker>,
+    deadline_ns: u64,
+}
 
 struct Inbox {
     /// Which life of the node this inbox belongs to.
     incarnation: u32,
     /// Requests by arrival time, then by send order.
-    requests: BTreeMap<(u64, u64), Request>,
-    /// Wakes the node's server loop when a request is queued.
-    queued: Arc<Notify>,
-    /// Calls waiting for their reply, by tag.
-    waiting: BTreeMap<u64, oneshot::Sender<Reply>>,
+    requests: BinaryHeap<Queued>,
+    /// The node's reader of requests ([`Rpc::next_request`]), woken at each request's arrival time.
+    reader: Arc<WakeSlot>,
+    /// Calls waiting for their reply, with their tags: a few at most, so a list (a map would allocate
+    /// and free a node for nearly every call).
+    waiting: Vec<(u64, Waiting)>,
+    /// Wakes the callers whose replies are on their way, at each reply's arrival.
+    replies: Arc<Callers>,
+    /// Wakes every caller, at the node's earliest deadline (see [`Callers`]).
+    deadlines: Arc<Callers>,
+    /// When the node's deadline timer is due, if one is set.
+    deadline_timer_ns: Option<u64>,
 }
 
 impl Inbox {
-    fn new(incarnation: u32) -> Inbox {
-        Inbox { incarnation, requests: BTreeMap::new(), queued: Arc::new(Notify::new()), waiting: BTreeMap::new() }
+    fn waiting(&mut self, tag: u64) -> Option<&mut Waiting> {
+        self.waiting.iter_mut().find(|(t, _)| *t == tag).map(|(_, w)| w)
+    }
+
+    fn stop_waiting(&mut self, tag: u64) -> Option<Waiting> {
+        let at = self.waiting.iter().position(|(t, _)| *t == tag)?;
+        Some(self.waiting.swap_remove(at).1)
+    }
+
+    /// Have the node's deadline timer due by the earliest deadline of its calls still to come (one that
+    /// has passed has woken its caller already).
+    fn watch(&mut self, now: u64) {
+        let deadlines = self.waiting.iter().map(|(_, w)| w.deadline_ns);
+        let Some(earliest) = deadlines.filter(|d| *d > now).min() else { return };
+        if self.deadline_timer_ns.is_some_and(|at| at <= earliest) {
+            return;
+        }
+        self.deadline_timer_ns = Some(earliest);
+        wake_at(earliest, &self.deadlines);
+    }
+}
+
+/// What wakes a node's callers: its timers — one at each reply's arrival, and one for the deadlines
+/// of all its calls rather than one per call. The callers look at the time themselves when they run
+/// (madsim calls a timer's waker before it moves its clock to the timer's time).
+///
+/// Nearly every call is answered long before its timeout, and madsim's timers cannot be cancelled: a
+/// timeout timer per call would cost a heap entry per call, and one wake-up of the caller per call,
+/// for nothing. The deadline timer is set for the node's earliest deadline. When it fires it wakes
+/// every caller of the node (a few at most): those whose time is up return, and the first that waits
+/// on sets it again (a timer cannot be set from inside madsim's timer callback).
+struct Callers {
+    net: std::sync::Weak<Mutex<NetState>>,
+    me: NodeIx,
+    incarnation: u32,
+    /// The deadline timer's (else a reply's).
+    deadline: bool,
+}
+
+impl Wake for Callers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let Some(net) = self.net.upgrade() else { return };
+        let mut s = net.lock().expect("net lock");
+        let Some(inbox) = s.inboxes.get_mut(&self.me).filter(|i| i.incarnation == self.incarnation) else { return };
+        if self.deadline {
+            inbox.deadline_timer_ns = None;
+        }
+        // Waking a task only schedules it: nothing runs while the network is locked.
+        for (_, w) in inbox.waiting.iter_mut().filter(|(_, w)| self.deadline || w.reply.is_some()) {
+            if let Some(caller) = w.caller.take() {
+                caller.wake();
+            }
+        }
     }
 }
 
@@ -200,7 +297,17 @@ impl Net {
     /// its inbox (a listen backlog). Without this a client whose first request left before its
     /// server's program had started would lose it in a fault-free run.
     pub fn bind_host(&self, node: NodeIx, incarnation: u32) {
-        let old = self.state().inboxes.insert(node, Inbox::new(incarnation));
+        let callers = |deadline| Arc::new(Callers { net: Arc::downgrade(&self.0), me: node, incarnation, deadline });
+        let inbox = Inbox {
+            incarnation,
+            requests: BinaryHeap::new(),
+            reader: WakeSlot::new(),
+            waiting: Vec::new(),
+            replies: callers(false),
+            deadlines: callers(true),
+            deadline_timer_ns: None,
+        };
+        let old = self.state().inboxes.insert(node, inbox);
         assert!(old.is_none_or(|o| o.incarnation < incarnation), "one endpoint per node life");
     }
 
@@ -219,26 +326,30 @@ impl Net {
         self.state().call_timeouts
     }
 
-    /// Send `msg` from `from` to `to`: count it, hold it while the link is cut, else deliver it.
+    /// Send `msg` from `from` to `to` now.
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
-        let mut s = self.state();
-        // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
-        // tasks are dropped) dies with it.
-        let Some(from_life) = s.inboxes.get(&from).map(|i| i.incarnation) else { return };
-        s.messages += 1;
-        if s.cuts.contains_key(&(from, to)) {
-            // A host that is down cannot take the retransmissions; one restarted later resets them.
-            let Some(to_life) = s.inboxes.get(&to).map(|i| i.incarnation) else { return };
-            let now = sim_now_ns();
-            let held = s.held.entry((from, to)).or_insert_with(|| Held { first_ns: now, messages: Vec::new() });
-            held.messages.push((from_life, to_life, msg));
-            return;
-        }
-        s.deliver(from, to, msg, sim_now_ns());
+        self.state().send(from, to, msg, sim_now_ns());
     }
 }
 
 impl NetState {
+    /// Send `msg` from `from` to `to` at `now_ns`: count it, hold it while the link is cut, else
+    /// deliver it.
+    fn send(&mut self, from: NodeIx, to: NodeIx, msg: Message, now_ns: u64) {
+        // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
+        // tasks are dropped) dies with it.
+        let Some(from_life) = self.inboxes.get(&from).map(|i| i.incarnation) else { return };
+        self.messages += 1;
+        if self.cuts.contains_key(&(from, to)) {
+            // A host that is down cannot take the retransmissions; one restarted later resets them.
+            let Some(to_life) = self.inboxes.get(&to).map(|i| i.incarnation) else { return };
+            let held = self.held.entry((from, to)).or_insert_with(|| Held { first_ns: now_ns, messages: Vec::new() });
+            held.messages.push((from_life, to_life, msg));
+            return;
+        }
+        self.deliver(from, to, msg, now_ns);
+    }
+
     /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless it is lost.
     fn deliver(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
         let Some(arrive_ns) = self.route(from, to, matches!(msg, Message::Reply { .. }), sent_ns) else { return };
@@ -254,13 +365,16 @@ impl NetState {
                     self.deliver(to, from, reset, arrive_ns);
                 }
             }
+            // The receiver is woken when the message arrives, not before: a message costs one timer
+            // and one wake-up of the task that takes it.
             Message::Request { reply_tag, body, .. } => {
-                inbox.requests.insert((arrive_ns, seq), (ReplyTo { from, reply_tag }, body));
-                inbox.queued.notify_one();
+                inbox.requests.push(Queued { at: (arrive_ns, seq), request: (ReplyTo { from, reply_tag }, body) });
+                wake_at(arrive_ns, &inbox.reader);
             }
             Message::Reply { tag, body, life } => {
-                if let Some(waiter) = inbox.waiting.remove(&tag) {
-                    let _ = waiter.send((arrive_ns, life, body));
+                if let Some(waiting) = inbox.waiting(tag) {
+                    waiting.reply.get_or_insert((arrive_ns, life, body));
+                    wake_at(arrive_ns, &inbox.replies);
                 }
             }
         }
@@ -303,6 +417,22 @@ pub enum Probe {
     /// Data to the peer is unacknowledged: no probe is sent; `gave_up` once the retransmissions have
     /// run out.
     Retransmitting { gave_up: bool },
+}
+
+/// A call on its way: it stops waiting when it returns or is dropped (a caller that gave up on it in a
+/// `select!`), so neither its reply nor the watchdog wakes the caller for it afterwards.
+struct Pending<'a> {
+    rpc: &'a Rpc,
+    tag: u64,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut s = self.rpc.net.state();
+        if let Some(inbox) = s.inboxes.get_mut(&self.rpc.me) {
+            inbox.stop_waiting(self.tag);
+        }
+    }
 }
 
 /// Where the answer to a received request goes (see [`Rpc::reply`]).
@@ -392,28 +522,48 @@ impl Rpc {
     {
         let tag = self.next_tag.get();
         self.next_tag.set(tag + 1);
-        let (tx, rx) = oneshot::channel();
-        match self.net.state().inboxes.get_mut(&self.me) {
-            Some(inbox) => inbox.waiting.insert(tag, tx),
-            None => return Err(CallError::Timeout),
-        };
-        self.net.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req), conn });
-        let reply = async {
-            let Ok((arrive_ns, life, body)) = rx.await else { return std::future::pending().await };
-            sleep_until(arrive_ns).await;
-            (life, body)
-        };
-        let reply = crate::clock::timeout(self.clock.real_duration(timeout), reply).await;
-        let mut s = self.net.state();
-        if let Some(inbox) = s.inboxes.get_mut(&self.me) {
-            inbox.waiting.remove(&tag);
+        // madsim's timers wait at least 1 ms.
+        let now = sim_now_ns();
+        let deadline_ns = now + self.clock.real_duration(timeout).max(Duration::from_millis(1)).as_nanos() as u64;
+        let waiting = Waiting { reply: None, caller: None, deadline_ns };
+        {
+            let mut s = self.net.state();
+            match s.inboxes.get_mut(&self.me) {
+                Some(inbox) => inbox.waiting.push((tag, waiting)),
+                None => return Err(CallError::Timeout),
+            };
+            s.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req), conn }, now);
         }
-        s.call_timeouts += u64::from(reply.is_err());
-        drop(s);
+        let _pending = Pending { rpc: self, tag };
+        // The reply once it has arrived, or `None` once the deadline has passed (a reply that arrives
+        // at the deadline wins). A node that died meanwhile waits for ever (its tasks are being
+        // dropped).
+        let reply = std::future::poll_fn(|cx| {
+            let mut s = self.net.state();
+            let Some(inbox) = s.inboxes.get_mut(&self.me) else { return Poll::Pending };
+            let now = sim_now_ns();
+            let waiting = inbox.waiting(tag).expect("a call waits until it returns");
+            if waiting.reply.as_ref().is_some_and(|(arrive_ns, ..)| *arrive_ns <= now) {
+                let (_, life, body) = waiting.reply.take().expect("just seen");
+                return Poll::Ready(Some((life, body)));
+            }
+            if deadline_ns <= now {
+                s.call_timeouts += 1;
+                return Poll::Ready(None);
+            }
+            if !waiting.caller.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                waiting.caller = Some(cx.waker().clone());
+            }
+            if inbox.deadline_timer_ns.is_none_or(|at| at > deadline_ns) {
+                inbox.watch(now);
+            }
+            Poll::Pending
+        })
+        .await;
         match reply {
-            Ok((life, Some(body))) => Ok((*body.downcast::<R>().expect("reply type matches the request type"), life)),
-            Ok((_, None)) => Err(CallError::Reset),
-            Err(_) => Err(CallError::Timeout),
+            Some((life, Some(body))) => Ok((*body.downcast::<R>().expect("reply type matches the request type"), life)),
+            Some((_, None)) => Err(CallError::Reset),
+            None => Err(CallError::Timeout),
         }
     }
 
@@ -429,28 +579,25 @@ impl Rpc {
 
     /// The next request for this node, once it has arrived. Panics if a node receives a request type it
     /// does not serve.
+    /// One task per node reads its requests (its server loop, or a client's listener): each request
+    /// wakes it when it arrives.
     pub async fn next_request<Q: Any + Send>(&self) -> (ReplyTo, Q) {
-        loop {
-            let (next, queued) = {
-                let mut s = self.net.state();
-                let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
-                match inbox.requests.first_key_value() {
-                    Some(((at, _), _)) if *at <= sim_now_ns() => {
-                        let (_, (reply_to, body)) = inbox.requests.pop_first().expect("just seen");
-                        return (reply_to, *body.downcast::<Q>().expect("a node receives only the requests it serves"));
-                    }
-                    head => (head.map(|((at, _), _)| *at), inbox.queued.clone()),
+        std::future::poll_fn(|cx| {
+            let mut s = self.net.state();
+            let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
+            match inbox.requests.peek() {
+                Some(Queued { at: (at, _), .. }) if *at <= sim_now_ns() => {
+                    let (reply_to, body) = inbox.requests.pop().expect("just seen").request;
+                    let body = body.downcast::<Q>().expect("a node receives only the requests it serves");
+                    Poll::Ready((reply_to, *body))
                 }
-            };
-            match next {
-                Some(at) => tokio::select! {
-                    biased;
-                    _ = queued.notified() => {}
-                    _ = sleep_until(at) => {}
-                },
-                None => queued.notified().await,
+                _ => {
+                    inbox.reader.set(cx.waker());
+                    Poll::Pending
+                }
             }
-        }
+        })
+        .await
     }
 
     /// Answer a request (nothing is sent for one-way messages).
@@ -459,13 +606,6 @@ impl Rpc {
             let reply = Message::Reply { tag: to.reply_tag, body: Some(Box::new(reply)), life: self.incarnation };
             self.net.send(self.me, to.from, reply);
         }
-    }
-}
-
-async fn sleep_until(at_ns: u64) {
-    let now = sim_now_ns();
-    if at_ns > now {
-        crate::clock::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 
@@ -491,7 +631,10 @@ mod tests {
 
     /// The reply tags waiting in `to`'s inbox, with their arrival times.
     fn queued(net: &Net, to: NodeIx) -> Vec<(u64, u64)> {
-        net.state().inboxes[&to].requests.iter().map(|((at, _), (r, _))| (*at, r.reply_tag)).collect()
+        let mut queued: Vec<_> =
+            net.state().inboxes[&to].requests.iter().map(|q| (q.at, q.request.0.reply_tag)).collect();
+        queued.sort();
+        queued.into_iter().map(|((at, _), tag)| (at, tag)).collect()
     }
 
     #[test]
@@ -591,11 +734,12 @@ mod tests {
         in_world(|net| {
             net.unbind(B);
             net.bind_host(B, 1);
-            let (tx, mut rx) = oneshot::channel();
-            net.state().inboxes.get_mut(&A).unwrap().waiting.insert(7, tx);
+            let waiting = Waiting { reply: None, caller: None, deadline_ns: u64::MAX };
+            net.state().inboxes.get_mut(&A).unwrap().waiting.push((7, waiting));
             net.send(A, B, Message::Request { reply_tag: 7, body: Box::new(()), conn: Some(0) });
             assert!(queued(net, B).is_empty(), "not applied");
-            let (_, life, body) = rx.try_recv().expect("a reset comes back");
+            let reset = net.state().inboxes.get_mut(&A).unwrap().waiting(7).unwrap().reply.take();
+            let (_, life, body) = reset.expect("a reset comes back");
             assert!(body.is_none(), "a reset carries no reply");
             assert_eq!(life, 1);
             net.send(A, B, Message::Request { reply_tag: 8, body: Box::new(()), conn: Some(1) });

@@ -17,7 +17,7 @@ mod set_nx_px;
 mod watchdog;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
-use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
+use crate::{Family, Grant, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::client::{Router, Subscription};
 use locksim_sim::backend::redis::{sha1_hex, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
@@ -39,7 +39,11 @@ const LOCK_KEY: &str = "lock";
 const FENCE_KEY: &str = "lock:fence";
 
 /// A Redis connection's commands. Errors are network outcomes; Redis errors come back as replies.
-#[async_trait(?Send)]
+/// Native `async fn`s rather than `async_trait`'s boxed futures: a command is the simulation's
+/// commonest step, and each boxed layer (the command, the connection, the shard) cost an allocation
+/// per command. Every implementation and caller is static (`impl RedisApi`); the futures need not be
+/// `Send` (the simulator and real mode run a client on one thread).
+#[allow(async_fn_in_trait)]
 pub trait RedisApi {
     /// Send one command and wait for its reply.
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError>;
@@ -197,7 +201,6 @@ impl SimRedis {
     }
 }
 
-#[async_trait(?Send)]
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
         self.ctx.rpc().call(self.server(), request, self.timeout).await
@@ -249,7 +252,6 @@ impl RedisConn {
     }
 }
 
-#[async_trait(?Send)]
 impl RedisApi for RedisConn {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
         match self {

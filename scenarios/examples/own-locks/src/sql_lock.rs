@@ -28,7 +28,8 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_token: true,
     offers_shared: false,
     guard: Guard::Lock,
-    promises_fifo: true,
+    // PostgreSQL queues a row's waiters in order, but not this lock's first use: see `schema_ready`.
+    promises_fifo: false,
     validate: no_constraints,
     build,
 };
@@ -70,7 +71,12 @@ struct JobLock {
     holding: bool,
     /// Whether this client has made sure of the table and the row. Once is enough — and every time
     /// would be unfair: an INSERT of the row waits for the holder's transaction (which updated it),
-    /// outside the row lock's queue, and the waiters then race (locksim found it as `unfair`).
+    /// outside the row lock's queue, and the waiters then race (locksim found it as `unfair`). Once is
+    /// still unfair at first use: a client whose INSERT comes after the first holder's UPDATE waits
+    /// out that holder and the next outside the queue, and a later request overtakes it (locksim found
+    /// that too, seed 20 of `sql-job-lock-nemesis`). Making the row inside the locking transaction
+    /// moves the race, not ends it — so this lock does not promise first-come-first-served; a
+    /// migration that makes the row before any client starts would let it.
     schema_ready: bool,
 }
 

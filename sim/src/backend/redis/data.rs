@@ -30,18 +30,20 @@ pub(super) struct Data {
     pub(super) written: BTreeMap<NodeIx, u64>,
     /// The nodes subscribed to each channel (one pub/sub connection per client node).
     subscribers: BTreeMap<String, BTreeSet<NodeIx>>,
-    /// Who last set each key by SET, HSET or HINCRBY (hazard marks only; not replicated).
-    setters: BTreeMap<String, NodeIx>,
+    /// Who last set each key (by its lease name, [`fnv1a`] of the key) by SET, HSET or HINCRBY (hazard
+    /// marks only; not replicated).
+    setters: BTreeMap<u64, NodeIx>,
     /// Setters of keys expired during the current command, for [`Out::lease_ended`].
-    expired_setters: Vec<(NodeIx, String)>,
+    expired_setters: Vec<(NodeIx, u64)>,
 }
 
 type Reply = Result<RedisReply, String>;
 
 impl Data {
-    fn propagate(&mut self, op: ReplOp) {
+    /// Ship the effect `op` makes (made only when there is a replica to ship it to).
+    fn propagate(&mut self, op: impl FnOnce() -> ReplOp) {
         if let Some(backlog) = &mut self.backlog {
-            backlog.push(op);
+            backlog.push(op());
             self.offset += 1;
         }
     }
@@ -68,25 +70,30 @@ impl Data {
         let expired = self.keys.get(key)?.expires_at_ms.is_some_and(|at| at <= now_ms);
         if expired {
             self.keys.remove(key);
-            self.expired_setters.extend(self.setters.remove(key).map(|setter| (setter, key.to_string())));
-            self.propagate(ReplOp::Del { key: key.to_string() });
+            let lease = fnv1a(key.as_bytes());
+            self.expired_setters.extend(self.setters.remove(&lease).map(|setter| (setter, lease)));
+            self.propagate(|| ReplOp::Del { key: key.to_string() });
             return None;
         }
         self.keys.get_mut(key)
     }
 
     fn write(&mut self, key: &str, value: Value, expires_at_ms: Option<i64>) {
-        self.keys.insert(key.to_string(), Entry { value: value.clone(), expires_at_ms });
-        self.propagate(ReplOp::Set { key: key.to_string(), value, expires_at_ms });
+        let key = key.to_string();
+        self.propagate(|| ReplOp::Set { key: key.clone(), value: value.clone(), expires_at_ms });
+        self.keys.insert(key, Entry { value, expires_at_ms });
     }
 
     /// Ship `key`'s entry as it is now (after a change in place).
     fn propagate_key(&mut self, key: &str) {
+        if self.backlog.is_none() {
+            return;
+        }
         let op = match self.keys.get(key) {
             Some(e) => ReplOp::Set { key: key.into(), value: e.value.clone(), expires_at_ms: e.expires_at_ms },
             None => ReplOp::Del { key: key.into() },
         };
-        self.propagate(op);
+        self.propagate(|| op);
     }
 
     fn delete(&mut self, key: &str, now_ms: i64) -> i64 {
@@ -94,7 +101,7 @@ impl Data {
             return 0;
         }
         self.keys.remove(key);
-        self.propagate(ReplOp::Del { key: key.to_string() });
+        self.propagate(|| ReplOp::Del { key: key.to_string() });
         1
     }
 
@@ -140,18 +147,18 @@ impl Data {
     pub(super) fn execute(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
         let taken = match &request {
             RedisRequest::Set { key, .. } | RedisRequest::HSet { key, .. } | RedisRequest::HIncrBy { key, .. } => {
-                Some(key.clone())
+                Some(fnv1a(key.as_bytes()))
             }
             _ => None,
         };
         let reply = self.run(now_ms, from, request, out).unwrap_or_else(RedisReply::Error);
         // Hazard: lease-expired-while-held, when an expired key's setter still believes it holds the lock.
-        for (setter, key) in self.expired_setters.drain(..) {
-            out.lease_ended(setter, fnv1a(key.as_bytes()));
+        for (setter, lease) in self.expired_setters.drain(..) {
+            out.lease_ended(setter, lease);
         }
-        if let Some(key) = taken.filter(|_| !matches!(reply, RedisReply::Nil | RedisReply::Error(_))) {
-            out.lease_started(from, fnv1a(key.as_bytes()));
-            self.setters.insert(key, from);
+        if let Some(lease) = taken.filter(|_| !matches!(reply, RedisReply::Nil | RedisReply::Error(_))) {
+            out.lease_started(from, lease);
+            self.setters.insert(lease, from);
         }
         reply
     }

@@ -359,7 +359,7 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
     let shipper = state.lock().expect("redis lock").shipper.clone();
     loop {
         shipper.notified().await;
-        madsim::time::sleep(lag).await;
+        crate::clock::sleep(lag).await;
         let mut s = state.lock().expect("redis lock");
         let (ops, offset) = (std::mem::take(s.data.backlog.get_or_insert_with(Vec::new)), s.data.offset);
         drop(s);
