@@ -91,7 +91,9 @@ impl Wake for WakeSlot {
 
 /// Wake whoever waits in `slot` when `at_ns` of simulated time comes (at once if it has come): one
 /// entry in madsim's timer heap, added the only way madsim offers — by polling its `Sleep`, here with
-/// the slot as its waker.
+/// the slot as its waker. The network calls this while it is locked, with times still to come (a
+/// message takes at least 1 ms; a deadline that has passed has woken its caller already): a waker that
+/// locks the network (`net::Callers`) must never be woken from here at once.
 pub(crate) fn wake_at<W: Wake + Send + Sync + 'static>(at_ns: u64, slot: &Arc<W>) {
     let waker = Waker::from(slot.clone());
     let mut cx = Context::from_waker(&waker);
