@@ -420,7 +420,7 @@ pub enum Probe {
 }
 
 /// A call on its way: it stops waiting when it returns or is dropped (a caller that gave up on it in a
-/// `select!`), so neither its reply nor the watchdog wakes the caller for it afterwards.
+/// `select!`), so neither its reply nor the deadline timer wakes the caller for it afterwards.
 struct Pending<'a> {
     rpc: &'a Rpc,
     tag: u64,
