@@ -72,7 +72,8 @@ pub struct RandomFile {
     pub every: Spanned<DurRange>,
     pub duration: DurRange,
     pub target: Option<Spanned<String>>,
-    /// Trigger each drawn fault by a lock-relevant event of the history (DESIGN §8).
+    /// Trigger each drawn fault by a lock-relevant event of the history or a point of the recipe
+    /// (DESIGN §8).
     #[serde(default)]
     pub aim: bool,
 }

@@ -334,13 +334,15 @@ fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
 }
 
 /// The nodes of the world: the family's servers, or a command recipe's one real server (named as in
-/// the history of its real runs, so that a fault can aim at it; its `[model]`'s world has the same).
+/// the history of its real runs, so that a fault can aim at it; its `[model]`'s world has the same);
+/// and the points its recipe passes, for the aimed nemesis.
 fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecipe>, clients: usize) -> Topology {
     let mut topo = match command {
         Some(c) => Topology { servers: vec![c.server.node().to_string()], ..Topology::default() },
         None => (recipe.family.topology)(backend),
     };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
+    topo.points = TriggerEvent::points_of(recipe.id);
     topo
 }
 

@@ -198,3 +198,68 @@ fn a_pause_at_the_mutex_recheck_point_grants_to_an_expired_session_in_every_seed
         assert_eq!(hazards, ["grant-to-expired-session"], "seed {seed}: paused before its grant, not after");
     }
 }
+
+/// A catalog scenario as written, and with `aim = true` added to its `[faults.random]`.
+fn catalog_uniform_and_aimed(name: &str) -> (Scenario, Scenario) {
+    let path = format!("{}/catalog/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let aimed = text.replace("[faults.random]\n", "[faults.random]\naim = true\n");
+    assert_ne!(aimed, text, "{path} has a [faults.random]");
+    let parse = |t: &str| Scenario::parse(&path, t, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"));
+    (parse(&text), parse(&aimed))
+}
+
+fn unsafe_seeds(s: &Scenario, seeds: std::ops::Range<u64>) -> usize {
+    seeds.filter(|seed| run_seed(s, *seed).unwrap().result.verdict == Verdict::Unsafe).count()
+}
+
+/// The etcd `Mutex` re-check window has no history event: the aimed nemesis reaches it through the
+/// recipe's point, where a uniform nemesis of waiter pauses lands about once in a hundred seeds.
+#[test]
+fn the_aimed_nemesis_pauses_waiters_at_the_mutex_recheck_point_and_finds_what_uniform_pauses_miss() {
+    let (uniform, aimed) = catalog_uniform_and_aimed("etcd-mutex-waiter-pause-nemesis");
+    let at_point = resolve_schedule(&aimed, 1)
+        .iter()
+        .filter(|f| f.on.as_ref().is_some_and(|on| on.event == TriggerEvent::EtcdMutexChecked))
+        .count();
+    assert!(at_point > 0, "some of the drawn pauses start at the point");
+    let (u, a) = (unsafe_seeds(&uniform, 0..20), unsafe_seeds(&aimed, 0..20));
+    assert!(a >= 5 && a >= 5 * u, "aimed {a} of 20 seeds, uniform {u}");
+    let run = (0..20).map(|seed| run_seed(&aimed, seed).unwrap()).find(|r| r.result.verdict == Verdict::Unsafe);
+    let hazards: Vec<String> = run.unwrap().result.hazards.keys().map(|h| h.to_string()).collect();
+    assert_eq!(hazards, ["grant-to-expired-session"]);
+}
+
+/// Aiming sharpens faults; it must not invent bugs: recipes that are safe under a nemesis stay safe
+/// when it aims (Redlock with its validity check, paused at its own point), and the same point finds
+/// the variant without the check.
+#[test]
+fn the_aimed_nemesis_keeps_correct_recipes_clean_and_catches_their_broken_twins() {
+    for name in ["redis-redlock-checked-pause", "etcd-mutex-nemesis", "zk-sequential-nemesis"] {
+        let (_, aimed) = catalog_uniform_and_aimed(name);
+        assert_eq!(unsafe_seeds(&aimed, 0..30), 0, "{name} aimed");
+    }
+    let (_, unchecked) = catalog_uniform_and_aimed("redis-redlock-unchecked-pause");
+    assert!(unsafe_seeds(&unchecked, 0..10) >= 8, "a pause at redlock-majority outlives the TTL");
+}
+
+/// Every point is passed by every recipe said to pass it (`TriggerEvent::recipes`, which is what the
+/// file check and the aimed nemesis go by): a fault armed for it starts, in a run of long holds.
+#[test]
+fn every_recipe_a_point_names_passes_it() {
+    for point in TriggerEvent::POINTS {
+        for recipe in point.recipes().unwrap() {
+            let backend = if *recipe == "redis.redlock" { "[backend]\nmasters = 3\n" } else { "" };
+            let text = format!(
+                "name = \"t\"\n[recipe]\nid = \"{recipe}\"\n{backend}[workload]\nkind = \"counter\"\nclients = 3\n\
+                 duration = \"40s\"\nhold = [\"12s\", \"15s\"]\n[[faults.schedule]]\nat = \"1s\"\non = \"{}\"\n\
+                 kind = \"pause\"\ntarget = \"trigger\"\nduration = \"100ms\"\n",
+                point.name()
+            );
+            let s = Scenario::parse("t.toml", &text, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"));
+            let run = run_seed(&s, 0).unwrap();
+            let started = run.history.events.iter().any(|e| matches!(e.kind, EventKind::FaultStart { .. }));
+            assert!(started, "{recipe} never passed {}", point.name());
+        }
+    }
+}

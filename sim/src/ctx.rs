@@ -40,22 +40,6 @@ enum Flavour {
     Real(RealTime),
 }
 
-/// Lets every other ready task run once before this one goes on.
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
 /// Real time for [`Ctx::real`], read by functions its caller supplies (the binary reads the machine's
 /// clock; `sim/` never does).
 #[derive(Clone, Copy, Debug)]
@@ -135,11 +119,7 @@ impl Ctx {
     /// armed faults (real mode refuses `on`).
     pub async fn point(&self, point: TriggerEvent) {
         if let Flavour::Sim { recorder, me, .. } = &self.flavour {
-            if recorder.point(*me, point) {
-                while recorder.fired_pending() {
-                    YieldOnce(false).await;
-                }
-            }
+            recorder.pass(*me, point).await;
         }
     }
 

@@ -5,8 +5,9 @@
 //! written out produce the same run (DESIGN §3).
 //!
 //! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
-//! records the n-th matching client event after `at`: an *aimed* fault. Triggers are history events only;
-//! points inside a recipe (between `SETNX` and `EXPIRE`) and lease or session expiry are not yet triggers.
+//! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
+//! recipe ([`TriggerEvent::POINTS`]): an *aimed* fault. A lease's expiry as the server sees it is not yet a
+//! trigger (`lease-renew` is the client's side of it).
 
 use crate::rng::{ChaCha8Rng, Rng};
 use serde::{Deserialize, Serialize};
@@ -235,6 +236,18 @@ pub enum TriggerEvent {
     /// `zk.ephemeral`): the client is about to create its sequential node. A `drop-reply` started here
     /// loses that create's reply, which the server applied: the window of a retried create.
     ZkQueueCreate,
+    /// A point inside `redis.redlock`: a round has just counted its majority of OKs, and is still to ask
+    /// the masters after it and to compute the lock's validity. A pause here longer than the TTL expires
+    /// the keys it counted: the validity check is what refuses them.
+    RedlockMajority,
+    /// A point in every client that renews a lease or session in the background (etcd's keep-alive
+    /// loop, ZooKeeper's ping, Redisson's watchdog): a renewal is about to be sent, the moment the
+    /// lease is as close to expiring as the client lets it get. A pause or a cut from here has the
+    /// least time left before the server expires the lease.
+    LeaseRenew,
+    /// A point inside `redis.set-nx-expire`: `SET NX` has taken the key and its `PEXPIRE` is next. A
+    /// crash here leaves a key that never expires.
+    RedisSetNxExpire,
 }
 
 impl TriggerEvent {
@@ -249,7 +262,13 @@ impl TriggerEvent {
 
     /// Points inside recipes: moments between two of a recipe's own steps, which the history does not
     /// show. The recipe passes them ([`crate::ctx::Ctx::point`]); only an armed trigger notices.
-    pub const POINTS: [TriggerEvent; 2] = [TriggerEvent::EtcdMutexChecked, TriggerEvent::ZkQueueCreate];
+    pub const POINTS: [TriggerEvent; 5] = [
+        TriggerEvent::EtcdMutexChecked,
+        TriggerEvent::ZkQueueCreate,
+        TriggerEvent::RedlockMajority,
+        TriggerEvent::LeaseRenew,
+        TriggerEvent::RedisSetNxExpire,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -260,6 +279,9 @@ impl TriggerEvent {
             TriggerEvent::LockLost => "lock-lost",
             TriggerEvent::EtcdMutexChecked => "etcd-mutex-checked",
             TriggerEvent::ZkQueueCreate => "zk-queue-create",
+            TriggerEvent::RedlockMajority => "redlock-majority",
+            TriggerEvent::LeaseRenew => "lease-renew",
+            TriggerEvent::RedisSetNxExpire => "redis-set-nx-expire",
         }
     }
 
@@ -278,8 +300,28 @@ impl TriggerEvent {
                 "zk.semaphore-mutex",
                 "zk.leader-election",
             ]),
+            TriggerEvent::RedlockMajority => Some(&["redis.redlock"]),
+            TriggerEvent::LeaseRenew => Some(&[
+                "etcd.mutex",
+                "etcd.election",
+                "etcd.txn-lease",
+                "etcd.txn-lease-wait",
+                "zk.sequential",
+                "zk.sequential-unprotected",
+                "zk.rwlock",
+                "zk.semaphore-mutex",
+                "zk.leader-election",
+                "zk.ephemeral",
+                "redis.watchdog",
+            ]),
+            TriggerEvent::RedisSetNxExpire => Some(&["redis.set-nx-expire"]),
             _ => None,
         }
+    }
+
+    /// The points `recipe` passes (none for a recipe without any, or not built in).
+    pub fn points_of(recipe: &str) -> Vec<TriggerEvent> {
+        TriggerEvent::POINTS.into_iter().filter(|p| p.recipes().is_some_and(|r| r.contains(&recipe))).collect()
     }
 
     /// One line for `locksim list faults`.
@@ -294,6 +336,15 @@ impl TriggerEvent {
                 "etcd.mutex: the wait is over and the re-check found our key; the grant is returned next"
             }
             TriggerEvent::ZkQueueCreate => "a ZooKeeper queue lock is about to create its sequential node",
+            TriggerEvent::RedlockMajority => {
+                "redis.redlock: a round has its majority of OKs; the rest of the masters and the validity check follow"
+            }
+            TriggerEvent::LeaseRenew => {
+                "a client is about to renew its lease or session (etcd keep-alive, ZooKeeper ping, Redisson watchdog)"
+            }
+            TriggerEvent::RedisSetNxExpire => {
+                "redis.set-nx-expire: SET NX took the key; its PEXPIRE is the next command"
+            }
         }
     }
 }
@@ -329,6 +380,9 @@ pub struct Topology {
     pub servers: Vec<String>,
     /// Masters that have a replica to fail over to.
     pub failover_masters: Vec<String>,
+    /// The points inside the recipe that its clients pass ([`TriggerEvent::points_of`]): the aimed
+    /// nemesis weighs them in with the history's events.
+    pub points: Vec<TriggerEvent>,
 }
 
 /// `[faults.random]`: a nemesis that draws faults of the given kinds at random intervals.
@@ -342,7 +396,8 @@ pub struct RandomFaults {
     /// Aim every fault here instead of drawing a target per kind.
     pub target: Option<Target>,
     /// `aim = true`: each drawn fault is armed at its drawn time and triggered by a lock-relevant event
-    /// ([`RandomFaults::AIM_WEIGHTS`]), hitting the node of that event (servers' faults keep their server).
+    /// ([`RandomFaults::AIM_WEIGHTS`]) or a point of the recipe ([`RandomFaults::AIM_AT_POINTS`]),
+    /// hitting the node of that event (servers' faults keep their server).
     pub aim: bool,
 }
 
@@ -362,16 +417,16 @@ impl RandomFaults {
                 let mut fault = Fault { at, target: self.target.clone().unwrap_or(target), action, on: None };
                 if self.aim {
                     // Drawn after the fault's other choices: without `aim` the stream is used as before.
-                    self.aim_at_event(rng, &mut fault);
+                    self.aim_at_event(rng, &mut fault, &topo.points);
                 }
                 faults.push(fault);
             }
         }
     }
 
-    /// How the aimed nemesis weighs the events it triggers on (in percent): the moments where a pause
-    /// or a cut does the most harm to a lock — just granted, inside the critical section, releasing,
-    /// waiting.
+    /// How the aimed nemesis weighs the history's events it triggers on (in percent): the moments where
+    /// a pause or a cut does the most harm to a lock — just granted, inside the critical section,
+    /// releasing, waiting.
     pub const AIM_WEIGHTS: [(TriggerEvent, u32); 4] = [
         (TriggerEvent::AcquireOk, 40),
         (TriggerEvent::Enter, 25),
@@ -379,16 +434,31 @@ impl RandomFaults {
         (TriggerEvent::Acquire, 15),
     ];
 
-    fn aim_at_event(&self, rng: &mut ChaCha8Rng, fault: &mut Fault) {
+    /// The share of aimed faults (in percent) started at a point of the recipe, when it passes any
+    /// ([`Topology::points`]), drawn evenly among its points. A point marks a window between two of
+    /// the recipe's own steps that no history event starts a fault in: the etcd `Mutex` re-check,
+    /// a ZooKeeper lock's create. Like BUGGIFY's sites, they are where the recipe's author knew it
+    /// was fragile, so they get as much weight as all of the history's events together.
+    pub const AIM_AT_POINTS: u32 = 50;
+
+    fn aim_at_event(&self, rng: &mut ChaCha8Rng, fault: &mut Fault, points: &[TriggerEvent]) {
         let mut roll = rng.gen_range(0..100u32);
-        let event = Self::AIM_WEIGHTS
-            .into_iter()
-            .find(|(_, w)| {
-                let hit = roll < *w;
-                roll = roll.saturating_sub(*w);
-                hit
-            })
-            .map_or(TriggerEvent::AcquireOk, |(e, _)| e);
+        let event = if !points.is_empty() && roll < Self::AIM_AT_POINTS {
+            points[rng.gen_range(0..points.len())]
+        } else {
+            if !points.is_empty() {
+                // The rest of the roll, spread back over 0..100 for the history's weights.
+                roll = (roll - Self::AIM_AT_POINTS) * 100 / (100 - Self::AIM_AT_POINTS);
+            }
+            Self::AIM_WEIGHTS
+                .into_iter()
+                .find(|(_, w)| {
+                    let hit = roll < *w;
+                    roll = roll.saturating_sub(*w);
+                    hit
+                })
+                .map_or(TriggerEvent::AcquireOk, |(e, _)| e)
+        };
         fault.on = Some(Trigger { event, nth: 1, client: None });
         let on_servers = matches!(fault.action, Action::DropReply { .. } | Action::Failover);
         if self.target.is_none() && !on_servers {
@@ -476,7 +546,7 @@ mod tests {
         Topology {
             clients: vec!["client-0".into(), "client-1".into()],
             servers: vec!["redis-0".into()],
-            failover_masters: vec![],
+            ..Topology::default()
         }
     }
 
@@ -531,6 +601,34 @@ mod tests {
         let events: std::collections::BTreeSet<TriggerEvent> =
             aimed.iter().map(|f| f.on.as_ref().unwrap().event).collect();
         assert!(events.len() >= 3, "{events:?}");
+    }
+
+    #[test]
+    fn the_aimed_nemesis_starts_about_half_its_faults_at_the_recipes_points() {
+        let nemesis = RandomFaults {
+            kinds: vec![FaultKind::Pause],
+            every: (Duration::from_millis(100), Duration::from_millis(100)),
+            duration: (Duration::from_secs(1), Duration::from_secs(1)),
+            target: None,
+            aim: true,
+        };
+        let etcd = Topology { points: TriggerEvent::points_of("etcd.mutex"), ..topo() };
+        assert_eq!(etcd.points, [TriggerEvent::EtcdMutexChecked, TriggerEvent::LeaseRenew]);
+        let draw = |topo: &Topology| nemesis.draw(&mut stream(5, Stream::Nemesis, 0), Duration::from_secs(100), topo);
+        let at = |faults: &[Fault], point| faults.iter().filter(|f| f.on.as_ref().unwrap().event == point).count();
+        let aimed = draw(&etcd);
+        assert_eq!(aimed.len(), 999);
+        let (checked, renew) = (at(&aimed, TriggerEvent::EtcdMutexChecked), at(&aimed, TriggerEvent::LeaseRenew));
+        assert!((400..600).contains(&(checked + renew)), "{checked} + {renew} of 999 at the points");
+        assert!((180..320).contains(&checked) && (180..320).contains(&renew), "{checked} and {renew}: evenly");
+        assert!(aimed.iter().all(|f| f.target == Target::Trigger));
+        // The rest still covers every history event; a recipe without points is never aimed at one.
+        let events: std::collections::BTreeSet<TriggerEvent> =
+            aimed.iter().map(|f| f.on.as_ref().unwrap().event).collect();
+        assert_eq!(events.len(), 2 + RandomFaults::AIM_WEIGHTS.len(), "{events:?}");
+        let plain = draw(&topo());
+        assert!(plain.iter().all(|f| !TriggerEvent::POINTS.contains(&f.on.as_ref().unwrap().event)));
+        assert!(TriggerEvent::points_of("redis.set-nx-px").is_empty());
     }
 
     #[test]

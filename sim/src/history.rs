@@ -326,6 +326,16 @@ impl Recorder {
         s.fired.len() > before
     }
 
+    /// `node` passes `point` ([`Recorder::point`]); if that fired a trigger, it yields until the world
+    /// has started the fault, so that a pause holds it here and not a step later.
+    pub async fn pass(&self, node: NodeIx, point: TriggerEvent) {
+        if self.point(node, point) {
+            while self.fired_pending() {
+                YieldOnce(false).await;
+            }
+        }
+    }
+
     /// Whether a fired trigger waits for the world to start its fault.
     pub fn fired_pending(&self) -> bool {
         !self.0.lock().expect("recorder lock").fired.is_empty()
@@ -435,6 +445,22 @@ impl Recorder {
     pub fn finish(&self, nodes: Vec<String>) -> History {
         let events = std::mem::take(&mut self.0.lock().expect("recorder lock").events);
         History { nodes, events, end: crate::clock::sim_now_ns() }
+    }
+}
+
+/// Lets every other ready task run once before this one goes on.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
     }
 }
 

@@ -31,8 +31,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Every Redis recipe, for the registry.
-pub const RECIPES: &[RecipeSpec] =
-    &[set_nx::RECIPE, set_nx_px::RECIPE, getset_expiry::RECIPE, watchdog::RECIPE, redlock::RECIPE];
+pub const RECIPES: &[RecipeSpec] = &[
+    set_nx::RECIPE,
+    set_nx::EXPIRE_RECIPE,
+    set_nx_px::RECIPE,
+    getset_expiry::RECIPE,
+    watchdog::RECIPE,
+    redlock::RECIPE,
+];
 
 /// The key every Redis recipe locks, and the counter that hands out fencing tokens.
 const LOCK_KEY: &str = "lock";

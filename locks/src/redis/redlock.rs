@@ -22,6 +22,7 @@ use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::TriggerEvent;
 use std::time::Duration;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -102,6 +103,9 @@ impl Redlock {
         for m in &self.masters {
             if m.set(LOCK_KEY, &self.value, SetCondition::Nx, Some(ttl_ms)).await == Ok(RedisReply::Ok) {
                 locked += 1;
+                if locked == self.quorum() {
+                    self.ctx.point(TriggerEvent::RedlockMajority).await;
+                }
             }
         }
         let drift = ttl_ms / 100 + 2;

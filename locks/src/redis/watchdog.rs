@@ -47,6 +47,7 @@ use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest};
 use locksim_sim::ctx::{Background, Ctx};
+use locksim_sim::fault::TriggerEvent;
 use locksim_sim::net::CallError;
 use std::time::Duration;
 
@@ -285,6 +286,7 @@ async fn renew(executor: Executor, lease: Duration, lock_name: String, version: 
     };
     loop {
         executor.ctx.sleep(lease / 3).await;
+        executor.ctx.point(TriggerEvent::LeaseRenew).await;
         match executor.eval(script, &[LOCK_KEY], &[&lease_ms, &lock_name]).await {
             Ok(reply) if reply == held => {}
             Err(CallError::Timeout) if version == Renewal::Carries => {}

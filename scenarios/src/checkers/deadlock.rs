@@ -4,6 +4,13 @@
 //! pauses between them do not end the wanting) or until it crashes. Nobody holds the lock in the gaps
 //! between hold intervals. A want that spans `liveness` of one such gap is a deadlock: the lock is free
 //! by every client's own account, yet nobody can take it — an orphaned key, a holder that died.
+//!
+//! A client that crashes while it wants the lock, just after a watch told it the node or key ahead of
+//! its own was gone, may have been granted the lock without recording so: the grant was on its way.
+//! It is an orphan of its own, which its lease or session frees in its time, so the wait starts afresh
+//! at that crash. Crashes of one new grantee after another, each freed within its TTL as a real lease
+//! lock is, do not add up to a deadlock that no single orphan made; a crash of a client that was
+//! merely queued restarts nothing.
 
 use super::holds::{kills, Hold};
 use super::{fmt_span, FindingKind, Raw};
@@ -14,11 +21,12 @@ use std::time::Duration;
 pub(super) fn check(h: &History, holds: &[Hold], liveness: Duration) -> Vec<Raw> {
     let wants = wants(h);
     let bound = liveness.as_nanos() as u64;
+    let fresh_orphans: Vec<u64> = wants.iter().filter(|w| w.maybe_granted).map(|w| w.to).collect();
     let mut found = Vec::new();
-    for (free_from, free_to) in free_gaps(holds, h.end) {
+    for (free_from, free_to) in split(free_gaps(holds, h.end), fresh_orphans) {
         let stuck: Vec<(NodeIx, u64, u64)> = wants
             .iter()
-            .map(|(c, s, e)| (*c, (*s).max(free_from), (*e).min(free_to)))
+            .map(|w| (w.client, w.from.max(free_from), w.to.min(free_to)))
             .filter(|(_, s, e)| e > s && e - s >= bound)
             .collect();
         if stuck.is_empty() {
@@ -42,21 +50,56 @@ pub(super) fn check(h: &History, holds: &[Hold], liveness: Duration) -> Vec<Raw>
     found
 }
 
-/// `(client, from, to)` for every stretch of wanting the lock.
-fn wants(h: &History) -> Vec<(NodeIx, u64, u64)> {
+/// How soon after its watch fired a waiter may have been granted the lock: a read or two (the etcd
+/// `Mutex`'s re-check, a ZooKeeper lock's `getChildren`) take a few tens of milliseconds.
+const GRANT_IN_FLIGHT_NS: u64 = 100_000_000;
+
+/// One stretch of wanting the lock, and whether the client crashed at its end with a grant maybe on
+/// its way (within [`GRANT_IN_FLIGHT_NS`] of a notification).
+struct Want {
+    client: NodeIx,
+    from: u64,
+    to: u64,
+    maybe_granted: bool,
+}
+
+/// Every stretch of wanting the lock.
+fn wants(h: &History) -> Vec<Want> {
     let mut since: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    let mut notified: BTreeMap<NodeIx, u64> = BTreeMap::new();
     let mut out = Vec::new();
     for e in &h.events {
+        let mut end = |maybe_granted| {
+            out.extend(since.remove(&e.node).map(|from| Want { client: e.node, from, to: e.t, maybe_granted }))
+        };
         match &e.kind {
             EventKind::AcquireInvoke => {
                 since.entry(e.node).or_insert(e.t);
             }
-            EventKind::AcquireOk { .. } => out.extend(since.remove(&e.node).map(|s| (e.node, s, e.t))),
-            k if kills(k) => out.extend(since.remove(&e.node).map(|s| (e.node, s, e.t))),
+            EventKind::AcquireOk { .. } => end(false),
+            EventKind::Notify { .. } => {
+                notified.insert(e.node, e.t);
+            }
+            k if kills(k) => end(notified.get(&e.node).is_some_and(|n| e.t - n <= GRANT_IN_FLIGHT_NS)),
             _ => {}
         }
     }
-    out.extend(since.into_iter().map(|(c, s)| (c, s, h.end)));
+    out.extend(since.into_iter().map(|(client, from)| Want { client, from, to: h.end, maybe_granted: false }));
+    out
+}
+
+/// `gaps` cut at each of `at` that falls inside one.
+fn split(gaps: Vec<(u64, u64)>, mut at: Vec<u64>) -> Vec<(u64, u64)> {
+    at.sort_unstable();
+    let mut out = Vec::new();
+    for (from, to) in gaps {
+        let mut start = from;
+        for &t in at.iter().filter(|t| from < **t && **t < to) {
+            out.push((start, t));
+            start = t;
+        }
+        out.push((start, to));
+    }
     out
 }
 
@@ -119,6 +162,28 @@ mod tests {
             ],
         );
         assert!(run(&h).is_empty());
+    }
+
+    #[test]
+    fn new_grantees_crashing_one_after_another_are_orphans_freed_in_turn_not_a_deadlock() {
+        // Client 0 releases at 2.1 s; each 10 s after, the lease of a crashed would-be holder expires.
+        // Each time the next waiter's watch fires and it crashes `lag` later: 40 s without a holder,
+        // yet with a short lag each was the next grantee and no orphan was older than 10 s.
+        let events = |lag: f64| {
+            let mut e = vec![(1.0, 0, AcquireInvoke), (1.1, 0, ok(1))];
+            e.extend((1..=4).map(|i| (1.5, i, AcquireInvoke)));
+            e.extend([(2.0, 0, ReleaseInvoke), (2.1, 0, ReleaseOk)]);
+            for i in 1..=4 {
+                let freed = 2.1 + 10.0 * f64::from(i - 1);
+                e.push((freed, i, Notify { cause: "DELETE /mutex/ahead".into() }));
+                e.push((freed + lag, i, crash(&format!("client-{i}"))));
+            }
+            e.extend([(45.0, 0, AcquireInvoke), (46.0, 0, ok(2))]);
+            e
+        };
+        assert!(run(&history(60.0, events(0.05))).is_empty());
+        // A crash long after the watch fired: the client was merely queued, and the wait goes on.
+        assert_eq!(run(&history(60.0, events(1.0))).len(), 1);
     }
 
     #[test]

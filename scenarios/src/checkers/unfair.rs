@@ -8,7 +8,8 @@
 //! (a crash, a partition or an expiry may rightly send it to the back of the queue). A fault's effects
 //! outlast it: what a client sent during a cut reaches the server only at a TCP retransmission after
 //! the heal, up to about the cut's own length later — so a wait that starts within that tail after a
-//! fault on the client's node is disturbed too. A fault on a server (a node that never asks for the
+//! fault on the client's node is disturbed too. Overlapping faults on one node make one cut, whose
+//! tail is as long as all of it. A fault on a server (a node that never asks for the
 //! lock) disturbs every wait: a restarted server resets every connection, and a recipe whose call fails
 //! may rightly rejoin at the back. A client one of whose acquires or releases ended `Unknown` may still have its place in the queue (its node or key survived,
 //! and the recipe reuses it, as etcd's Mutex does): until a release of its is known to have gone through
@@ -37,10 +38,13 @@ struct Wait {
 fn waits(h: &History) -> Vec<Wait> {
     let mut open: BTreeMap<NodeIx, Wait> = BTreeMap::new();
     let mut unsure: BTreeSet<NodeIx> = BTreeSet::new();
-    // Faults in force, by id, with their start: a wait that starts under one is disturbed from the
-    // start; so is one that starts in the tail after it (see the module doc), until `lingering`'s time.
-    let mut active: BTreeMap<u32, (NodeIx, u64)> = BTreeMap::new();
+    // Faults in force, by id, and the node each concerns: a wait that starts under one is disturbed
+    // from the start; so is one that starts in the tail after it (see the module doc), until
+    // `lingering`'s time.
+    let mut active: BTreeMap<u32, NodeIx> = BTreeMap::new();
     let mut lingering: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    // Where each node's current stretch of overlapping faults began.
+    let mut cut_since: BTreeMap<NodeIx, u64> = BTreeMap::new();
     let clients: BTreeSet<NodeIx> =
         h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| e.node).collect();
     // A fault on a server concerns every client: it is kept under this node.
@@ -52,14 +56,20 @@ fn waits(h: &History) -> Vec<Wait> {
                 // Until a release is known to have gone through, the old node or key may still
                 // stand, and every attempt may reuse it (a failed one leaves it too).
                 let kept_place = unsure.contains(&e.node);
-                let disturbed = active.values().any(|(n, _)| *n == e.node || *n == EVERYONE)
+                let disturbed = active.values().any(|n| *n == e.node || *n == EVERYONE)
                     || [e.node, EVERYONE].iter().any(|n| lingering.get(n).is_some_and(|until| *until > e.t));
                 open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed, kept_place });
             }
             EventKind::FaultEnd { id } => {
-                if let Some((node, start)) = active.remove(id) {
+                if let Some(node) = active.remove(id) {
+                    // Overlapping faults on a node are one cut: TCP's retransmission timer has backed
+                    // off over all of it, so the tail is as long as the whole cut so far.
+                    let since = cut_since[&node];
+                    if !active.values().any(|n| *n == node) {
+                        cut_since.remove(&node);
+                    }
                     let until = lingering.entry(node).or_default();
-                    *until = (*until).max(e.t + (e.t - start));
+                    *until = (*until).max(e.t + (e.t - since));
                 }
             }
             EventKind::AcquireOk { .. } => {
@@ -80,7 +90,8 @@ fn waits(h: &History) -> Vec<Wait> {
             EventKind::FaultStart { .. } | EventKind::Session { .. } => {
                 let node = if matches!(e.kind, EventKind::FaultStart { .. }) { everyone(e.node) } else { e.node };
                 if let EventKind::FaultStart { id, .. } = &e.kind {
-                    active.insert(*id, (node, e.t));
+                    active.insert(*id, node);
+                    cut_since.entry(node).or_insert(e.t);
                 }
                 for wait in open.values_mut().filter(|w| node == EVERYONE || w.client == node) {
                     wait.disturbed = true;
@@ -237,6 +248,32 @@ mod tests {
         assert!(check(&history(10.0, events(false, 1.0)), true).is_empty(), "asked while cut off");
         assert!(check(&history(10.0, events(true, 1.0)), true).is_empty(), "asked in the cut's tail");
         assert_eq!(check(&history(10.0, events(true, 1.5)), true).len(), 1, "asked once the tail had passed");
+    }
+
+    #[test]
+    fn overlapping_faults_on_a_node_are_one_cut_with_one_long_tail() {
+        let cut = |id| FaultStart {
+            id,
+            fault: locksim_sim::fault::FaultKind::Partition,
+            target: "client-0".into(),
+            detail: String::new(),
+        };
+        // Cuts of 0.5..2.5 s and 2.0..3.0 s: one cut of 2.5 s, whose retransmissions may arrive until
+        // about 5.5 s, though the second fault alone lasted 1 s.
+        let events = |asked: f64| {
+            vec![
+                (0.5, 0, cut(1)),
+                (2.0, 0, cut(2)),
+                (2.5, 0, FaultEnd { id: 1 }),
+                (3.0, 0, FaultEnd { id: 2 }),
+                (asked, 0, AcquireInvoke),
+                (asked + 0.5, 1, AcquireInvoke),
+                (7.0, 1, ok(2)),
+                (8.0, 0, ok(3)),
+            ]
+        };
+        assert!(check(&history(10.0, events(4.5)), true).is_empty(), "asked in the whole cut's tail");
+        assert_eq!(check(&history(10.0, events(5.6)), true).len(), 1, "asked once the tail had passed");
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use super::{EtcdReply, EtcdRequest, LeaseId, WatchId, WatchResponse};
 
 use crate::ctx::Background;
+use crate::fault::TriggerEvent;
 use crate::history::{EventKind, NodeIx};
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
@@ -185,6 +186,11 @@ pub trait Lessor: Clone + 'static {
     fn spawn_detached(&self, task: impl Future<Output = ()> + 'static);
     /// The keep-alive of `lease` has stopped, for `why` (a simulated client records it in the history).
     fn stopped(&self, lease: LeaseId, why: &str);
+    /// The loop is about to send a keep-alive: the point [`TriggerEvent::LeaseRenew`] (a real process
+    /// has no armed faults, and passes it without a stop).
+    fn renewal_due(&self) -> impl Future<Output = ()> {
+        std::future::ready(())
+    }
 }
 
 impl Lessor for EtcdClient {
@@ -211,6 +217,10 @@ impl Lessor for EtcdClient {
     fn stopped(&self, lease: LeaseId, why: &str) {
         let state = format!("keep-alive of lease {lease:x} stopped: {why}");
         self.env.recorder.record(self.env.rpc.me(), EventKind::Session { state });
+    }
+
+    fn renewal_due(&self) -> impl Future<Output = ()> {
+        self.env.recorder.pass(self.env.rpc.me(), TriggerEvent::LeaseRenew)
     }
 }
 
@@ -323,6 +333,7 @@ async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, do
         if now < next || ending.stopped() {
             continue;
         }
+        lessor.renewal_due().await;
         // The answer is handled beside the loop, as the real client's receive loop does; once the
         // keep-alive is dropped, a late answer finds nobody (the real client forgets the lease).
         let (client, timing, ending) = (lessor.clone(), timing.clone(), Rc::downgrade(&ending));

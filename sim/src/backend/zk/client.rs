@@ -31,6 +31,7 @@
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::ctx::{Background, Ctx};
+use crate::fault::TriggerEvent;
 use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
 use std::cell::{Cell, RefCell};
@@ -145,6 +146,14 @@ impl Host {
         match self {
             Host::Sim(_) => drop(madsim::task::spawn_local(task)),
             Host::Real { .. } => drop(tokio::task::spawn_local(task)),
+        }
+    }
+
+    /// The point [`TriggerEvent::LeaseRenew`]: the session is about to be renewed by a ping (a real
+    /// process has no armed faults).
+    async fn renewal_due(&self) {
+        if let Host::Sim(env) = self {
+            env.recorder.pass(env.rpc.me(), TriggerEvent::LeaseRenew).await;
         }
     }
 
@@ -391,6 +400,7 @@ async fn pinger(shared: Rc<Shared>) {
                 let idle_send = now - shared.last_sent_ms.get();
                 let mut to_ping = read_timeout / 2 - idle_send - if idle_send > 1000 { 1000 } else { 0 };
                 if to_ping <= 0 || idle_send > MAX_SEND_PING_INTERVAL_MS {
+                    shared.host.renewal_due().await;
                     // The ping runs beside the loop, so a lost one does not delay the next check.
                     let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
                     let pinging = shared.clone();
