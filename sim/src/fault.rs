@@ -397,7 +397,8 @@ pub struct RandomFaults {
     pub target: Option<Target>,
     /// `aim = true`: each drawn fault is armed at its drawn time and triggered by a lock-relevant event
     /// ([`RandomFaults::AIM_WEIGHTS`]) or a point of the recipe ([`RandomFaults::AIM_AT_POINTS`]),
-    /// hitting the node of that event (servers' faults keep their server).
+    /// hitting the node of that event (servers' faults keep their server; a `target` other than
+    /// `random-client` is kept).
     pub aim: bool,
 }
 
@@ -461,7 +462,9 @@ impl RandomFaults {
         };
         fault.on = Some(Trigger { event, nth: 1, client: None });
         let on_servers = matches!(fault.action, Action::DropReply { .. } | Action::Failover);
-        if self.target.is_none() && !on_servers {
+        // `random-client` leaves the client to the nemesis: aimed, that is the client whose event it
+        // chose. A named node, `holder` or `waiter` stays what the scenario says.
+        if matches!(self.target, None | Some(Target::RandomClient)) && !on_servers {
             fault.target = Target::Trigger;
         }
     }
@@ -601,6 +604,18 @@ mod tests {
         let events: std::collections::BTreeSet<TriggerEvent> =
             aimed.iter().map(|f| f.on.as_ref().unwrap().event).collect();
         assert!(events.len() >= 3, "{events:?}");
+        // `random-client` is the aim's client too; a role or a named node is kept.
+        for (target, aimed_at) in [
+            (Target::RandomClient, Target::Trigger),
+            (Target::Waiter, Target::Waiter),
+            (Target::Node("client-1".into()), Target::Node("client-1".into())),
+        ] {
+            nemesis.target = Some(target);
+            let faults = nemesis.draw(&mut stream(9, Stream::Nemesis, 0), Duration::from_secs(60), &topo());
+            let client_faults: Vec<&Fault> =
+                faults.iter().filter(|f| f.action.kind() != FaultKind::DropReply).collect();
+            assert!(client_faults.len() > 3 && client_faults.iter().all(|f| f.target == aimed_at), "{aimed_at:?}");
+        }
     }
 
     #[test]
