@@ -55,9 +55,16 @@ pub fn is_service(kind: FindingKind) -> bool {
     matches!(kind, FindingKind::Herd | FindingKind::Unfair | FindingKind::Starvation)
 }
 
-/// Seeds of `run` whose lock broke, as a rate.
+/// Whether a seed tested its lock under the run's faults: a seed whose every fault was skipped when due
+/// ran without one, and says nothing of the lock under it — unless the lock broke anyway.
+pub fn tested(run: &ScenarioResult, seed: &SeedResult) -> bool {
+    run.fault_kinds.is_empty() || seed.fault_fired() || broke(run, seed)
+}
+
+/// Seeds of `run` whose lock broke, of the seeds that tested it (see [`tested`]), as a rate.
 pub fn broken_rate(run: &ScenarioResult) -> Rate {
-    Rate::of(run.results.iter().filter(|s| broke(run, s)).count() as u64, run.results.len() as u64)
+    let tested: Vec<&SeedResult> = run.results.iter().filter(|s| tested(run, s)).collect();
+    Rate::of(tested.iter().filter(|s| broke(run, s)).count() as u64, tested.len() as u64)
 }
 
 /// One row of the decision table.
@@ -72,8 +79,10 @@ pub struct Row {
     pub worst: (String, Rate),
     /// The fault labels under which some seed broke, in order.
     pub broke_under: Vec<String>,
-    /// The fault labels it ran under.
+    /// The fault labels it ran under, in some seed of which a fault fired.
     pub faults: Vec<String>,
+    /// The fault labels it ran under with no fault firing in any seed: untested, never "safe under".
+    pub untested: Vec<String>,
     /// Service findings over every seed of the variant: kind and how many seeds of how many.
     pub service: Vec<(FindingKind, Rate)>,
     /// Without faults, at the most clients run: clients woken per release (mean over seeds), waiters.
@@ -117,12 +126,15 @@ fn row(lock: String, runs: &[&ScenarioResult]) -> Row {
         let cell = per_fault.entry(fault_label(run)).or_default();
         *cell = (cell.0 + rate.k, cell.1 + rate.n);
     }
-    let rates: Vec<(String, Rate)> = per_fault.into_iter().map(|(f, (k, n))| (f, Rate::of(k, n))).collect();
+    // A fault label none of whose seeds tested the lock is untested, not "safe under" it.
+    let untested: Vec<String> = per_fault.iter().filter(|(_, (_, n))| *n == 0).map(|(f, _)| f.clone()).collect();
+    let rates: Vec<(String, Rate)> =
+        per_fault.into_iter().filter(|(_, (_, n))| *n > 0).map(|(f, (k, n))| (f, Rate::of(k, n))).collect();
     let worst = rates
         .iter()
         .max_by(|a, b| (a.1.value(), a.1.high).partial_cmp(&(b.1.value(), b.1.high)).expect("rates are numbers"))
         .cloned()
-        .expect("a variant has runs");
+        .unwrap_or_else(|| (untested[0].clone(), Rate::of(0, 0)));
     let seeds: Vec<&SeedResult> = runs.iter().flat_map(|r| &r.results).collect();
     let service = FindingKind::ALL
         .into_iter()
@@ -137,6 +149,7 @@ fn row(lock: String, runs: &[&ScenarioResult]) -> Row {
         worst,
         broke_under: rates.iter().filter(|(_, r)| r.k > 0).map(|(f, _)| f.clone()).collect(),
         faults: rates.iter().map(|(f, _)| f.clone()).collect(),
+        untested,
         service,
         herd: herd(runs),
         recovery: recovery(runs),
@@ -204,10 +217,20 @@ fn in_words(label: &str) -> String {
 /// One line from the numbers: what broke it, and whether another variant of its recipe held under the
 /// same faults (fencing first, as the usual fix).
 fn verdict(row: &Row, all: &[Row]) -> String {
+    let untested = match row.untested.as_slice() {
+        [] => String::new(),
+        faults => format!(
+            "; untested under {} (no fault fired)",
+            faults.iter().map(|f| in_words(f)).collect::<Vec<_>>().join(", ")
+        ),
+    };
     if row.broke_under.is_empty() {
         let ran: Vec<String> =
             row.faults.iter().map(|f| if f == "none" { "no faults".into() } else { in_words(f) }).collect();
-        let mut line = format!("safe under {}", ran.join(", "));
+        let mut line = match ran.is_empty() {
+            true => "untested: no fault fired in any seed".to_string(),
+            false => format!("safe under {}{untested}", ran.join(", ")),
+        };
         for (kind, rate) in &row.service {
             line.push_str(&format!("; {} in {}/{} seeds", kind.name(), rate.k, rate.n));
         }
@@ -230,7 +253,7 @@ fn verdict(row: &Row, all: &[Row]) -> String {
             None => line.push_str(&partly_fenced(row, all)),
         },
     }
-    line
+    line + &untested
 }
 
 /// When no variant held under every fault that broke `row`: a clean fenced variant that ran some of them,
@@ -295,9 +318,16 @@ pub(crate) mod tests {
             hazard_counts: BTreeMap::new(),
             to_violation: None,
             summary: Summary::default(),
-            results: (0..n).map(|s| seed(s, if s < bad { vec![kind] } else { vec![] })).collect(),
+            results: (0..n)
+                .map(|s| SeedResult {
+                    // Each seed's one fault fired (see `fired` for seeds that skipped theirs).
+                    schedule: faults.iter().take(1).map(|f| format!("at 5s {f} holder")).collect(),
+                    ..seed(s, if s < bad { vec![kind] } else { vec![] })
+                })
+                .collect(),
             shard: None,
             real: false,
+            fault_coverage: None,
         }
     }
 
@@ -350,6 +380,36 @@ pub(crate) mod tests {
         assert!(rows[0].broke_under.is_empty());
         assert_eq!(rows[0].verdict, "safe under no faults; herd in 4/10 seeds");
         assert_eq!(rows[0].service, [(FindingKind::Herd, Rate::of(4, 10))]);
+    }
+
+    /// `run` whose first `fired` seeds' one fault started and the rest's was skipped when due.
+    fn fired(mut run: ScenarioResult, fired: u64) -> ScenarioResult {
+        for s in &mut run.results {
+            s.schedule = vec!["at 5s pause holder for 8s".into()];
+            s.faults_skipped = u64::from(s.seed >= fired);
+        }
+        run
+    }
+
+    #[test]
+    fn safe_under_a_fault_counts_only_seeds_whose_fault_fired() {
+        // A DEL-released lock whose pause never found a holder is not "safe under pauses".
+        let rows = rows(&[fired(run("release=del", &["pause"], 0, 20, FindingKind::DoubleHolder), 0)]);
+        assert_eq!(rows[0].verdict, "untested: no fault fired in any seed");
+        assert_eq!(rows[0].untested, ["pause"]);
+        // 5 seeds of 20 bit: the bound is over those 5.
+        let rows = super::rows(&[fired(run("", &["pause"], 0, 20, FindingKind::DoubleHolder), 5)]);
+        assert_eq!(rows[0].verdict, "safe under pauses");
+        assert_eq!((rows[0].worst.1.k, rows[0].worst.1.n), (0, 5));
+        // A seed that broke without its fault still counts: the lock broke.
+        let rows = super::rows(&[fired(run("", &["pause"], 3, 20, FindingKind::DoubleHolder), 0)]);
+        assert_eq!((rows[0].worst.1.k, rows[0].worst.1.n), (3, 3));
+        // Tested under one fault kind, not the other.
+        let rows = super::rows(&[
+            run("", &["crash"], 0, 20, FindingKind::DoubleHolder),
+            fired(run("", &["pause"], 0, 20, FindingKind::DoubleHolder), 0),
+        ]);
+        assert_eq!(rows[0].verdict, "safe under crashes; untested under pauses (no fault fired)");
     }
 
     #[test]

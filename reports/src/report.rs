@@ -97,7 +97,8 @@ const DECISION_HEADS: [&str; 8] = [
 const NOT_RUN: &str = "–";
 
 const DECISION: &str = "One row per lock variant, simulated. Worst violation: the faults under which the most seeds \
-                        broke the lock (95% interval; with no violation, the weakest bound). Herd, latency, attempts granted and \
+                        broke the lock (95% interval; with no violation, the weakest bound), counting only seeds whose fault \
+                        fired or whose lock broke anyway: \"safe under\" a fault means under one that happened. Herd, latency, attempts granted and \
                         throughput: without faults, the herd at the most clients run, the rest from a flash sale \
                         where the variant ran one, else its counter. –: not run. Click a heading to sort.";
 
@@ -148,6 +149,16 @@ fn decision_cells(row: &Row) -> [(String, Option<f64>); 8] {
 const SIM_AND_REAL: &str = "The same scenario simulated (its `[model]`, or the same baseline) and run on real servers \
                             with the real library (`run --real`).";
 
+/// The fault coverage cell: `37/200 seeds`, `all 200 seeds`, or a dash for a run without faults (or
+/// results written before coverage was counted).
+fn fired_in(run: &ScenarioResult) -> String {
+    match run.fault_coverage {
+        Some(c) if c.complete() => format!("all {} seeds", c.seeds),
+        Some(c) => format!("{}/{} seeds", c.seeds_fired, c.seeds),
+        None => NOT_RUN.into(),
+    }
+}
+
 fn verdict(run: &ScenarioResult) -> &'static str {
     if run.as_expected {
         "as expected"
@@ -193,16 +204,17 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
         let _ = writeln!(md, "| {} | {} | {} |", md_(&row[0]), row[1], md_(&row[2]));
     }
     md.push('\n');
-    md.push_str("## Runs\n\n| scenario | lock | faults | seeds | unsafe | findings | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    md.push_str("## Runs\n\n| scenario | lock | faults | seeds | faults fired in | unsafe | findings | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for run in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {}..{} | {} | {} | {} |",
+            "| {} | {} | {} | {}..{} | {} | {} | {} | {} |",
             md_(&run.scenario),
             md_(&lock_name(run)),
             md_(&fault_label(run)),
             run.seeds.start,
             run.seeds.end,
+            fired_in(run),
             md_(&unsafe_rate(run).to_string()),
             md_(&findings(run)),
             verdict(run)
@@ -272,19 +284,20 @@ pub fn html(results: &ResultsFile, charts: &[(&str, &str, String)]) -> String {
     page.push_str("</table></section>\n");
     page.push_str(
         "<section><h2>Runs</h2><table><tr><th>scenario</th><th>lock</th><th>faults</th><th>seeds</th>\
-                   <th>unsafe</th><th>findings</th><th>verdict</th><th>reproduce</th></tr>\n",
+                   <th>faults fired in</th><th>unsafe</th><th>findings</th><th>verdict</th><th>reproduce</th></tr>\n",
     );
     for run in runs {
         let repro = example_line(run).unwrap_or_default();
         let _ = writeln!(
             page,
-            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
             if run.as_expected { "" } else { " class=\"bad\"" },
             escape(&run.scenario),
             escape(&lock_name(run)),
             escape(&fault_label(run)),
             run.seeds.start,
             run.seeds.end,
+            fired_in(run),
             escape(&unsafe_rate(run).to_string()),
             escape(&findings(run)),
             verdict(run),

@@ -65,6 +65,20 @@ pub fn to_violation(result: &ScenarioResult) -> Option<String> {
     Some(format!("seed {} is the first, {} in; {median}", t.first_seed, seeds(t.first)))
 }
 
+/// `fired in 37 of 200 seeds (18.5%); 37 of 400 faults` — how many seeds' faults took effect; `None`
+/// for a run without faults.
+pub fn fault_coverage(result: &ScenarioResult) -> Option<String> {
+    let c = result.fault_coverage?;
+    let share =
+        if c.seeds == 0 { String::new() } else { format!(" ({:.1}%)", 100.0 * c.seeds_fired as f64 / c.seeds as f64) };
+    let seeds = if c.complete() {
+        format!("in every seed ({})", c.seeds)
+    } else {
+        format!("in {} of {} seeds{share}", c.seeds_fired, c.seeds)
+    };
+    Some(format!("fired {seeds}; {} of {} faults", c.faults_fired, c.faults))
+}
+
 /// `lease-expired-while-held in 92 seeds (94 times), stale-holder-resumed in 92 seeds (92 times)`
 pub fn hazards_summary(result: &ScenarioResult) -> String {
     let times = |h| result.hazard_counts.get(h).copied().unwrap_or(0);

@@ -20,6 +20,8 @@ duration = "8s"
 [expect]
 verdict = "unsafe"
 findings = ["double-holder"]
+[check]
+liveness = "10s"
 "#;
 
 #[test]
@@ -173,7 +175,16 @@ fn a_fault_test_whose_faults_never_take_effect_fails_and_says_so() {
     let (_dir, path) = scenario_file("no-waiter.toml", &text);
     let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
-    assert!(stdout(&o).contains("every fault of every seed was skipped when due"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("no fault fired in any of the 5 seeds"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("faults: fired in 0 of 5 seeds"), "{}", stdout(&o));
+    // Expecting safe changes nothing: a test that never happened is not green.
+    let (_dir, path) = scenario_file(
+        "no-waiter-safe.toml",
+        &text.replace("[expect]\nverdict = \"unsafe\"\nfindings = [\"double-holder\"]\n", ""),
+    );
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("expected safe: NOT as expected"), "{}", stdout(&o));
 }
 
 #[test]
@@ -187,10 +198,36 @@ fn a_seed_too_big_for_its_event_budget_stops_with_a_clear_error() {
 }
 
 #[test]
+fn a_run_shorter_than_its_liveness_window_is_refused_and_a_wedge_in_it_is_called() {
+    // A SETNX holder crashed for good in a 20 s run: with the default 30 s window the wedge was "safe".
+    let wedged = "name = \"w\"\n[recipe]\nid = \"redis.set-nx\"\n[workload]\nkind = \"counter\"\nclients = 3\n\
+                  duration = \"20s\"\n[[faults.schedule]]\nat = \"2s\"\nkind = \"crash\"\ntarget = \"holder\"\n";
+    let (_dir, path) = scenario_file("wedged.toml", wedged);
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("wedged.toml:7:12: liveness 30s (the default) is not shorter than the run's duration 20s"),
+        "{}",
+        stderr(&o)
+    );
+    // With a window the run can see, the wedge is a deadlock: never exit 0.
+    let (_dir, path) = scenario_file("wedged-10s.toml", &format!("{wedged}[check]\nliveness = \"10s\"\n"));
+    let o = locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("expected safe, but some seeds found deadlock"), "{}", stdout(&o));
+    // Judging safety alone is a choice the file states.
+    let (_dir, path) = scenario_file("wedged-off.toml", &format!("{wedged}[check]\ndeadlock = false\n"));
+    assert_eq!(locksim(&["run", path.to_str().unwrap(), "--seeds", "0..5"]).status.code(), Some(0));
+}
+
+#[test]
 fn a_seed_range_ending_at_u64_max_finishes_at_any_jobs() {
     let (_dir, path) = scenario_file(
         "tiny.toml",
-        &GOOD.replace("duration = \"20s\"", "duration = \"2s\"").replace("at = \"5s\"", "at = \"1s\""),
+        &GOOD
+            .replace("duration = \"20s\"", "duration = \"2s\"")
+            .replace("at = \"5s\"", "at = \"1s\"")
+            .replace("liveness = \"10s\"", "liveness = \"1s\""),
     );
     let top = format!("{}..{}", u64::MAX - 4, u64::MAX);
     let o = locksim(&["run", path.to_str().unwrap(), "--seeds", &top, "--jobs", "3"]);

@@ -202,6 +202,39 @@ fn a_suite_requiring_a_hazard_its_scenario_cannot_reach_fails_naming_it_and_an_u
 }
 
 #[test]
+fn a_hazard_listed_twice_or_one_the_scenario_can_never_reach_is_bad_input_at_its_line() {
+    let dir = scratch("unreachable");
+    let catalog = root().join("scenarios/catalog/redis-del-gc-pause.toml");
+    let suite = dir.path().join("hazards.toml");
+    let run = |hazards: &str| format!("[[run]]\nscenario = {catalog:?}\nseeds = \"0..2\"\nhazards = [{hazards}]\n");
+    let cases = [
+        (
+            "\"stale-holder-resumed\", \"stale-holder-resumed\"",
+            "hazards.toml:4:36: hazards: stale-holder-resumed is listed twice",
+        ),
+        (
+            "\"watch-fired-while-disconnected\"",
+            "hazards.toml:4:12: hazards: redis-del-gc-pause can never reach watch-fired-while-disconnected: it is \
+             marked by the zk family only, and redis.set-nx-px is redis",
+        ),
+        (
+            "\"holder-crashed\"",
+            "hazards.toml:4:12: hazards: redis-del-gc-pause can never reach holder-crashed: it needs a crash or \
+             restart fault, and the scenario has none",
+        ),
+        ("\"lock-key-lost-in-failover\"", "it needs a failover fault"),
+        ("\"clock-jump-during-hold\"", "it needs a clock-jump fault"),
+    ];
+    for (hazards, said) in cases {
+        std::fs::write(&suite, run(hazards)).unwrap();
+        let o = locksim(&["suite", suite.to_str().unwrap(), "--no-shrink"]);
+        assert_eq!(o.status.code(), Some(2), "{hazards}: {}", stdout(&o));
+        assert!(stderr(&o).contains(said), "{hazards}: {}", stderr(&o));
+        assert!(!stdout(&o).contains("seeds 0..2"), "nothing ran: {}", stdout(&o));
+    }
+}
+
+#[test]
 fn run_prints_the_hazards_reached_and_list_names_every_hazard() {
     // The pause is aimed at a grant: every seed has a holder whose key expires under it.
     let o = locksim(&["run", "scenarios/catalog/redis-cad-pause-on-grant.toml", "--seeds", "0..3"]);

@@ -20,6 +20,8 @@ at = "5s"
 kind = "pause"
 target = "holder"
 duration = "8s"
+[check]
+liveness = "10s"
 [expect]
 verdict = "unsafe"
 "#;

@@ -97,6 +97,9 @@ kinds = ["pause"]
 every = ["1s", "3s"]
 duration = ["1s", "4s"]
 
+[check]
+liveness = "20s"         # shorter than the run: a lock wedged for 20 s would be called a deadlock
+
 [expect]
 verdict = "safe"
 "#;

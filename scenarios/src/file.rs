@@ -82,6 +82,7 @@ pub struct RandomFile {
 #[serde(deny_unknown_fields)]
 pub struct CheckFile {
     pub liveness: Option<Spanned<Dur>>,
+    pub deadlock: Option<Spanned<bool>>,
     pub herd_max: Option<Spanned<i64>>,
     pub fifo: Option<bool>,
     pub starvation: Option<Spanned<bool>>,

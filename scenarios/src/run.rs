@@ -32,7 +32,7 @@ pub struct SeedResult {
     /// The first few findings of each kind.
     pub findings: Vec<Finding>,
     pub measurements: Measurements,
-    /// FNV-1a of the history's JSON lines, in hex: the determinism fingerprint.
+    /// XXH3-64 of the history's JSON lines, in hex: the determinism fingerprint.
     pub history_hash: String,
     /// The faults this seed ran, written out (the nemesis's draws resolved).
     pub schedule: Vec<String>,
@@ -42,6 +42,18 @@ pub struct SeedResult {
     /// The hazards this seed reached and how often (counted beside the history, never in it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hazards: HazardCounts,
+}
+
+impl SeedResult {
+    /// How many of its faults started (the rest were skipped when due).
+    pub fn faults_fired(&self) -> u64 {
+        (self.schedule.len() as u64).saturating_sub(self.faults_skipped)
+    }
+
+    /// At least one of its faults started: the seed tested the lock under a fault.
+    pub fn fault_fired(&self) -> bool {
+        self.faults_fired() > 0
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -6,7 +6,7 @@ use crate::duration::DurRange;
 use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
 use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
-use locksim_locks::{RecipeSpec, Registry};
+use locksim_locks::{Guard, RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology, Trigger, TriggerEvent};
 use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
@@ -250,6 +250,16 @@ impl Scenario {
                 Ok(d)
             }
         })?;
+        let liveness = match file.check.deadlock.as_ref().map(|d| (*d.get_ref(), d.span())) {
+            Some((false, span)) if file.check.liveness.is_some() => {
+                return Err(src.error(span, "deadlock = false: `liveness` is the deadlock check's window; drop one"));
+            }
+            Some((false, _)) => None,
+            _ if recipe.guard == Guard::Lock && liveness >= workload.duration => {
+                return Err(wedge_unseen(&src, &file, liveness, workload.duration));
+            }
+            _ => Some(liveness),
+        };
         let herd_max = file.check.herd_max.as_ref().map(|h| {
             u32::try_from(*h.get_ref())
                 .map_err(|_| src.error(h.span(), "herd_max: expected a whole number of clients, 0 or more"))
@@ -567,6 +577,27 @@ fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Targ
         "trigger" => Target::Trigger,
         _ => Target::Node(node_name(s, "target", v, topo)?),
     })
+}
+
+/// A run no longer than its liveness window can never call a wedged lock a deadlock: a crashed holder
+/// whose lock never frees would pass as safe. Refused, at `liveness` or else at the run's `duration`.
+fn wedge_unseen(src: &Source, file: &ScenarioFile, liveness: Duration, duration: Duration) -> ScenarioError {
+    let show = locksim_sim::fault::fmt_duration;
+    let (span, whose) = match &file.check.liveness {
+        Some(l) => (l.span(), String::new()),
+        None => (file.workload.duration.span(), " (the default)".to_string()),
+    };
+    src.error(
+        span,
+        format!(
+            "liveness {}{whose} is not shorter than the run's duration {}: the deadlock check could never fire, \
+             so a wedged lock would pass as safe; set [check] liveness below the duration (e.g. \"{}\"), run longer, \
+             or say `deadlock = false` to judge safety alone",
+            show(liveness),
+            show(duration),
+            show(duration / 2)
+        ),
+    )
 }
 
 /// A `restart` brings back a node that an earlier `crash` without `duration` left down; anything else

@@ -16,7 +16,7 @@
 use crate::file::{ExpectFile, ScenarioError, Source};
 use crate::scenario::{LoadError, Scenario};
 use locksim_locks::Registry;
-use locksim_sim::fault::Target;
+use locksim_sim::fault::{FaultKind, Target};
 use locksim_sim::hazard::Hazard;
 use serde::Deserialize;
 use std::ops::Range;
@@ -119,7 +119,15 @@ impl Suite {
                 scenario.expect = crate::scenario::expect(&src, expect)?;
             }
             for name in run.hazards.iter().flatten() {
-                scenario.expect.hazards.push(hazard(&src, name)?);
+                let h = hazard(&src, name)?;
+                if scenario.expect.hazards.contains(&h) {
+                    return Err(src.error(name.span(), format!("hazards: {h} is listed twice")).into());
+                }
+                if let Some(why) = unreachable(h, &scenario) {
+                    let m = format!("hazards: {} can never reach {h}: {why}", scenario.name);
+                    return Err(src.error(name.span(), m).into());
+                }
+                scenario.expect.hazards.push(h);
             }
             runs.push(SuiteRun { scenario, seeds });
         }
@@ -135,6 +143,37 @@ fn hazard(src: &Source, name: &Spanned<String>) -> Result<Hazard, ScenarioError>
         let m = format!("hazards: unknown hazard {:?}; expected one of: {}", name.get_ref(), known.join(", "));
         src.error(name.span(), m)
     })
+}
+
+/// Why `scenario` can never reach `hazard` (`None`: it can), so that a requirement no seed could meet is
+/// refused before anything runs rather than failing after every seed has.
+fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
+    let family = scenario.recipe.family.name;
+    let has = |kind: FaultKind| {
+        scenario.schedule.iter().any(|f| f.action.kind() == kind)
+            || scenario.random.as_ref().is_some_and(|r| r.kinds.contains(&kind))
+    };
+    let family_is = |families: &[&str]| {
+        (!families.contains(&family)).then(|| {
+            format!("it is marked by the {} family only, and {} is {family}", families.join(" or "), scenario.recipe.id)
+        })
+    };
+    let needs = |kinds: &[FaultKind]| {
+        (!kinds.iter().any(|k| has(*k))).then(|| {
+            let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+            format!("it needs a {} fault, and the scenario has none", names.join(" or "))
+        })
+    };
+    let leased = ["redis", "zk", "etcd", "sql"];
+    match hazard {
+        Hazard::LeaseExpiredWhileHeld | Hazard::GrantToExpiredSession => family_is(&leased),
+        Hazard::StaleHolderResumed => family_is(&leased).or_else(|| needs(&[FaultKind::Pause])),
+        Hazard::ReleaseReplyLost | Hazard::AcquireReplyLost => family_is(&leased),
+        Hazard::WatchFiredWhileDisconnected => family_is(&["zk"]),
+        Hazard::LockKeyLostInFailover => family_is(&["redis"]).or_else(|| needs(&[FaultKind::Failover])),
+        Hazard::ClockJumpDuringHold => needs(&[FaultKind::ClockJump]),
+        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::Restart]),
+    }
 }
 
 fn override_clients(src: &Source, scenario: &mut Scenario, clients: &Spanned<i64>) -> Result<(), ScenarioError> {

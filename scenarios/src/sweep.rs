@@ -64,6 +64,10 @@ pub struct ScenarioResult {
     /// it was counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_violation: Option<ToViolation>,
+    /// How many seeds' faults took effect (`None`: the scenario injects none, or results written before
+    /// coverage was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_coverage: Option<FaultCoverage>,
     /// Measurements over all seeds.
     pub summary: Summary,
     /// Every seed's result, in seed order (empty when the sweep did not keep them: see [`sweep_each`]).
@@ -95,6 +99,35 @@ impl ScenarioResult {
         (self.unsafe_rate, self.rate_with) =
             rates(self.seeds.end - self.seeds.start, self.unsafe_seeds, &self.seeds_with);
         self
+    }
+}
+
+/// Whether a fault test happened: a fault skipped when due (nobody holding, a trigger never reached,
+/// its node already down) tests nothing, and a verdict over seeds whose faults all went that way is no
+/// verdict at all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultCoverage {
+    /// Seeds judged.
+    pub seeds: u64,
+    /// Seeds in which at least one fault started.
+    pub seeds_fired: u64,
+    /// Faults scheduled or drawn, over every seed.
+    pub faults: u64,
+    /// Of those, the faults that started.
+    pub faults_fired: u64,
+}
+
+impl FaultCoverage {
+    fn add(&mut self, r: &SeedResult) {
+        self.seeds += 1;
+        self.seeds_fired += u64::from(r.fault_fired());
+        self.faults += r.schedule.len() as u64;
+        self.faults_fired += r.faults_fired();
+    }
+
+    /// Every seed had a fault that fired.
+    pub fn complete(&self) -> bool {
+        self.seeds_fired == self.seeds
     }
 }
 
@@ -369,8 +402,8 @@ pub struct Judge {
     seeds_with: BTreeMap<FindingKind, u64>,
     seeds_with_hazard: BTreeMap<Hazard, u64>,
     hazard_counts: HazardCounts,
-    /// Every seed so far had faults, and skipped all of them.
-    every_fault_skipped: bool,
+    /// Counted when the scenario injects faults.
+    coverage: Option<FaultCoverage>,
     acquisitions: u64,
     messages: u64,
     unrecovered: u64,
@@ -382,6 +415,7 @@ pub struct Judge {
 impl Judge {
     pub fn new(meta: Meta, seeds: Range<u64>) -> Judge {
         Judge {
+            coverage: (!meta.fault_kinds.is_empty()).then(FaultCoverage::default),
             meta,
             seeds: seeds.clone(),
             count: 0,
@@ -393,7 +427,6 @@ impl Judge {
             seeds_with: BTreeMap::new(),
             seeds_with_hazard: BTreeMap::new(),
             hazard_counts: HazardCounts::new(),
-            every_fault_skipped: true,
             acquisitions: 0,
             messages: 0,
             unrecovered: 0,
@@ -422,7 +455,9 @@ impl Judge {
             *self.seeds_with_hazard.entry(*hazard).or_insert(0) += 1;
         }
         add_counts(&mut self.hazard_counts, &r.hazards);
-        self.every_fault_skipped &= !r.schedule.is_empty() && r.faults_skipped == r.schedule.len() as u64;
+        if let Some(coverage) = &mut self.coverage {
+            coverage.add(r);
+        }
         let m = &r.measurements;
         self.acquisitions += m.acquisitions;
         self.messages += m.messages;
@@ -441,6 +476,11 @@ impl Judge {
             reasons.push(why);
             unexpected_seed = unexpected_seed.or(seed);
         };
+        // A fault test whose faults never took effect tested nothing: whatever it expects, it must not
+        // pass (a green "safe" for a lock nobody paused), nor fail without saying why.
+        if let Some(c) = self.coverage.filter(|c| c.seeds > 0 && c.seeds_fired == 0) {
+            flag(format!("no fault fired in any of the {} seeds: {}", c.seeds, never_fired(&c)), None);
+        }
         match expect.verdict {
             Verdict::Safe => {
                 if let Some(seed) = self.first_unsafe {
@@ -449,17 +489,7 @@ impl Judge {
                 }
             }
             Verdict::Unsafe if self.first_unsafe.is_none() => {
-                // A fault test whose faults never took effect must not pass for the wrong reason, nor
-                // fail without saying why.
-                if self.count > 0 && self.every_fault_skipped {
-                    flag(
-                        "expected unsafe, but every seed was safe: every fault of every seed was skipped when due"
-                            .into(),
-                        None,
-                    );
-                } else {
-                    flag("expected unsafe, but every seed was safe".into(), None);
-                }
+                flag("expected unsafe, but every seed was safe".into(), None)
             }
             Verdict::Unsafe => {}
         }
@@ -520,6 +550,7 @@ impl Judge {
             seeds_with_hazard: self.seeds_with_hazard,
             hazard_counts: self.hazard_counts,
             to_violation: self.gaps.finish(),
+            fault_coverage: self.coverage,
             unsafe_rate,
             rate_with,
             summary,
@@ -527,6 +558,19 @@ impl Judge {
             shard: None,
             real: false,
         }
+    }
+}
+
+/// Why a run's faults never fired, in words.
+fn never_fired(c: &FaultCoverage) -> String {
+    if c.faults == 0 {
+        "no seed drew one (the run is shorter than the nemesis's interval)".into()
+    } else {
+        format!(
+            "all {} were skipped when due (nobody in the role they target, a trigger the run never reached, \
+             or a node already down), so nothing was tested",
+            c.faults
+        )
     }
 }
 

@@ -49,7 +49,7 @@ mod tests {
 
     fn scenario(recipe: &str, workload: &str) -> Scenario {
         let text = format!(
-            "name = \"v\"\n[recipe]\n{recipe}\n[workload]\nkind = \"counter\"\nclients = 3\nduration = \"10s\"\n{workload}"
+            "name = \"v\"\n[recipe]\n{recipe}\n[workload]\nkind = \"counter\"\nclients = 3\nduration = \"60s\"\n{workload}"
         );
         Scenario::parse("v.toml", &text, &Registry::builtin()).expect("a valid scenario")
     }

@@ -21,6 +21,7 @@ use locksim_locks::work::{Section, WorkSpec};
 use locksim_locks::{Outcome, RecipeSpec, Servers};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::TriggerEvent;
 use locksim_sim::hazard::Hazard;
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::net::Rpc;
@@ -149,6 +150,9 @@ struct Access {
 async fn critical_section(rpc: &Rc<Rpc>, access: Access, ctx: &Ctx, hold: Duration, client: &str) -> bool {
     let Access { resource, token, shared, work } = access;
     if let Work::User(spec) = work {
+        // The store records no `Enter` (a section is what the user's code does), so the client passes it
+        // as a point: `on = "enter"` and the aimed nemesis start here, before the section's first access.
+        ctx.point(TriggerEvent::Enter).await;
         let store = Store::new(rpc.clone(), resource, token);
         let client = client.to_string();
         (spec.critical)(Section { store, ctx: ctx.clone(), hold, client, shared }).await;

@@ -16,7 +16,7 @@ fn scenario(faults: &str) -> Scenario {
 fn text(faults: &str) -> String {
     format!(
         "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"2s\"\n\
-         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"20s\"\n{faults}"
+         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"20s\"\n{faults}\n[check]\nliveness = \"10s\"\n"
     )
 }
 
@@ -135,7 +135,29 @@ fn a_trigger_never_reached_is_skipped_with_its_reason() {
     let result = locksim_scenarios::sweep::sweep(&s, 0..2, 1, &|| {}).unwrap();
     assert!(!result.as_expected);
     let why = &result.reasons;
-    assert!(why.iter().any(|w| w.contains("every fault of every seed was skipped")), "{why:?}");
+    assert!(why.iter().any(|w| w.contains("no fault fired in any of the 2 seeds")), "{why:?}");
+    assert_eq!(result.fault_coverage.map(|c| (c.seeds, c.seeds_fired, c.faults, c.faults_fired)), Some((2, 0, 2, 0)));
+}
+
+#[test]
+fn a_safe_verdict_needs_a_fault_that_fired() {
+    // The trap: a DEL-released lock "safe under pauses" because the pause waited for an acquisition the
+    // run never made. Not as expected, whatever the file expects.
+    let never = "[[faults.schedule]]\nat = \"2s\"\non = \"acquire-ok\"\nnth = 1000000\nkind = \"pause\"\n\
+                 target = \"trigger\"\nduration = \"10s\"\n";
+    let result = locksim_scenarios::sweep::sweep(&scenario(never), 0..3, 1, &|| {}).unwrap();
+    assert!(!result.as_expected, "{:?}", result.reasons);
+    assert!(
+        result.reasons[0].starts_with("no fault fired in any of the 3 seeds: all 3 were skipped"),
+        "{:?}",
+        result.reasons
+    );
+    // The same pause on the first acquisition fires in every seed: coverage complete, no complaint about it.
+    let first = never.replace("nth = 1000000", "nth = 1");
+    let result = locksim_scenarios::sweep::sweep(&scenario(&first), 0..3, 1, &|| {}).unwrap();
+    let c = result.fault_coverage.unwrap();
+    assert!(c.complete() && c.faults_fired == 3, "{c:?}");
+    assert!(result.reasons.iter().all(|r| !r.contains("no fault fired")), "{:?}", result.reasons);
 }
 
 const AIMED_NEMESIS: &str =
@@ -183,7 +205,7 @@ fn a_pause_at_the_mutex_recheck_point_grants_to_an_expired_session_in_every_seed
     let text = |faults: &str| {
         format!(
             "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"2s\"\n\
-             [workload]\nkind = \"counter\"\nclients = 4\nduration = \"20s\"\nhold = [\"1s\", \"3s\"]\n{faults}"
+             [workload]\nkind = \"counter\"\nclients = 4\nduration = \"20s\"\nhold = [\"1s\", \"3s\"]\n{faults}\n[check]\nliveness = \"10s\"\n"
         )
     };
     let parse = |faults: &str| Scenario::parse("t.toml", &text(faults), &Registry::builtin()).unwrap();

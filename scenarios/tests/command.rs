@@ -6,8 +6,10 @@ use locksim_scenarios::scenario::CommandServer;
 use locksim_scenarios::Scenario;
 
 fn parse(recipe: &str) -> Result<Scenario, String> {
-    let text =
-        format!("name = \"c\"\n[recipe]\n{recipe}\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n");
+    let text = format!(
+        "name = \"c\"\n[recipe]\n{recipe}\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n\
+                [check]\ndeadlock = false\n"
+    );
     Scenario::parse("c.toml", &text, &Registry::builtin()).map_err(|e| e.to_string())
 }
 
@@ -35,7 +37,7 @@ fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
 #[test]
 fn a_command_recipe_may_have_readers() {
     let text = "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 2\n\
-                duration = \"3s\"\nreads = 0.5\n";
+                duration = \"3s\"\nreads = 0.5\n[check]\nliveness = \"1s\"\n";
     let s = Scenario::parse("c.toml", text, &Registry::builtin()).unwrap();
     assert_eq!(s.workload.reads, 0.5, "the adapter answers a shared acquisition (or fails it)");
 }
@@ -70,7 +72,8 @@ fn a_suite_refuses_a_command_scenario() {
     let dir = std::env::temp_dir().join(format!("locksim-command-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let scenario =
-        "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 1\nduration = \"1s\"\n";
+        "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 1\nduration = \"1s\"\n\
+         [check]\ndeadlock = false\n";
     std::fs::write(dir.join("c.toml"), scenario).unwrap();
     std::fs::write(dir.join("s.toml"), "[[run]]\nscenario = \"c.toml\"\nseeds = \"0..2\"\n").unwrap();
     let loaded = locksim_scenarios::suite::Suite::load(&dir.join("s.toml"), &Registry::builtin());

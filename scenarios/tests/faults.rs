@@ -10,7 +10,7 @@ use locksim_sim::history::EventKind;
 fn scenario(recipe_extra: &str, extra: &str) -> Scenario {
     let text = format!(
         "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"5s\"\n{recipe_extra}\n\
-         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"30s\"\n{extra}"
+         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"30s\"\n{extra}\n[check]\ndeadlock = false\n"
     );
     Scenario::parse("t.toml", &text, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"))
 }

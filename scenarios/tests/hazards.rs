@@ -28,6 +28,30 @@ fn the_etcd_3_4_waiter_pause_reaches_grant_to_expired_session() {
 }
 
 #[test]
+fn a_crashed_holder_is_counted_and_a_crashed_waiter_is_not() {
+    let r = run(&catalog("redis-set-nx-crash"), 0..10);
+    assert!(r.seeds_with_hazard.get(&Hazard::HolderCrashed).is_some_and(|n| *n >= 8), "{:?}", r.seeds_with_hazard);
+    let r = run(&catalog("zk-sequential-crash-waiter"), 0..10);
+    assert!(!r.seeds_with_hazard.contains_key(&Hazard::HolderCrashed), "{:?}", r.seeds_with_hazard);
+}
+
+#[test]
+fn a_shedlock_row_taken_over_under_a_paused_holder_is_its_lease_expiring() {
+    // No server expires the row: the takeover past `lock_until` is the moment the holder lost it.
+    let r = run(&catalog("sql-unique-insert-expiry-gc-pause"), 0..10);
+    assert!(
+        r.seeds_with_hazard.get(&Hazard::LeaseExpiredWhileHeld).is_some_and(|n| *n >= 8),
+        "{:?}",
+        r.seeds_with_hazard
+    );
+    assert!(r.seeds_with_hazard.contains_key(&Hazard::StaleHolderResumed), "{:?}", r.seeds_with_hazard);
+    let mut calm = catalog("sql-unique-insert-expiry-gc-pause");
+    calm.schedule.clear();
+    let r = run(&calm, 0..10);
+    assert!(!r.seeds_with_hazard.contains_key(&Hazard::LeaseExpiredWhileHeld), "{:?}", r.seeds_with_hazard);
+}
+
+#[test]
 fn a_lost_release_reply_is_counted() {
     let r = run(&catalog("redis-set-nx-drop-reply"), 0..5);
     assert!(r.seeds_with_hazard.contains_key(&Hazard::ReleaseReplyLost), "{:?}", r.seeds_with_hazard);

@@ -95,9 +95,22 @@ fn the_ledger_loses_entries_to_a_paused_holder_unless_the_store_is_fenced() {
 }
 
 #[test]
+fn a_fault_on_enter_fires_inside_a_users_critical_section() {
+    let text = std::fs::read_to_string(scenario("ledger-gc-pause").path).unwrap();
+    let aimed =
+        text.replace("at = \"10s\"\nkind", "at = \"10s\"\non = \"enter\"\nkind").replace("\"holder\"", "\"trigger\"");
+    let s = Scenario::parse("ledger-enter.toml", &aimed, &registry()).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_seed(&s, 0).unwrap();
+    let started = run.history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultStart { .. })).count();
+    assert_eq!((started, run.result.faults_skipped), (1, 0), "the section's start fires the pause");
+    let result = sweep(&s, 0..20, 2, &|| {}).unwrap();
+    assert!(result.fault_coverage.is_some_and(|c| c.complete()), "{:?}", result.fault_coverage);
+}
+
+#[test]
 fn a_workload_kind_is_one_of_the_registrys_and_needs_a_lock() {
     let text = |recipe: &str, kind: &str| {
-        format!("name = \"t\"\n[recipe]\nid = \"{recipe}\"\n[workload]\nkind = \"{kind}\"\nclients = 2\nduration = \"5s\"\n")
+        format!("name = \"t\"\n[recipe]\nid = \"{recipe}\"\n[workload]\nkind = \"{kind}\"\nclients = 2\nduration = \"60s\"\n")
     };
     let parse = |recipe: &str, kind: &str| {
         Scenario::parse("f.toml", &text(recipe, kind), &registry()).err().map(|e| e.to_string())

@@ -78,7 +78,7 @@ fn fifo_locks_starve_nobody_over_1000_seeds_of_client_partitions_and_crashes() {
 fn check(lines: &str) -> Result<Option<Bounds>, String> {
     let text = format!(
         "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \
-         \"5s\"\n[check]\n{lines}\n"
+         \"60s\"\n[check]\n{lines}\n"
     );
     Scenario::parse("t.toml", &text, &Registry::builtin()).map(|s| s.check.starvation).map_err(|e| e.to_string())
 }
@@ -121,7 +121,7 @@ fn starvation_is_a_finding_kind_of_expect() {
     assert_eq!(FindingKind::parse("starvation"), Some(FindingKind::Starvation));
     let text =
         "name = \"t\"\n[recipe]\nid = \"redis.set-nx-px\"\n[workload]\nkind = \"counter\"\nclients = 2\nduration = \
-                \"5s\"\n[expect]\nverdict = \"safe\"\nfindings = [\"starvation\"]\n";
+                \"60s\"\n[expect]\nverdict = \"safe\"\nfindings = [\"starvation\"]\n";
     let err = Scenario::parse("t.toml", text, &Registry::builtin()).err().unwrap().to_string();
     assert!(err.contains("a \"safe\" verdict cannot expect a violation"), "{err}");
 }

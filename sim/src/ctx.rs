@@ -123,6 +123,15 @@ impl Ctx {
         }
     }
 
+    /// The recipe took over a lock whose lease had passed (ShedLock's row past its `lock_until`, which no
+    /// server expires): a client still believing it holds it has lost its lease — hazard
+    /// `lease-expired-while-held` (counted beside the history; a real process counts none).
+    pub fn took_over(&self) {
+        if let Flavour::Sim { recorder, me, .. } = &self.flavour {
+            recorder.took_over(*me);
+        }
+    }
+
     /// The node's endpoint for backend calls (a simulated node's only: a real client has sockets).
     pub fn rpc(&self) -> &Rpc {
         match &self.flavour {

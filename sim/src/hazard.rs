@@ -21,7 +21,8 @@ pub enum Hazard {
     /// and its release or `lock-lost`): a Redis key it set expired (noticed when the key is next
     /// touched, `backend/redis/data.rs`), a ZooKeeper session expired by the tracker (`backend/zk`
     /// tick), an etcd lease expired by the lessor (`backend/etcd` tick), a database session ended by
-    /// keep-alive or idle timeout (`backend/sql` `end_session`).
+    /// keep-alive or idle timeout (`backend/sql` `end_session`), a ShedLock row's `lock_until` passed
+    /// and another client took the row over (`Ctx::took_over`, from `locks/src/sql/shedlock.rs`).
     LeaseExpiredWhileHeld,
     /// A holder paused past the end of its lease resumed still believing it held the lock (the world's
     /// resume, `world.rs`): the stale-holder window.
@@ -43,10 +44,13 @@ pub enum Hazard {
     LockKeyLostInFailover,
     /// A clock jump hit a client holding the lock, or a server while some client held it (`world.rs`).
     ClockJumpDuringHold,
+    /// A client crashed (or was restarted) while it believed it held the lock: the lock is orphaned
+    /// until its lease or session ends, or for good (`world.rs`).
+    HolderCrashed,
 }
 
 impl Hazard {
-    pub const ALL: [Hazard; 8] = [
+    pub const ALL: [Hazard; 9] = [
         Hazard::LeaseExpiredWhileHeld,
         Hazard::StaleHolderResumed,
         Hazard::GrantToExpiredSession,
@@ -55,6 +59,7 @@ impl Hazard {
         Hazard::WatchFiredWhileDisconnected,
         Hazard::LockKeyLostInFailover,
         Hazard::ClockJumpDuringHold,
+        Hazard::HolderCrashed,
     ];
 
     /// The kebab-case id suites and results use.
@@ -68,6 +73,7 @@ impl Hazard {
             Hazard::WatchFiredWhileDisconnected => "watch-fired-while-disconnected",
             Hazard::LockKeyLostInFailover => "lock-key-lost-in-failover",
             Hazard::ClockJumpDuringHold => "clock-jump-during-hold",
+            Hazard::HolderCrashed => "holder-crashed",
         }
     }
 
@@ -79,8 +85,8 @@ impl Hazard {
     pub fn describe(self) -> &'static str {
         match self {
             Hazard::LeaseExpiredWhileHeld => {
-                "a server ended the lease (Redis key, ZooKeeper session, etcd lease, database session) of a \
-                 client that believed it held the lock"
+                "a server ended the lease (Redis key, ZooKeeper session, etcd lease, database session, a ShedLock \
+                 row taken over past its lock_until) of a client that believed it held the lock"
             }
             Hazard::StaleHolderResumed => "a holder paused past the end of its lease resumed, still believing it held",
             Hazard::GrantToExpiredSession => {
@@ -97,6 +103,7 @@ impl Hazard {
             Hazard::ClockJumpDuringHold => {
                 "a clock jump hit a client holding the lock, or a server while a client held it"
             }
+            Hazard::HolderCrashed => "a client crashed or restarted while it believed it held the lock",
         }
     }
 }

@@ -409,6 +409,18 @@ impl Recorder {
         }
     }
 
+    /// `node` took over a lock whose lease had passed (a ShedLock row past its `lock_until`): every other
+    /// node that still believes it holds the lock had its lease end under it, as [`Recorder::lease_ended`]
+    /// counts.
+    pub fn took_over(&self, node: NodeIx) {
+        let mut s = self.0.lock().expect("recorder lock");
+        let stale: Vec<NodeIx> = s.holders.iter().copied().filter(|h| *h != node).collect();
+        for holder in stale {
+            s.count(Hazard::LeaseExpiredWhileHeld);
+            s.lease_ended_in_hold.insert(holder);
+        }
+    }
+
     /// A server granted `node` the lease `lease`: its newest; a grant from now on is not to an expired
     /// session.
     pub fn lease_started(&self, node: NodeIx, lease: u64) {

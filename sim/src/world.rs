@@ -404,6 +404,9 @@ impl World {
     }
 
     fn crash(&mut self, node: NodeIx) {
+        if self.recorder.holders().contains(&node) {
+            self.recorder.mark(crate::hazard::Hazard::HolderCrashed);
+        }
         // Unbound first: the host is gone before its tasks are dropped.
         self.net.unbind(node);
         self.handle.kill(self.nodes[node.0 as usize].id);

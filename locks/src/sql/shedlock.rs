@@ -79,7 +79,12 @@ impl ShedLock {
         }
         let expired = Cond { column: "lock_until".into(), op: Op::Le, rhs: self.now_plus(0) };
         let update = Stmt::Update { table: "shedlock".into(), key: "lock".into(), set: row, cond: vec![expired] };
-        Ok(self.db.run(update).await? == SqlResult::Affected(1))
+        let taken = self.db.run(update).await? == SqlResult::Affected(1);
+        if taken {
+            // The row's lease had passed: whoever still believes it holds the lock holds nothing now.
+            self.ctx.took_over();
+        }
+        Ok(taken)
     }
 }
 

@@ -62,6 +62,9 @@ pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
+    if let Some(line) = text::fault_coverage(result) {
+        out.push_str(&format!("faults: {line}\n"));
+    }
     if let Some(line) = text::to_violation(result) {
         out.push_str(&format!("to a violation: {line}\n"));
     }

@@ -62,6 +62,10 @@ fn line(run: &ScenarioResult, ok: bool) -> String {
     if !hazards.is_empty() {
         out.push_str(&format!("\n     hazards: {hazards}"));
     }
+    // Said only when some seed tested nothing: then the rate above is over fewer seeds than it names.
+    if let Some(coverage) = text::fault_coverage(run).filter(|_| run.fault_coverage.is_some_and(|c| !c.complete())) {
+        out.push_str(&format!("\n     faults: {coverage}"));
+    }
     if !ok {
         for reason in &run.reasons {
             out.push_str(&format!("\n     - {reason}"));

@@ -95,8 +95,9 @@ pub struct Finding {
 /// Checker settings from the scenario's `[check]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CheckConfig {
-    /// `deadlock` when clients wait this long while nobody holds the lock.
-    pub liveness: Duration,
+    /// `deadlock` when clients wait this long while nobody holds the lock (unchecked when `None`:
+    /// `[check] deadlock = false`).
+    pub liveness: Option<Duration>,
     /// `herd` when one change wakes more clients than this (unchecked when `None`).
     pub herd_max: Option<u32>,
     /// Hold grants to request order (`unfair`): by default, whether the recipe promises FIFO.
@@ -129,7 +130,9 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
         raw.extend(double_holder::check(&holds));
         raw.extend(unsafe_write::check(h));
     }
-    raw.extend(deadlock::check(h, &holds, config.liveness));
+    if let Some(liveness) = config.liveness {
+        raw.extend(deadlock::check(h, &holds, liveness));
+    }
     raw.extend(herd::check(h, config.herd_max));
     raw.extend(unfair::check(h, config.fifo));
     raw.extend(starvation::check(h, config.starvation));

@@ -11,9 +11,10 @@
 //! fault on the client's node is disturbed too. Overlapping faults on one node make one cut, whose
 //! tail is as long as all of it. A fault on a server (a node that never asks for the
 //! lock) disturbs every wait: a restarted server resets every connection, and a recipe whose call fails
-//! may rightly rejoin at the back. A client one of whose acquires or releases ended `Unknown` may still have its place in the queue (its node or key survived,
-//! and the recipe reuses it, as etcd's Mutex does): until a release of its is known to have gone through
-//! (`ReleaseOk`), its grants overtake nobody.
+//! may rightly rejoin at the back. A client one of whose acquires or releases ended `Unknown`, or whose
+//! release failed (a restarted server refused it), may still have its place in the queue — its node or
+//! key survived, and the recipe reuses it, as etcd's Mutex does: until a release of its is known to have
+//! gone through (`ReleaseOk`), its grants overtake nobody.
 
 use super::{fmt_span, FindingKind, Raw};
 use locksim_sim::history::{EventKind, History, NodeIx};
@@ -83,7 +84,7 @@ fn waits(h: &History) -> Vec<Wait> {
             EventKind::ReleaseOk => {
                 unsure.remove(&e.node);
             }
-            EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. } => {
+            EventKind::AcquireUnknown { .. } | EventKind::ReleaseUnknown { .. } | EventKind::ReleaseFail { .. } => {
                 open.remove(&e.node);
                 unsure.insert(e.node);
             }
@@ -226,6 +227,28 @@ mod tests {
         let found = check(&h, true);
         assert_eq!(found.len(), 1, "its key may have survived; later requests are held to the queue again");
         assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(2)]);
+    }
+
+    #[test]
+    fn a_client_whose_release_failed_keeps_its_key_and_its_place() {
+        // etcd-mutex-server-crash-nemesis seed 3621: the server restarted under a release, which failed;
+        // the Mutex's key stood, and its next acquire found it at the head of the queue at once.
+        let events = |release_end| {
+            vec![
+                (1.0, 0, ok(1)),
+                (2.0, 1, AcquireInvoke),
+                (3.0, 0, ReleaseInvoke),
+                (3.5, 0, release_end),
+                (4.0, 0, AcquireInvoke),
+                (4.1, 0, ok(1)),
+                (5.0, 0, ReleaseInvoke),
+                (5.1, 0, ReleaseOk),
+                (5.2, 1, ok(2)),
+            ]
+        };
+        let failed = ReleaseFail { reason: "unavailable (the server restarted)".into() };
+        assert!(check(&history(10.0, events(failed)), true).is_empty(), "it never let go");
+        assert_eq!(check(&history(10.0, events(ReleaseOk)), true).len(), 1, "a release that went through lets go");
     }
 
     #[test]
