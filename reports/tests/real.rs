@@ -181,6 +181,40 @@ fn a_real_flash_sale_without_a_lock_oversells_and_with_a_conditional_update_neve
     assert!(stdout(&out).contains("2 real runs, 0 unsafe (rate < 77.6%)"), "{}", stdout(&out));
 }
 
+/// `--real --seeds A..B` makes one run per seed of that range (refused when `--runs` disagrees); without
+/// either, a scenario's `[expect] real_runs` says how many runs it takes, and fewer get a note.
+#[test]
+fn real_seeds_runs_and_a_scenarios_real_runs_agree() {
+    let flash = "scenarios/real/flash-sale-none.toml";
+    let out = locksim(&["run", flash, "--real", "--seeds", "3..5"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("flash-sale-none (none): 2 real runs, "), "{}", stdout(&out));
+    assert!(stdout(&out).contains("seeds 3..5 drew hold and think"), "{}", stdout(&out));
+    let out = locksim(&["run", flash, "--real", "--seeds", "3..5", "--runs", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--seeds 3..5 are 2 runs, but --runs 3: with --real each seed is one run"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = std::fs::read_to_string(root().join(flash)).unwrap();
+    std::fs::write(&path, text.replace("verdict = \"unsafe\"\n", "verdict = \"unsafe\"\nreal_runs = 2\n")).unwrap();
+    let path = path.to_str().unwrap();
+    let out = locksim(&["run", path, "--real"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains(": 2 real runs, "), "[expect] real_runs is the default: {}", stdout(&out));
+    assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
+    let out = locksim(&["run", path, "--real", "--runs", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "note: flash-sale-none needs 2 real runs to show its verdict ([expect] real_runs = 2: its fault bites in \
+             some runs only); 1 may miss it"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
     let dir = tempfile::tempdir().unwrap();
