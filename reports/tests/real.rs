@@ -996,9 +996,9 @@ fn a_command_that_exits_is_a_harness_error_even_while_a_child_holds_its_stdout()
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{script}: {}\n{err}", stdout(&out));
         assert!(err.contains(&format!("client-0: the command ended ({status})")), "{script}: {err}");
-        let last = script.lines().filter(|l| l.contains(">&2")).last().unwrap();
+        let last = script.lines().rfind(|l| l.contains(">&2")).unwrap();
         let last = last.trim_start_matches("echo '").split('\'').next().unwrap();
-        assert!(err.contains(&format!("its stderr ends:\n    ")) && err.contains(last), "{script}: {err}");
+        assert!(err.contains("its stderr ends:\n    ") && err.contains(last), "{script}: {err}");
         if script.starts_with("sleep") {
             assert!(err.contains("while locksim waited for its answer to acquire"), "{err}");
         }
@@ -1024,7 +1024,7 @@ fn a_request_deadline_does_not_count_a_pause() {
     let client = history.nodes.iter().position(|n| *n == node).unwrap() as u32;
     let at = |e: &Event| e.t as f64 / 1e9;
     let mine: Vec<&Event> = history.events.iter().filter(|e| e.node.0 == client).collect();
-    let asked = mine.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke) && at(e) < start).last();
+    let asked = mine.iter().rfind(|e| matches!(e.kind, EventKind::AcquireInvoke) && at(e) < start);
     let asked = at(asked.expect("asked before the pause"));
     let answered = mine.iter().find(|e| matches!(e.kind, EventKind::AcquireOk { .. }) && at(e) > asked);
     let answered = at(answered.expect("answered"));

@@ -151,9 +151,12 @@ impl ClientProcess {
                 Some(_) => {}
             }
         }
-        let status = self.status.clone().unwrap_or_else(|| "it closed its stdout but runs on".to_string());
+        let what = match &self.status {
+            Some(status) => format!("the command ended ({status})"),
+            None => "the command closed its stdout and runs on".to_string(),
+        };
         let waiting = waiting.map_or(String::new(), |r| format!(" while locksim waited for its answer to {r}"));
-        format!("{}: the command ended ({status}){waiting}; {}", self.name, self.stderr_tail())
+        format!("{}: {what}{waiting}; {}", self.name, self.stderr_tail())
     }
 
     /// "its stderr ends: ..." with its last lines — all of them once it closed, or after a moment (a
@@ -204,7 +207,7 @@ fn new_mark() -> String {
 }
 
 /// SIGKILL every live process (but this one) whose [`ENV_MARK`] satisfies `marked`, looking again
-/// until none is left or [`KILL_ROUNDS`] have passed; how many were still found in the last round.
+/// until none is left or 20 rounds have passed; how many were still found in the last round.
 pub fn kill_marked(marked: &dyn Fn(&str) -> bool) -> usize {
     let mut found = 0;
     for _ in 0..KILL_ROUNDS {

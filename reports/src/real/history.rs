@@ -61,10 +61,8 @@ impl Recorder {
                 }
                 s.in_force.insert(*id);
             }
-            EventKind::FaultEnd { id } => {
-                if s.in_force.remove(id) && s.in_force.is_empty() {
-                    s.fault_ns += t - s.in_force_since;
-                }
+            EventKind::FaultEnd { id } if s.in_force.remove(id) && s.in_force.is_empty() => {
+                s.fault_ns += t - s.in_force_since;
             }
             _ => {}
         }
@@ -126,7 +124,7 @@ pub fn untested(history: &History, first_client: usize) -> Option<String> {
         let step = |k: &EventKind| {
             matches!(k, EventKind::AcquireInvoke | EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. })
         };
-        let last = mine().filter(|e| step(&e.kind)).last();
+        let last = mine().rfind(|e| step(&e.kind));
         let said = match last.map(|e| (e, &e.kind)) {
             None => "never asked: its process never got to an acquire".to_string(),
             Some((e, EventKind::AcquireInvoke)) => format!(
