@@ -181,6 +181,40 @@ fn a_real_flash_sale_without_a_lock_oversells_and_with_a_conditional_update_neve
     assert!(stdout(&out).contains("2 real runs, 0 unsafe (rate < 77.6%)"), "{}", stdout(&out));
 }
 
+/// `--real --seeds A..B` makes one run per seed of that range (refused when `--runs` disagrees); without
+/// either, a scenario's `[expect] real_runs` says how many runs it takes, and fewer get a note.
+#[test]
+fn real_seeds_runs_and_a_scenarios_real_runs_agree() {
+    let flash = "scenarios/real/flash-sale-none.toml";
+    let out = locksim(&["run", flash, "--real", "--seeds", "3..5"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("flash-sale-none (none): 2 real runs, "), "{}", stdout(&out));
+    assert!(stdout(&out).contains("seeds 3..5 drew hold and think"), "{}", stdout(&out));
+    let out = locksim(&["run", flash, "--real", "--seeds", "3..5", "--runs", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--seeds 3..5 are 2 runs, but --runs 3: with --real each seed is one run"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let text = std::fs::read_to_string(root().join(flash)).unwrap();
+    std::fs::write(&path, text.replace("verdict = \"unsafe\"\n", "verdict = \"unsafe\"\nreal_runs = 2\n")).unwrap();
+    let path = path.to_str().unwrap();
+    let out = locksim(&["run", path, "--real"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains(": 2 real runs, "), "[expect] real_runs is the default: {}", stdout(&out));
+    assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
+    let out = locksim(&["run", path, "--real", "--runs", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "note: flash-sale-none needs 2 real runs to show its verdict ([expect] real_runs = 2: its fault bites in \
+             some runs only); 1 may miss it"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
     let dir = tempfile::tempdir().unwrap();
@@ -676,7 +710,7 @@ fn recording_scenario(dir: &Path, record: &Path, then: &str) -> String {
     let text = format!(
         "name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"echo $LOCKSIM_REDIS $$ >> {}; {then}\"]\ntimeout = \"1s\"\n\
          [workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n\
-         [[faults.schedule]]\nat = \"1s\"\nkind = \"partition\"\ntarget = \"redis-0\"\nduration = \"5s\"\n",
+         [[faults.schedule]]\nat = \"2s\"\nkind = \"partition\"\ntarget = \"redis-0\"\nduration = \"5s\"\n",
         record.display()
     );
     let path = dir.join("t.toml");
@@ -737,16 +771,18 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     }
     let counter = |duration: &str| format!("[workload]\nkind = \"counter\"\nclients = 2\nduration = \"{duration}\"\n");
 
+    // Each client starts a daemon (`setsid`: out of its process group) that would sleep on.
     let marked = Marked::new();
     let (_dir, path) = redis_py_scenario(&counter("2s"));
+    daemonise(&path);
     let out = marked.command(&["run", &path, "--real"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     marked.assert_nothing_left("a run as expected");
 
-    // A harness error: the command answers garbage, while a process it started sleeps on.
+    // A harness error: the command answers garbage, while processes it started sleep on.
     let marked = Marked::new();
     let dir = tempfile::tempdir().unwrap();
-    let script = "sleep 600 & read line; echo garbage; wait";
+    let script = "sleep 600 & setsid sleep 601 & read line; echo garbage; wait";
     let text = format!("name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"{script}\"]\n{}", counter("5s"));
     let bad = dir.path().join("t.toml");
     std::fs::write(&bad, text).unwrap();
@@ -758,6 +794,7 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     // Ctrl-C once the clients run: exit 130, the server and every client stopped.
     let marked = Marked::new();
     let (_dir, path) = redis_py_scenario(&counter("60s"));
+    daemonise(&path);
     let mut child = marked.command(&["run", &path, "--real"]).spawn().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while marked.processes().iter().filter(|p| p.contains("redis_py_lock.py")).count() < 2 {
@@ -772,6 +809,17 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "Ctrl-C");
     marked.assert_nothing_left("Ctrl-C");
+}
+
+/// Make the scenario at `path` (a `redis_py_scenario`) start a daemon in each client, with `setsid`,
+/// before the adapter: out of the client's process group, it lives on unless locksim finds it.
+fn daemonise(path: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let (head, rest) = text.split_once("command = [\"").unwrap();
+    let (argv, tail) = rest.split_once("\"]").unwrap();
+    let argv = argv.replace("\", \"", " ");
+    let command = format!("command = [\"sh\", \"-c\", \"setsid sh -c 'sleep 600 & sleep 601' & exec {argv}\"]");
+    std::fs::write(path, format!("{head}{command}{tail}")).unwrap();
 }
 
 #[test]
@@ -862,4 +910,135 @@ fn readers_are_asked_to_acquire_shared_and_recorded_shared() {
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
     assert!(text.contains("expected safe: as expected"), "{text}");
+}
+
+/// A scenario in a fresh directory whose command is `sh adapter.sh`, the shell `script` beside it, with
+/// `recipe` more `[recipe]` keys and `body` after them.
+fn shell_scenario(script: &str, recipe: &str, body: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("adapter.sh"), script).unwrap();
+    let text = format!("name = \"t\"\n[recipe]\ncommand = [\"sh\", \"adapter.sh\"]\n{recipe}{body}");
+    let path = dir.path().join("t.toml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.display().to_string();
+    (dir, path)
+}
+
+/// A shell adapter of a lock that is no lock: it answers every request at once, `ok` (so a run of it
+/// is unsafe); `acquire` as `$ACQUIRE` says (a shell command that prints the answer, or nothing).
+fn fake_lock(acquire: &str) -> String {
+    format!(
+        "while read line; do\n  case \"$line\" in\n    *acquire*) {acquire} ;;\n    *enter*) echo '{{\"entered\":true}}' ;;\n    \
+         *write*) echo '{{\"writing\":true}}' ;;\n    *) echo '{{\"ok\":true}}' ;;\n  esac\ndone\n"
+    )
+}
+
+const TWO_CLIENTS: &str = "[workload]\nkind = \"counter\"\nclients = 2\nduration = \"3s\"\n";
+
+/// A command that never answers ran nothing: no acquisition, which is no safe run but a harness error
+/// naming each client and its unanswered `acquire` (it used to be "safe, 0 acquisitions", exit 0).
+#[test]
+fn a_command_that_never_answers_tested_nothing_and_is_a_harness_error() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let (_dir, path) = shell_scenario("exec sleep 600\n", "", TWO_CLIENTS);
+    let out = locksim(&["run", &path, "--real"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{}\n{err}", stdout(&out));
+    assert!(err.contains("real run with seed 0: nothing was tested: no client acquired the lock in "), "{err}");
+    for client in ["client-0", "client-1"] {
+        let said = format!("{client}: 1 acquire requests, the last sent at ");
+        assert!(err.contains(&said), "{err}");
+    }
+    assert!(err.contains("unanswered when the run ended at "), "{err}");
+}
+
+/// A request has a deadline (`[recipe] request_timeout`): a command that answers everything but
+/// `acquire` is a harness error once it passes, naming the client and the request.
+#[test]
+fn a_command_answering_nothing_to_acquire_is_a_harness_error_past_the_request_deadline() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    // Long enough that only the deadline, not the run's end, can stop the wait.
+    let body = "[workload]\nkind = \"counter\"\nclients = 2\nduration = \"60s\"\n";
+    let (_dir, path) = shell_scenario(&fake_lock(":"), "request_timeout = \"1s\"\n", body);
+    let out = locksim(&["run", &path, "--real"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{}\n{err}", stdout(&out));
+    assert!(
+        err.contains(": no answer to acquire within its deadline of 1s ([recipe] request_timeout): sent at "),
+        "{err}"
+    );
+    assert!(err.contains("real run with seed 0: client-"), "{err}");
+}
+
+/// A client process is watched as a process: one that exits while something it started still holds
+/// its stdout open is a harness error at once (not when the run ends, as "safe"), with its status, the
+/// request it left unanswered and the last lines of its stderr; so is one that exits at once.
+#[test]
+fn a_command_that_exits_is_a_harness_error_even_while_a_child_holds_its_stdout() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let long = "[workload]\nkind = \"counter\"\nclients = 1\nduration = \"60s\"\n";
+    for (script, status) in [
+        ("sleep 600 &\nread line\necho 'cannot reach the lock service' >&2\nexit 3\n", "exit status: 3"),
+        (
+            "echo 'Traceback (most recent call last):' >&2\necho 'ModuleNotFoundError: redis' >&2\nexit 1\n",
+            "exit status: 1",
+        ),
+    ] {
+        let marked = Marked::new();
+        let (_dir, path) = shell_scenario(script, "", long);
+        let out = marked.command(&["run", &path, "--real"]).output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{script}: {}\n{err}", stdout(&out));
+        assert!(err.contains(&format!("client-0: the command ended ({status})")), "{script}: {err}");
+        let last = script.lines().rfind(|l| l.contains(">&2")).unwrap();
+        let last = last.trim_start_matches("echo '").split('\'').next().unwrap();
+        assert!(err.contains("its stderr ends:\n    ") && err.contains(last), "{script}: {err}");
+        if script.starts_with("sleep") {
+            assert!(err.contains("while locksim waited for its answer to acquire"), "{err}");
+        }
+        marked.assert_nothing_left(script);
+    }
+}
+
+/// The deadline does not count time under a fault: a client stopped for 4 s in the middle of its slow
+/// `acquire` (0.5 s) is within a 2 s deadline; the same run without that rule would stop at the pause.
+#[test]
+fn a_request_deadline_does_not_count_a_pause() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    // Hold and think nothing: the clients spend their time inside `acquire`, where the pause finds one.
+    let body = "[workload]\nkind = \"counter\"\nclients = 2\nduration = \"7s\"\nhold = \"0ms\"\nthink = \"0ms\"\n\
+                [[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"waiter\"\nduration = \"4s\"\n\
+                [expect]\nverdict = \"unsafe\"\n";
+    let acquire = "sleep 0.5; echo '{\"ok\":true,\"token\":null}'";
+    let (_dir, path) = shell_scenario(&fake_lock(acquire), "request_timeout = \"2s\"\n", body);
+    let history = real_history_of(&path);
+    let (node, start, end) = fault_window(&history);
+    let client = history.nodes.iter().position(|n| *n == node).unwrap() as u32;
+    let at = |e: &Event| e.t as f64 / 1e9;
+    let mine: Vec<&Event> = history.events.iter().filter(|e| e.node.0 == client).collect();
+    let asked = mine.iter().rfind(|e| matches!(e.kind, EventKind::AcquireInvoke) && at(e) < start);
+    let asked = at(asked.expect("asked before the pause"));
+    let answered = mine.iter().find(|e| matches!(e.kind, EventKind::AcquireOk { .. }) && at(e) > asked);
+    let answered = at(answered.expect("answered"));
+    assert!(answered > end - 0.1, "{node}'s acquire of {asked} s, paused in {start}..{end}, answered at {answered} s");
+}
+
+/// One real run of the scenario at `path` through the library (the clients are its command).
+fn real_history_of(path: &str) -> History {
+    let scenario = Scenario::load(Path::new(path), &locksim_locks::Registry::builtin()).unwrap();
+    let mut history = None;
+    locksim_reports::real::run(&scenario, 1, 0, |run| {
+        history = Some(run.history.clone());
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    history.expect("one run")
 }

@@ -98,6 +98,8 @@ pub struct ExpectFile {
     pub findings: Vec<Spanned<String>>,
     #[serde(default)]
     pub absent: Vec<Spanned<String>>,
+    /// How many real runs it takes to see the verdict (`run --real`'s default count).
+    pub real_runs: Option<Spanned<i64>>,
 }
 
 /// A scenario file that could not be used: where, and what was expected.

@@ -85,7 +85,13 @@ pub struct Scenario {
     /// `[model]`, which a simulated run runs, or without one the registry's `command` recipe, which
     /// runs only in real mode ([`Scenario::only_real`]).
     pub command: Option<CommandRecipe>,
+    /// `[expect] real_runs`: how many real runs it takes to see the verdict (a fault aimed at the holder
+    /// misses a run where nobody holds the lock at its time); `run --real` makes this many by default.
+    pub real_runs: Option<u64>,
 }
+
+/// The most real runs `[expect] real_runs` may ask for (as `run --real --runs`).
+pub const REAL_RUNS_MAX: u64 = 10_000;
 
 /// `[recipe] command = ["prog", "arg", ...]` and its other keys, as the client processes get them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +102,9 @@ pub struct CommandRecipe {
     pub params: std::collections::BTreeMap<String, String>,
     /// `server = "..."`: the real server its processes talk to (default Redis).
     pub server: CommandServer,
+    /// `request_timeout = "..."`: how long real mode waits for the answer to one request (locksim's,
+    /// not passed to the processes); `None`: real mode's default.
+    pub request_timeout: Option<Duration>,
 }
 
 impl CommandRecipe {
@@ -271,6 +280,12 @@ impl Scenario {
                 Ok(Expect { verdict: Verdict::Safe, findings: vec![], absent: vec![], hazards: vec![] }),
                 |e| expect(&src, e),
             )?;
+        let real_runs = file.expect.as_ref().and_then(|e| e.real_runs.as_ref()).map(|r| {
+            u64::try_from(*r.get_ref()).ok().filter(|n| (1..=REAL_RUNS_MAX).contains(n)).ok_or_else(|| {
+                src.error(r.span(), format!("real_runs: expected a whole number from 1 to {REAL_RUNS_MAX}"))
+            })
+        });
+        let real_runs = real_runs.transpose()?;
         Ok(Scenario {
             name: file.name.get_ref().clone(),
             description: file.description.clone(),
@@ -292,6 +307,7 @@ impl Scenario {
             },
             expect,
             command,
+            real_runs,
         })
     }
 }
@@ -452,8 +468,18 @@ fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Res
             section.error(key.span(), m)
         })?;
     }
+    let request_timeout = match table.iter().find(|(k, _)| k.get_ref() == "request_timeout") {
+        Some((_, value)) => match section.duration("request_timeout", value, false)? {
+            (_, d) if d.is_zero() => {
+                return Err(section.error(value.span(), "request_timeout: expected a duration above zero"))
+            }
+            (_, d) => Some(d),
+        },
+        None => None,
+    };
     let mut params = std::collections::BTreeMap::new();
-    for (key, value) in table.iter().filter(|(k, _)| !["command", "server"].contains(&k.get_ref().as_str())) {
+    let own = ["command", "server", "request_timeout"];
+    for (key, value) in table.iter().filter(|(k, _)| !own.contains(&k.get_ref().as_str())) {
         let name = key.get_ref();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
             let m = format!("{name:?}: a command's parameter names are lower-case letters, digits and '_' (they become LOCKSIM_PARAM_<KEY>)");
@@ -471,7 +497,7 @@ fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Res
         };
         params.insert(name.clone(), text);
     }
-    Ok(CommandRecipe { argv, params, server })
+    Ok(CommandRecipe { argv, params, server, request_timeout })
 }
 
 fn range(r: &DurRange) -> (Duration, Duration) {

@@ -34,6 +34,35 @@ fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
     }
 }
 
+/// `request_timeout` is locksim's (each request's deadline in real mode), not a parameter for the process.
+#[test]
+fn a_command_recipe_may_set_its_request_timeout() {
+    let c = parse("command = [\"a\"]\nrequest_timeout = \"90s\"\ntimeout = \"1s\"").unwrap().command.unwrap();
+    assert_eq!(c.request_timeout, Some(std::time::Duration::from_secs(90)));
+    assert_eq!(c.params.keys().collect::<Vec<_>>(), ["timeout"], "not passed as LOCKSIM_PARAM_REQUEST_TIMEOUT");
+    assert_eq!(parse("command = [\"a\"]").unwrap().command.unwrap().request_timeout, None, "real mode's default");
+}
+
+/// `[expect] real_runs`: how many real runs it takes to see the verdict.
+#[test]
+fn a_scenario_may_say_how_many_real_runs_it_needs() {
+    let with = |expect: &str| {
+        let text = format!(
+            "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 2\n\
+             duration = \"3s\"\n[expect]\nverdict = \"unsafe\"\n{expect}"
+        );
+        Scenario::parse("c.toml", &text, &Registry::builtin()).map_err(|e| e.to_string())
+    };
+    assert_eq!(with("real_runs = 3\n").unwrap().real_runs, Some(3));
+    assert_eq!(with("").unwrap().real_runs, None);
+    for bad in ["0", "-1", "10001"] {
+        let e = with(&format!("real_runs = {bad}\n")).err().unwrap();
+        assert!(e.starts_with("c.toml:10:13: real_runs: expected a whole number from 1 to 10000"), "{bad}: {e}");
+    }
+    let e = with("real_runs = \"3\"\n").err().unwrap();
+    assert!(e.starts_with("c.toml:10:13: "), "{e}");
+}
+
 #[test]
 fn a_command_recipe_may_have_readers() {
     let text = "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 2\n\
@@ -57,6 +86,9 @@ fn bad_command_recipes_are_refused_at_their_line() {
         ("id = \"command\"", "c.toml:3:6: id: the command recipe is written `command = [\"program\", \"arg\"]`"),
         ("command = [\"a\"]\nTimeOut = \"1s\"", "c.toml:4:1: \"TimeOut\": a command's parameter names are lower-case"),
         ("command = [\"a\"]\nt = [1]", "c.toml:4:5: t: a command's parameter is a string, number or boolean"),
+        ("command = [\"a\"]\nrequest_timeout = \"0s\"", "c.toml:4:19: request_timeout: expected a duration above zero"),
+        ("command = [\"a\"]\nrequest_timeout = 30", "c.toml:4:19: request_timeout: expected a string"),
+        ("command = [\"a\"]\nrequest_timeout = \"soon\"", "c.toml:4:19: request_timeout: "),
         (
             "command = [\"a\"]\nserver = \"mysql\"",
             "c.toml:4:1: server: expected one of redis, zookeeper, etcd, postgresql",

@@ -4,6 +4,7 @@ use crate::results::ResultsWriter;
 use crate::text;
 use locksim_scenarios::run::SeedResult;
 use locksim_scenarios::scenario::Verdict;
+use locksim_scenarios::scenario::REAL_RUNS_MAX;
 use locksim_scenarios::sweep::{sweep_each, ScenarioResult};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,10 +14,10 @@ use std::time::Instant;
 pub struct Args {
     /// The scenario file (see `locksim list scenarios`).
     scenario: PathBuf,
-    /// Seeds to run: `A..B` (B exclusive) or one seed. Any number: results are judged as they come
-    /// and not kept, so memory stays flat.
-    #[arg(long, default_value = "0..100", value_parser = super::parse_seeds)]
-    seeds: std::ops::Range<u64>,
+    /// Seeds to run: `A..B` (B exclusive) or one seed [default: 0..100]. Any number: results are judged
+    /// as they come and not kept, so memory stays flat. With --real: one real run per seed.
+    #[arg(long, value_parser = super::parse_seeds)]
+    seeds: Option<std::ops::Range<u64>>,
     /// Seeds run at once (default: the number of cores). Results do not depend on it.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     jobs: Option<u16>,
@@ -32,8 +33,9 @@ pub struct Args {
     /// a real Redis on loopback; see README "Real mode"). Not reproducible from a seed.
     #[arg(long)]
     real: bool,
-    /// With --real: how many real runs; the i-th draws hold and think from seed `--seeds` start + i.
-    #[arg(long, requires = "real", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    /// With --real: how many real runs, with seeds 0..N (or as many as --seeds has) [default: the
+    /// scenario's `[expect] real_runs`, else 1].
+    #[arg(long, requires = "real", value_parser = clap::value_parser!(u64).range(1..=REAL_RUNS_MAX))]
     runs: Option<u64>,
     /// With --real: write the history of every unsafe run here, as `<scenario>-seed-<N>.jsonl` (the
     /// JSON lines `repro --history` writes), to inspect what really happened.
@@ -84,7 +86,8 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
     let scenario = super::load(&args.scenario, registry)?;
     super::check_outputs([&args.json], [])?;
     let jobs = super::jobs(args.jobs);
-    let range = super::shard(args.seeds.clone(), args.shard);
+    let all = args.seeds.clone().unwrap_or(0..100);
+    let range = super::shard(all.clone(), args.shard);
     let seeds = range.end - range.start;
     // Seed results go straight to the file as they finish, in seed order: nothing is kept per seed, so
     // memory stays flat over any number of seeds.
@@ -98,7 +101,7 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
         }
         json.as_mut().map_or(Ok(()), |out| out.seed(&seed))
     };
-    let empty = super::empty_shard(&args.seeds, args.shard).filter(|_| range.is_empty());
+    let empty = super::empty_shard(&all, args.shard).filter(|_| range.is_empty());
     // Drawn only on a terminal: indicatif hides itself when stderr is not one (CI logs stay clean).
     let bar = indicatif::ProgressBar::new(seeds);
     bar.set_style(
@@ -106,7 +109,7 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
             .expect("valid template"),
     );
     let mut result = sweep_each(&scenario, range, jobs, &|| bar.inc(1), &mut save)?;
-    result.shard = super::shard_record(&args.seeds, args.shard);
+    result.shard = super::shard_record(&all, args.shard);
     let wall = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     if let Some(mut out) = json {
@@ -138,10 +141,14 @@ fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCo
     if let Some(dir) = &args.history_dir {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }
-    let runs = args.runs.unwrap_or(1);
+    let seeds = real_seeds(args.seeds.clone(), args.runs, scenario.real_runs)?;
+    let runs = seeds.end - seeds.start;
+    if let Some(note) = too_few_runs(&scenario, runs) {
+        eprintln!("{note}");
+    }
     let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &scenario.name)).transpose()?;
     let started = Instant::now();
-    let mut result = crate::real::run(&scenario, runs, args.seeds.start, |run| {
+    let mut result = crate::real::run(&scenario, runs, seeds.start, |run| {
         let r = &run.result;
         if let Some(out) = json.as_mut() {
             out.seed(r)?;
@@ -174,8 +181,44 @@ fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCo
         out.finish()?;
     }
     super::emit(&real_summary(&result, runs))?;
+    if let Some(note) = too_few_runs(&scenario, runs).filter(|_| !result.as_expected) {
+        super::emit(&format!("{note}\n"))?;
+    }
     eprintln!("{runs} real runs in {:.1} s", started.elapsed().as_secs_f64());
     Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The seeds of `run --real`, one run each: `--seeds`, or `--runs` from 0, or the scenario's
+/// `[expect] real_runs` from 0, or seed 0; refused when `--seeds` and `--runs` disagree.
+pub fn real_seeds(
+    seeds: Option<std::ops::Range<u64>>,
+    runs: Option<u64>,
+    real_runs: Option<u64>,
+) -> anyhow::Result<std::ops::Range<u64>> {
+    let seeds = match (seeds, runs) {
+        (Some(s), Some(n)) if s.end - s.start != n => anyhow::bail!(
+            "--seeds {}..{} are {} runs, but --runs {n}: with --real each seed is one run; give one of them",
+            s.start,
+            s.end,
+            s.end - s.start
+        ),
+        (Some(s), _) => s,
+        (None, runs) => 0..runs.or(real_runs).unwrap_or(1),
+    };
+    if seeds.end - seeds.start > REAL_RUNS_MAX {
+        anyhow::bail!("--seeds {}..{}: --real makes at most {REAL_RUNS_MAX} runs", seeds.start, seeds.end);
+    }
+    Ok(seeds)
+}
+
+/// A note when `runs` is fewer than the scenario's `[expect] real_runs`: its verdict may not show.
+pub fn too_few_runs(scenario: &locksim_scenarios::Scenario, runs: u64) -> Option<String> {
+    let needs = scenario.real_runs.filter(|n| runs < *n)?;
+    Some(format!(
+        "note: {} needs {needs} real runs to show its verdict ([expect] real_runs = {needs}: its fault bites in some \
+         runs only); {runs} may miss it",
+        scenario.name
+    ))
 }
 
 /// What `run --real` prints: `run`'s lines, in runs, with the seeds instead of a repro line (a real

@@ -39,9 +39,9 @@ pub struct Args {
     /// baseline, so that the same suite also runs simulated, for `report` to set the two side by side.
     #[arg(long, conflicts_with_all = ["shard", "jobs"])]
     real: bool,
-    /// With --real: how many real runs of each scenario.
-    #[arg(long, requires = "real", default_value = "1", value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    runs: u64,
+    /// With --real: how many real runs of each scenario [default: its `[expect] real_runs`, else 1].
+    #[arg(long, requires = "real", value_parser = clap::value_parser!(u64).range(1..=locksim_scenarios::scenario::REAL_RUNS_MAX))]
+    runs: Option<u64>,
 }
 
 /// One line for a run: `ok` or `FAIL`, what it found, and for a failure why and how to replay it.
@@ -155,19 +155,22 @@ pub fn suite(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-/// `suite --real`: each run's scenario `--runs` times for real, one run after another; its line and
+/// `suite --real`: each run's scenario `--runs` times (or its `[expect] real_runs`) for real, one run after another; its line and
 /// JUnit case as a simulated run's, its results marked real.
 fn real(args: &Args, suite: &Suite) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let name = format!("{} (real runs)", suite.name);
     let mut json = args.json.as_deref().map(|path| ResultsWriter::create(path, &name)).transpose()?;
-    let (mut results, mut seconds, mut failed) = (Vec::new(), Vec::new(), 0);
+    let (mut results, mut seconds, mut failed, mut total) = (Vec::new(), Vec::new(), 0, 0);
     for run in &suite.runs {
         let run_started = Instant::now();
         // Hazards are counted by the simulated models only: a real run cannot be held to them.
         let mut scenario = run.scenario.clone();
         scenario.expect.hazards.clear();
-        let mut result = crate::real::run(&scenario, args.runs, run.seeds.start, |r| {
+        let runs = args.runs.or(scenario.real_runs).unwrap_or(1);
+        let note = super::run::too_few_runs(&scenario, runs);
+        total += runs;
+        let mut result = crate::real::run(&scenario, runs, run.seeds.start, |r| {
             json.as_mut().map_or(Ok(()), |out| out.seed(&r.result))
         })?;
         result.real = true;
@@ -177,11 +180,14 @@ fn real(args: &Args, suite: &Suite) -> anyhow::Result<ExitCode> {
         seconds.push(run_started.elapsed().as_secs_f64());
         failed += usize::from(!result.as_expected);
         super::emit(&format!("{}\n", line(&result, result.as_expected)))?;
+        if let Some(note) = note.filter(|_| !result.as_expected) {
+            super::emit(&format!("     {note}\n"))?;
+        }
         results.push(result);
     }
     let runs = results.len();
     super::emit(&format!("suite {name}: {runs} runs, {} as expected, {failed} not\n", runs - failed))?;
-    eprintln!("{} real runs in {:.1} s", runs as u64 * args.runs, started.elapsed().as_secs_f64());
+    eprintln!("{total} real runs in {:.1} s", started.elapsed().as_secs_f64());
     if let Some(path) = &args.junit {
         let xml = junit(&name, &results, &seconds);
         std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

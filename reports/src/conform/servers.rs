@@ -509,11 +509,14 @@ fn forget(pid: u32) {
     RUNNING.lock().expect("servers lock").retain(|(p, _)| *p != pid);
 }
 
-/// On Ctrl-C or SIGTERM: kill every server still running, remove its directory, exit 130.
+/// On Ctrl-C or SIGTERM: kill every server still running (and what real mode's client processes started),
+/// remove its directory, exit 130.
 fn on_interrupt_stop_everything() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = ctrlc::set_handler(|| {
+            // A real run's client processes die with locksim; what they started, with these.
+            crate::real::client::kill_all_marked();
             for (pid, dir) in RUNNING.lock().expect("servers lock").drain(..) {
                 resume(pid as libc::pid_t);
                 let _ = signal(pid as libc::pid_t, libc::SIGKILL);

@@ -2,7 +2,8 @@
 //!
 //! `t` is nanoseconds of a monotonic [`Instant`] since the run started, read under the recorder's lock
 //! so that the order of recording is the order of `t`. Like the simulator's recorder it knows who holds
-//! the lock and who waits for it now, for `target = "holder"` and `"waiter"`.
+//! the lock and who waits for it now, for `target = "holder"` and `"waiter"`; and how long some fault
+//! has been in force (from its `FaultStart` to its `FaultEnd`), which a request's deadline does not count.
 
 use locksim_sim::history::{Event, EventKind, History, NodeIx, EVENT_BUDGET};
 use std::collections::BTreeSet;
@@ -20,6 +21,11 @@ struct State {
     holders: BTreeSet<NodeIx>,
     waiters: BTreeSet<NodeIx>,
     over_budget: bool,
+    /// The faults started and not ended, and since when (ns) one has been.
+    in_force: BTreeSet<u32>,
+    in_force_since: u64,
+    /// Time (ns) with some fault in force, up to `in_force_since` if one is.
+    fault_ns: u64,
 }
 
 impl Recorder {
@@ -49,6 +55,15 @@ impl Recorder {
             EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 s.holders.remove(&node);
             }
+            EventKind::FaultStart { id, .. } => {
+                if s.in_force.is_empty() {
+                    s.in_force_since = t;
+                }
+                s.in_force.insert(*id);
+            }
+            EventKind::FaultEnd { id } if s.in_force.remove(id) && s.in_force.is_empty() => {
+                s.fault_ns += t - s.in_force_since;
+            }
             _ => {}
         }
         if s.events.len() >= EVENT_BUDGET {
@@ -75,6 +90,14 @@ impl Recorder {
         self.state.lock().expect("recorder lock").waiters.iter().copied().collect()
     }
 
+    /// Real time since the run started during which some fault was in force.
+    pub fn fault_time(&self) -> Duration {
+        let s = self.state.lock().expect("recorder lock");
+        let now = self.start.elapsed().as_nanos() as u64;
+        let ongoing = if s.in_force.is_empty() { 0 } else { now.saturating_sub(s.in_force_since) };
+        Duration::from_nanos(s.fault_ns + ongoing)
+    }
+
     pub fn over_budget(&self) -> bool {
         self.state.lock().expect("recorder lock").over_budget
     }
@@ -85,4 +108,36 @@ impl Recorder {
         let end = self.start.elapsed().as_nanos() as u64;
         History { nodes, events: std::mem::take(&mut s.events), end }
     }
+}
+
+/// Why a real run tested nothing, if it did not: no client acquired the lock. Names each client (nodes
+/// from `first_client` on) with what became of its `acquire` requests.
+pub fn untested(history: &History, first_client: usize) -> Option<String> {
+    if history.events.iter().any(|e| matches!(e.kind, EventKind::AcquireOk { .. })) {
+        return None;
+    }
+    let secs = |t: u64| t as f64 / 1e9;
+    let mut lines = Vec::new();
+    for (i, name) in history.nodes.iter().enumerate().skip(first_client) {
+        let mine = || history.events.iter().filter(move |e| e.node.0 as usize == i);
+        let asked = mine().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).count();
+        let step = |k: &EventKind| {
+            matches!(k, EventKind::AcquireInvoke | EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. })
+        };
+        let last = mine().rfind(|e| step(&e.kind));
+        let said = match last.map(|e| (e, &e.kind)) {
+            None => "never asked: its process never got to an acquire".to_string(),
+            Some((e, EventKind::AcquireInvoke)) => format!(
+                "{asked} acquire requests, the last sent at {:.2} s and unanswered when the run ended at {:.2} s",
+                secs(e.t),
+                secs(history.end)
+            ),
+            Some((_, EventKind::AcquireFail { reason } | EventKind::AcquireUnknown { reason })) => {
+                format!("{asked} acquire requests, none granted (the last: {reason:?})")
+            }
+            Some(_) => format!("{asked} acquire requests, none granted"),
+        };
+        lines.push(format!("  {name}: {said}"));
+    }
+    Some(format!("nothing was tested: no client acquired the lock in {:.2} s\n{}", secs(history.end), lines.join("\n")))
 }

@@ -42,6 +42,12 @@
 //! A line that is not one of these, or a process that dies unbidden, is a harness error (exit 2) that
 //! names the client and the line (or the process's last stderr lines).
 //!
+//! **Green only when the test happened.** Every request has a deadline, [`REQUEST_TIMEOUT`] or the
+//! command's `[recipe] request_timeout`, not counting time under faults ([`workload`]); a request past it
+//! is a harness error naming the client and the request, and so is a run in which no client acquired
+//! the lock ([`history::untested`]). A client's end is noticed by its process, not its stdout
+//! ([`client`]), and what it started is killed with it, even out of its process group.
+//!
 //! **Time.** The history's `t` is real time: nanoseconds of a monotonic clock since the run started;
 //! the scenario's `duration`, hold, think and fault times are real time too. A real run is not
 //! reproducible from its seed: the seed only draws hold and think (and `holder`/`waiter` picks).
@@ -79,6 +85,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// How long a client process may take to answer one request (`acquire`, `enter`, `write`, `release`),
+/// not counting time under faults, unless its `[recipe] request_timeout` says otherwise. Twice the
+/// default `[check] liveness` (30 s), so that a lock which leaves its waiters blocked is still found out
+/// as a `deadlock` first, and far above the blocking timeouts of the shipped adapters (at most 10 s)
+/// and the socket timeouts under them: a request this late is an adapter that hangs.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The server's node (a command run's first: see [`Run::first_client`]).
 pub const SERVER: NodeIx = NodeIx(0);
 
@@ -113,6 +126,8 @@ pub struct Run {
     pub dir: PathBuf,
     /// When the run ends (real time since its start).
     pub end: Duration,
+    /// Each request's deadline (see [`workload`]).
+    pub request_timeout: Duration,
     /// A command run's server and the clients' paths to it; a baseline has none.
     served: Option<Served>,
     start: Instant,
@@ -320,6 +335,10 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
     let clients = scenario.workload.clients;
     let mut nodes = vec!["resource".to_string()];
     let mut env = vec![(ENV_LOCK.to_string(), format!("locksim:{}", scenario.name))];
+    let request_timeout = match kind {
+        Clients::Command(command) => command.request_timeout.unwrap_or(REQUEST_TIMEOUT),
+        Clients::Builtin(_) | Clients::Baseline(_) => REQUEST_TIMEOUT,
+    };
     let (served, argv, guard) = match kind {
         Clients::Command(command) => {
             let params = command.params.iter();
@@ -353,6 +372,7 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         guard,
         dir,
         end: scenario.workload.duration,
+        request_timeout,
         served,
         start,
         env,
@@ -385,6 +405,11 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         anyhow::bail!("{}: the real run used up its budget of history events", scenario.path);
     }
     let history = run.recorder.finish(run.nodes.clone());
+    if !run.argv.is_empty() {
+        if let Some(why) = history::untested(&history, run.first_client()) {
+            anyhow::bail!("{}: real run with seed {seed}: {why}", scenario.path);
+        }
+    }
     let findings = check(&history, &scenario.check);
     let result = SeedResult {
         seed,

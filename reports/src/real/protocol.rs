@@ -31,6 +31,17 @@ impl Request {
         }
     }
 
+    /// How errors name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Request::Acquire => "acquire",
+            Request::AcquireShared => "acquire (shared)",
+            Request::Release => "release",
+            Request::Enter => "enter",
+            Request::Write => "write",
+        }
+    }
+
     /// The line to send, newline included.
     pub fn line(self) -> &'static str {
         match self {

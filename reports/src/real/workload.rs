@@ -10,6 +10,14 @@
 //!
 //! A baseline's client (`none`, `sql.conditional-update`) has no process: every call succeeds at once
 //! ([`Request::unguarded`]), and only the resource's accesses race.
+//!
+//! **Deadlines.** Every request has one, [`Run::request_timeout`] (`[recipe] request_timeout`, default
+//! [`super::REQUEST_TIMEOUT`]), counted in real time *outside faults*: while any fault is in force (from
+//! its `FaultStart` to its `FaultEnd`) the clock stops, since a paused process cannot answer, and a
+//! waiter behind a paused or cut-off holder, or a stopped server, legitimately waits. A request past its
+//! deadline is a harness error naming the client and the request, during the run or at its end. The
+//! end of the run cuts off the requests still within their deadline (an `acquire` waiting for the lock,
+//! a `release` on a cut link): those are not errors.
 
 use super::client::{ClientProcess, Line, Spawn};
 use super::protocol::{Message, Request};
@@ -24,8 +32,17 @@ use std::time::Duration;
 enum End {
     /// The run is over (or stopped).
     Over,
-    /// The process died (its stdout closed).
-    Died,
+    /// The process ended (or closed its stdout), leaving this request unanswered, if any.
+    Died(Option<Request>),
+}
+
+/// A request sent and not answered yet.
+#[derive(Clone, Copy)]
+struct Pending {
+    request: Request,
+    /// When it was sent, and how much fault time had passed then.
+    sent: Duration,
+    fault_time: Duration,
 }
 
 /// The answer to a request, or the end of the session.
@@ -79,9 +96,9 @@ pub fn client(run: &Run, index: usize) -> anyhow::Result<()> {
             s.pid = None;
             s.down.is_some()
         };
-        if let End::Died = end {
+        if let End::Died(waiting) = end {
             if !crashed && !run.stopped() {
-                return Err(anyhow::anyhow!(process.death()));
+                return Err(anyhow::anyhow!(process.death(waiting.map(Request::name))));
             }
         }
         drop(process);
@@ -208,20 +225,48 @@ impl Session<'_> {
         let Some(process) = self.process.as_deref_mut() else {
             return Ok(if self.run.over() { Answer::End(End::Over) } else { Answer::Message(request.unguarded()) });
         };
+        let pending = Pending { request, sent: self.run.elapsed(), fault_time: self.run.recorder.fault_time() };
         if !process.send(request) {
-            return Ok(Answer::End(End::Died));
+            return Ok(Answer::End(End::Died(Some(request))));
         }
-        // Without a time limit only the run's end stops the wait.
-        Ok(match self.wait(None)? {
+        // Until the answer, the request's deadline, or the run's end.
+        Ok(match self.wait(None, Some(pending))? {
             Got::Idle => Answer::End(End::Over),
+            Got::End(End::Died(_)) => Answer::End(End::Died(Some(request))),
             Got::End(end) => Answer::End(end),
             Got::Message(m) => Answer::Message(m),
         })
     }
 
+    /// A harness error if `pending` is past its deadline: real time since it was sent, less the time
+    /// some fault was in force meanwhile.
+    fn check_deadline(&self, pending: &Pending) -> anyhow::Result<()> {
+        let now = self.run.elapsed();
+        let faults = self.run.recorder.fault_time().saturating_sub(pending.fault_time);
+        let waited = now.saturating_sub(pending.sent).saturating_sub(faults);
+        if waited <= self.run.request_timeout {
+            return Ok(());
+        }
+        let tail = self.process.as_deref().map_or(String::new(), |p| format!("; {}", p.stderr_tail()));
+        Err(anyhow::anyhow!(
+            "{}: no answer to {} within its deadline of {} ([recipe] request_timeout): sent at {:.2} s, unanswered \
+             at {:.2} s{}{tail}",
+            self.run.nodes[self.node.0 as usize],
+            pending.request.name(),
+            locksim_sim::fault::fmt_duration(self.run.request_timeout),
+            pending.sent.as_secs_f64(),
+            now.as_secs_f64(),
+            if faults.is_zero() {
+                String::new()
+            } else {
+                format!(" ({:.2} s of it under faults, not counted)", faults.as_secs_f64())
+            },
+        ))
+    }
+
     /// Let `d` pass, hearing any `lost` notice; `Some` if the session ended meanwhile.
     fn idle(&mut self, d: Duration) -> anyhow::Result<Option<End>> {
-        match self.wait(Some(self.run.elapsed() + d))? {
+        match self.wait(Some(self.run.elapsed() + d), None)? {
             Got::Idle => Ok(None),
             Got::End(end) => Ok(Some(end)),
             Got::Message(m) => Err(self.unexpected(&m, "nothing (an unprompted line)")),
@@ -229,10 +274,13 @@ impl Session<'_> {
     }
 
     /// The next message other than `lost` (recorded as `LockLost` while holding), the end of the run or
-    /// of the process, or `Idle` at `until`.
-    fn wait(&mut self, until: Option<Duration>) -> anyhow::Result<Got> {
+    /// of the process, or `Idle` at `until`; a harness error once `pending` is past its deadline.
+    fn wait(&mut self, until: Option<Duration>, pending: Option<Pending>) -> anyhow::Result<Got> {
         loop {
             let now = self.run.elapsed();
+            if let Some(pending) = &pending {
+                self.check_deadline(pending)?;
+            }
             if self.run.over() {
                 return Ok(Got::End(End::Over));
             }
@@ -241,13 +289,13 @@ impl Session<'_> {
             }
             let step = until.unwrap_or(self.run.end).min(now + Duration::from_millis(50)).min(self.run.end);
             let deadline = self.run.instant(step);
-            let Some(process) = self.process.as_deref() else {
+            let Some(process) = self.process.as_deref_mut() else {
                 std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
                 continue;
             };
             match process.next(deadline) {
                 None => {}
-                Some(Line::Closed) => return Ok(Got::End(End::Died)),
+                Some(Line::Closed | Line::Exited(_)) => return Ok(Got::End(End::Died(None))),
                 Some(Line::Bad(e)) => return Err(e.into()),
                 Some(Line::Message(Message::Lost { reason })) => self.heard_lost(reason),
                 // A line read once the run is over may answer what another client's end of run set off
