@@ -78,6 +78,16 @@ fn a_suite_runs_for_real_and_the_report_sets_it_beside_the_simulation() {
     assert!(page.contains("<h2>Simulated and real</h2>"), "{page}");
 }
 
+/// A test scenario, judged on safety alone unless it has a `[check]` of its own: these runs last a few
+/// seconds, shorter than the default liveness window, and locksim refuses a window no run can see.
+fn safety_only(text: &str) -> String {
+    if text.contains("[check]") {
+        text.to_string()
+    } else {
+        format!("{text}\n[check]\ndeadlock = false\n")
+    }
+}
+
 /// A scenario file in a fresh directory (a command that would fail if it ever started).
 fn scenario(faults: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -86,7 +96,7 @@ fn scenario(faults: &str) -> (tempfile::TempDir, String) {
          \"3s\"\n{faults}"
     );
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let path = path.display().to_string();
     (dir, path)
 }
@@ -136,7 +146,7 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
 fn a_zookeeper_scenario_aims_faults_at_zk_0() {
     let (_dir, path) = scenario("[[faults.schedule]]\nat = \"1s\"\nkind = \"drop-reply\"\ntarget = \"redis-0\"\n");
     let zk = std::fs::read_to_string(&path).unwrap().replace("[workload]", "server = \"zookeeper\"\n[workload]");
-    std::fs::write(&path, zk).unwrap();
+    std::fs::write(&path, safety_only(&zk)).unwrap();
     let out = locksim(&["run", &path, "--real"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -222,7 +232,7 @@ fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
     let text = "name = \"t\"\n[recipe]\nid = \"none\"\n[workload]\nkind = \"flash-sale\"\nstock = 5\nclients = 2\n\
                 duration = \"3s\"\n[[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"client-0\"\n\
                 duration = \"1s\"\n";
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -430,7 +440,7 @@ fn every_builtin_etcd_and_zookeeper_recipe_runs_for_real_and_stays_safe_without_
                 "name = \"calm\"\n[recipe]\nid = \"{id}\"\n{keys}[workload]\nkind = \"counter\"\nclients = 2\n\
                  duration = \"3s\"\nhold = [\"50ms\", \"100ms\"]\n"
             );
-            std::fs::write(&path, text).unwrap();
+            std::fs::write(&path, safety_only(&text)).unwrap();
             let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
             let text = stdout(&out);
             assert_eq!(out.status.code(), Some(0), "{id}: {text}\n{}", stderr(&out));
@@ -526,7 +536,7 @@ fn redis_py_scenario(body: &str) -> (tempfile::TempDir, String) {
         real.join("adapters/redis_py_lock.py").display()
     );
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let path = path.display().to_string();
     (dir, path)
 }
@@ -558,7 +568,7 @@ fn a_command_that_breaks_the_protocol_is_a_harness_error_naming_the_client_and_t
     let text = "name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"read l; echo hello; sleep 10\"]\n\
                 [workload]\nkind = \"counter\"\nclients = 1\nduration = \"3s\"\n";
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(stderr(&out).contains("client-0: bad line from the command: \"hello\": not JSON"), "{}", stderr(&out));
@@ -636,7 +646,7 @@ fn real_history(body: &str) -> History {
 /// The history of one real run of the scenario `text`, written at `path`, run by the library as a
 /// program of yours would (`locksim_reports::real::run`).
 fn one_real_run(path: &Path, text: &str) -> History {
-    std::fs::write(path, text).unwrap();
+    std::fs::write(path, safety_only(&text)).unwrap();
     let scenario = Scenario::load(path, &locksim_locks::Registry::builtin()).unwrap();
     // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
     std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));
@@ -714,7 +724,7 @@ fn recording_scenario(dir: &Path, record: &Path, then: &str) -> String {
         record.display()
     );
     let path = dir.join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     path.display().to_string()
 }
 
@@ -785,7 +795,7 @@ fn no_process_or_temporary_file_outlives_a_run_a_failing_run_or_ctrl_c() {
     let script = "sleep 600 & setsid sleep 601 & read line; echo garbage; wait";
     let text = format!("name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"{script}\"]\n{}", counter("5s"));
     let bad = dir.path().join("t.toml");
-    std::fs::write(&bad, text).unwrap();
+    std::fs::write(&bad, safety_only(&text)).unwrap();
     let out = marked.command(&["run", bad.to_str().unwrap(), "--real"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("bad line from the command: \"garbage"), "{}", stderr(&out));
@@ -905,7 +915,7 @@ fn readers_are_asked_to_acquire_shared_and_recorded_shared() {
         root().join("scenarios/real/.venv/bin/python").display()
     );
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
@@ -919,7 +929,7 @@ fn shell_scenario(script: &str, recipe: &str, body: &str) -> (tempfile::TempDir,
     std::fs::write(dir.path().join("adapter.sh"), script).unwrap();
     let text = format!("name = \"t\"\n[recipe]\ncommand = [\"sh\", \"adapter.sh\"]\n{recipe}{body}");
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, safety_only(&text)).unwrap();
     let path = path.display().to_string();
     (dir, path)
 }
