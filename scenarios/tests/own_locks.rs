@@ -7,6 +7,8 @@
 mod etcd_lock;
 #[path = "../examples/own-locks/src/ledger.rs"]
 mod ledger;
+#[path = "../examples/own-locks/src/sql_lease.rs"]
+mod sql_lease;
 #[path = "../examples/own-locks/src/sql_lock.rs"]
 mod sql_lock;
 #[path = "../examples/own-locks/src/zk_lock.rs"]
@@ -20,7 +22,12 @@ use locksim_scenarios::Scenario;
 use locksim_sim::history::EventKind;
 
 fn registry() -> Registry {
-    Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(etcd_lock::RECIPE).with_work(ledger::WORK)
+    Registry::builtin()
+        .with(zk_lock::RECIPE)
+        .with(sql_lock::RECIPE)
+        .with(sql_lease::RECIPE)
+        .with(etcd_lock::RECIPE)
+        .with_work(ledger::WORK)
 }
 
 fn scenario(name: &str) -> Scenario {
@@ -66,6 +73,14 @@ fn the_job_row_lock_stays_safe_under_client_partitions_and_crashes() {
         .iter()
         .any(|e| matches!(&e.kind, EventKind::Session { state } if state.contains("database session ended")));
     assert!(ended, "a crashed client's database session ends in the history");
+}
+
+#[test]
+fn the_sql_text_lease_lock_is_granted_and_overtaken_when_its_holder_pauses_past_the_lease() {
+    let result = swept("sql-lease-gc-pause", 0..20);
+    assert!(result.as_expected, "{:?}", result.reasons);
+    assert!(result.results.iter().all(|r| r.measurements.acquisitions > 10), "granted, again and again");
+    assert!(result.results.iter().any(|r| r.counts.contains_key(&FindingKind::DoubleHolder)));
 }
 
 #[test]

@@ -10,6 +10,7 @@
 
 mod etcd_lock;
 mod ledger;
+mod sql_lease;
 mod sql_lock;
 mod zk_lock;
 
@@ -18,7 +19,7 @@ use locksim_locks::Registry;
 /// The built-in recipes and ours, and our workload: scenario files name ours by id (`my.zk-poll`, …,
 /// `[workload] kind = "ledger"`).
 pub fn registry() -> Registry {
-    Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(etcd_lock::RECIPE).with_work(ledger::WORK)
+    Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(sql_lease::RECIPE).with(etcd_lock::RECIPE).with_work(ledger::WORK)
 }
 
 fn main() -> std::process::ExitCode {
