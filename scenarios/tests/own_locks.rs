@@ -1,6 +1,7 @@
 //! The locks of `examples/own-locks` — a crate outside the workspace, written with only the public API —
-//! are judged like built-in ones: the ZooKeeper one is caught, the SQL and etcd ones stay clean, and
-//! their sessions' events reach the history. Its own state, a ledger with its invariant, is broken by
+//! are judged like built-in ones: the polling ZooKeeper one is caught, ZooKeeper's `WriteLock` finds its
+//! node by its session id (and deadlocks without), the SQL row lock and the etcd one stay clean, the
+//! SQL-text lease lock is overtaken past its lease, and their sessions' events reach the history. Its own state, a ledger with its invariant, is broken by
 //! an unfenced pause and kept whole by fencing.
 
 #[path = "../examples/own-locks/src/etcd_lock.rs"]
@@ -13,6 +14,8 @@ mod sql_lease;
 mod sql_lock;
 #[path = "../examples/own-locks/src/zk_lock.rs"]
 mod zk_lock;
+#[path = "../examples/own-locks/src/zk_write_lock.rs"]
+mod zk_write_lock;
 
 use locksim_locks::Registry;
 use locksim_scenarios::checkers::FindingKind;
@@ -26,6 +29,7 @@ fn registry() -> Registry {
         .with(zk_lock::RECIPE)
         .with(sql_lock::RECIPE)
         .with(sql_lease::RECIPE)
+        .with(zk_write_lock::RECIPE)
         .with(etcd_lock::RECIPE)
         .with_work(ledger::WORK)
 }
@@ -81,6 +85,18 @@ fn the_sql_text_lease_lock_is_granted_and_overtaken_when_its_holder_pauses_past_
     assert!(result.as_expected, "{:?}", result.reasons);
     assert!(result.results.iter().all(|r| r.measurements.acquisitions > 10), "granted, again and again");
     assert!(result.results.iter().any(|r| r.counts.contains_key(&FindingKind::DoubleHolder)));
+}
+
+#[test]
+fn zookeepers_write_lock_finds_its_node_by_its_session_id_when_replies_are_lost() {
+    let result = swept("zk-write-lock-drop-reply", 0..30);
+    assert!(result.as_expected, "{:?}", result.reasons);
+    assert_eq!(result.unsafe_seeds, 0);
+    assert!(result.results.iter().all(|r| r.measurements.acquisitions > 20), "the lock does work between losses");
+    // Without the lookup by the session's prefix, a lost create's node waits ahead of everyone.
+    let orphaned = swept("zk-write-lock-orphan", 0..30);
+    assert!(orphaned.as_expected, "{:?}", orphaned.reasons);
+    assert!(orphaned.results.iter().any(|r| r.counts.contains_key(&FindingKind::Deadlock)));
 }
 
 #[test]
