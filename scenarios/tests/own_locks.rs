@@ -144,3 +144,39 @@ fn a_workload_kind_is_one_of_the_registrys_and_needs_a_lock() {
         "{no_lock}"
     );
 }
+
+/// The README's "Testing your own lock" section, its ```rust blocks.
+fn readme_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(format!("{}/../README.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let section = readme.split("## Testing your own lock").nth(1).unwrap().split("\n## ").next().unwrap();
+    section.split("```rust\n").skip(1).map(|b| b.split("```").next().unwrap().to_string()).collect()
+}
+
+#[test]
+fn the_readme_shows_the_session_id_and_sql_as_the_examples_write_them() {
+    let blocks = readme_blocks();
+    let zk = blocks.iter().find(|b| b.contains("session_id()")).expect("the session id in the README");
+    let source = include_str!("../examples/own-locks/src/zk_write_lock.rs");
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    for line in zk.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(lines.contains(&line), "the README's {line:?} is not in zk_write_lock.rs");
+    }
+    let sql = blocks.iter().find(|b| b.contains("schema.prepare(")).expect("SQL text in the README");
+    // Each `schema.prepare("…")`, its `\` continuations joined as Rust joins them.
+    let joined = sql.split("\\\n").map(str::trim_start).collect::<String>();
+    let mut schema = locksim_sim::backend::sql::text::Schema::new();
+    let prepared: Vec<_> = joined
+        .split("schema.prepare(\"")
+        .skip(1)
+        .map(|rest| {
+            schema.prepare(rest.split("\")").next().unwrap()).unwrap_or_else(|e| panic!("the README's SQL: {e}"))
+        })
+        .collect();
+    assert_eq!(
+        prepared.iter().map(|p| p.params()).collect::<Vec<_>>(),
+        [0, 2],
+        "CREATE TABLE, then INSERT with $1, $2"
+    );
+    let insert = prepared[1].bind(&[&"nightly-report", &"host-1"]).unwrap();
+    assert!(matches!(insert.model(), locksim_sim::backend::sql::Stmt::InsertOnConflictDoNothing { .. }));
+}

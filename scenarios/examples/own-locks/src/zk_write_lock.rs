@@ -80,7 +80,7 @@ impl WriteLock {
             return Ok(id.clone());
         }
         ensure_path(&zk, DIR).await?;
-        let prefix = format!("x-{}-", zk.session_id());
+        let prefix = format!("x-{}-", zk.session_id()); // ZooKeeper.getSessionId()
         let mut found = None;
         if self.find_by_session {
             found = zk.get_children(DIR).await?.into_iter().find(|name| name.starts_with(&prefix));
