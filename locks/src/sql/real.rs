@@ -164,7 +164,7 @@ impl Drop for RealConnection {
 /// A server error by its SQLSTATE, as the sim names it; `None`: the session is over (the connection
 /// closes). An SQLSTATE the model does not answer is a harness error, with its code and message.
 fn error(e: &tokio_postgres::Error, sql: &str) -> Option<SqlError> {
-    let Some(state) = e.code() else { return None };
+    let state = e.code()?;
     match state.code() {
         "23505" => Some(SqlError::UniqueViolation),
         "55P03" => Some(SqlError::LockTimeout),

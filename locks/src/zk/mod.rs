@@ -486,17 +486,16 @@ mod tests {
                     ctx.sleep(Duration::from_secs(4)).await;
                     let _ = first.exists("/mine").await;
                     let stat = retried(&ctx, || first.exists("/mine")).await.unwrap().expect("still ours");
-                    ids.lock().unwrap().push(ZkApi::session_id(&zk).await.unwrap());
-                    ids.lock().unwrap().push(stat.ephemeral_owner);
+                    let id = ZkApi::session_id(&zk).await.unwrap();
+                    ids.lock().unwrap().extend([id, stat.ephemeral_owner]);
                     // Paused from 8 s to 28 s, past the session timeout: the session expires.
                     while !first.expired() {
                         let _ = first.exists("/mine").await;
                         ctx.sleep(Duration::from_secs(1)).await;
                     }
                     let (_, stat) = zk.create("/again", CreateMode::Ephemeral).await.unwrap();
-                    ids.lock().unwrap().push(ZkApi::session_id(&zk).await.unwrap());
-                    ids.lock().unwrap().push(stat.ephemeral_owner);
-                    ids.lock().unwrap().push(first.session_id());
+                    let id = ZkApi::session_id(&zk).await.unwrap();
+                    ids.lock().unwrap().extend([id, stat.ephemeral_owner, first.session_id()]);
                 })
             });
             world.add_node("client-0", client);

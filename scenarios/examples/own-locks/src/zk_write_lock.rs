@@ -96,7 +96,7 @@ impl WriteLock {
                 (path, stat.czxid)
             }
         };
-        self.id = Some((path, czxid as u64, zk));
+        self.id = Some((path, czxid, zk));
         Ok(self.id.clone().expect("just set"))
     }
 
@@ -115,9 +115,9 @@ impl WriteLock {
             if at == 0 {
                 return Ok(token);
             }
-            match zk.exists_watch(&format!("{DIR}/{}", children[at - 1])).await? {
-                (Some(_), watch) => drop(watch.fired().await),
-                (None, _) => {}
+            // The one before ours still there: wait for it to go; gone already: look again.
+            if let (Some(_), watch) = zk.exists_watch(&format!("{DIR}/{}", children[at - 1])).await? {
+                watch.fired().await;
             }
         }
     }
