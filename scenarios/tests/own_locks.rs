@@ -1,16 +1,21 @@
 //! The locks of `examples/own-locks` — a crate outside the workspace, written with only the public API —
-//! are judged like built-in ones: the ZooKeeper one is caught, the SQL and etcd ones stay clean, and
-//! their sessions' events reach the history. Its own state, a ledger with its invariant, is broken by
+//! are judged like built-in ones: the polling ZooKeeper one is caught, ZooKeeper's `WriteLock` finds its
+//! node by its session id (and deadlocks without), the SQL row lock and the etcd one stay clean, the
+//! SQL-text lease lock is overtaken past its lease, and their sessions' events reach the history. Its own state, a ledger with its invariant, is broken by
 //! an unfenced pause and kept whole by fencing.
 
 #[path = "../examples/own-locks/src/etcd_lock.rs"]
 mod etcd_lock;
 #[path = "../examples/own-locks/src/ledger.rs"]
 mod ledger;
+#[path = "../examples/own-locks/src/sql_lease.rs"]
+mod sql_lease;
 #[path = "../examples/own-locks/src/sql_lock.rs"]
 mod sql_lock;
 #[path = "../examples/own-locks/src/zk_lock.rs"]
 mod zk_lock;
+#[path = "../examples/own-locks/src/zk_write_lock.rs"]
+mod zk_write_lock;
 
 use locksim_locks::Registry;
 use locksim_scenarios::checkers::FindingKind;
@@ -20,7 +25,13 @@ use locksim_scenarios::Scenario;
 use locksim_sim::history::EventKind;
 
 fn registry() -> Registry {
-    Registry::builtin().with(zk_lock::RECIPE).with(sql_lock::RECIPE).with(etcd_lock::RECIPE).with_work(ledger::WORK)
+    Registry::builtin()
+        .with(zk_lock::RECIPE)
+        .with(sql_lock::RECIPE)
+        .with(sql_lease::RECIPE)
+        .with(zk_write_lock::RECIPE)
+        .with(etcd_lock::RECIPE)
+        .with_work(ledger::WORK)
 }
 
 fn scenario(name: &str) -> Scenario {
@@ -66,6 +77,26 @@ fn the_job_row_lock_stays_safe_under_client_partitions_and_crashes() {
         .iter()
         .any(|e| matches!(&e.kind, EventKind::Session { state } if state.contains("database session ended")));
     assert!(ended, "a crashed client's database session ends in the history");
+}
+
+#[test]
+fn the_sql_text_lease_lock_is_granted_and_overtaken_when_its_holder_pauses_past_the_lease() {
+    let result = swept("sql-lease-gc-pause", 0..20);
+    assert!(result.as_expected, "{:?}", result.reasons);
+    assert!(result.results.iter().all(|r| r.measurements.acquisitions > 10), "granted, again and again");
+    assert!(result.results.iter().any(|r| r.counts.contains_key(&FindingKind::DoubleHolder)));
+}
+
+#[test]
+fn zookeepers_write_lock_finds_its_node_by_its_session_id_when_replies_are_lost() {
+    let result = swept("zk-write-lock-drop-reply", 0..30);
+    assert!(result.as_expected, "{:?}", result.reasons);
+    assert_eq!(result.unsafe_seeds, 0);
+    assert!(result.results.iter().all(|r| r.measurements.acquisitions > 20), "the lock does work between losses");
+    // Without the lookup by the session's prefix, a lost create's node waits ahead of everyone.
+    let orphaned = swept("zk-write-lock-orphan", 0..30);
+    assert!(orphaned.as_expected, "{:?}", orphaned.reasons);
+    assert!(orphaned.results.iter().any(|r| r.counts.contains_key(&FindingKind::Deadlock)));
 }
 
 #[test]
@@ -125,4 +156,40 @@ fn a_workload_kind_is_one_of_the_registrys_and_needs_a_lock() {
         no_lock.starts_with("f.toml:5:8: kind = \"ledger\" runs its own critical section under a lock"),
         "{no_lock}"
     );
+}
+
+/// The README's "Testing your own lock" section, its ```rust blocks.
+fn readme_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(format!("{}/../README.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let section = readme.split("## Testing your own lock").nth(1).unwrap().split("\n## ").next().unwrap();
+    section.split("```rust\n").skip(1).map(|b| b.split("```").next().unwrap().to_string()).collect()
+}
+
+#[test]
+fn the_readme_shows_the_session_id_and_sql_as_the_examples_write_them() {
+    let blocks = readme_blocks();
+    let zk = blocks.iter().find(|b| b.contains("session_id()")).expect("the session id in the README");
+    let source = include_str!("../examples/own-locks/src/zk_write_lock.rs");
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    for line in zk.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(lines.contains(&line), "the README's {line:?} is not in zk_write_lock.rs");
+    }
+    let sql = blocks.iter().find(|b| b.contains("schema.prepare(")).expect("SQL text in the README");
+    // Each `schema.prepare("…")`, its `\` continuations joined as Rust joins them.
+    let joined = sql.split("\\\n").map(str::trim_start).collect::<String>();
+    let mut schema = locksim_sim::backend::sql::text::Schema::new();
+    let prepared: Vec<_> = joined
+        .split("schema.prepare(\"")
+        .skip(1)
+        .map(|rest| {
+            schema.prepare(rest.split("\")").next().unwrap()).unwrap_or_else(|e| panic!("the README's SQL: {e}"))
+        })
+        .collect();
+    assert_eq!(
+        prepared.iter().map(|p| p.params()).collect::<Vec<_>>(),
+        [0, 2],
+        "CREATE TABLE, then INSERT with $1, $2"
+    );
+    let insert = prepared[1].bind(&[&"nightly-report", &"host-1"]).unwrap();
+    assert!(matches!(insert.model(), locksim_sim::backend::sql::Stmt::InsertOnConflictDoNothing { .. }));
 }

@@ -90,8 +90,10 @@ pub enum Failed {
 }
 
 impl Failed {
-    /// As a lock outcome: a timeout leaves the call's effect unknown.
-    fn outcome<T>(self, what: &str) -> Outcome<T> {
+    /// As a lock outcome of the call `what` (its name opens the reason): a timeout leaves the call's
+    /// effect unknown (`Unknown`); a reset connection (not applied) and an etcd error are `Fail`. The
+    /// counterpart of [`crate::sql::outcome`].
+    pub fn outcome<T>(self, what: &str) -> Outcome<T> {
         match self {
             Failed::Timeout => Outcome::Unknown(format!("{what}: timed out")),
             Failed::Unavailable => Outcome::Fail(format!("{what}: unavailable (the server restarted)")),

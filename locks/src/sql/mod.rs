@@ -1,7 +1,8 @@
 //! The database family: the client trait recipes speak, the simulated PostgreSQL deployment, and the
 //! recipes (and the flash sale's ceiling, `sql.conditional-update`, from [`crate::baseline`]).
 //!
-//! Recipes talk to the database through [`SqlApi`], a connection's `execute`, as JDBC or libpq do. The
+//! Recipes talk to the database through [`SqlApi`], a connection's `execute` (or `query`, SQL text with
+//! bind parameters: see [`text::Schema`](locksim_sim::backend::sql::text::Schema)), as JDBC, libpq or tokio-postgres do. The
 //! server's tables: `lock_rows` (one row, `lock`, for `SELECT … FOR UPDATE`), `locks` (empty; a lock
 //! is a row keyed by its name), `shedlock` (ShedLock's table) and the sequence `fence` (fencing tokens).
 
@@ -14,7 +15,8 @@ mod unique_insert;
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
-use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, Value};
+use locksim_sim::backend::sql::text::Prepared;
+use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, ToValue, Value};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
@@ -130,6 +132,20 @@ pub trait SqlApi {
     async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError>;
     /// Whether the connection is known to be closed (a closed one never opens again).
     fn is_closed(&self) -> bool;
+
+    /// Run a statement of SQL text with its `$1`, `$2`, … values, as tokio-postgres's
+    /// `query(&statement, &[&p])`: `statement` comes from
+    /// [`Schema::prepare`](locksim_sim::backend::sql::text::Schema::prepare), the values are `&str`,
+    /// `String`, integers, `Option`s of them (`None`: `NULL`) or [`Value`]s. The simulated server runs
+    /// the statement the text stands for; a real one is sent the text as written, with the values.
+    ///
+    /// Values that do not fit the statement (too many, too few, of the wrong kind) are a bug in the
+    /// lock, not something a server answers: it panics with [`Prepared::bind`]'s error, naming the
+    /// statement and the column of the placeholder — a harness error of the run.
+    async fn query(&self, statement: &Prepared, params: &[&dyn ToValue]) -> Result<SqlResult, ClientError> {
+        let stmt = statement.bind(params).unwrap_or_else(|e| panic!("binding SQL text: {e}"));
+        self.execute(stmt).await
+    }
 }
 
 #[async_trait(?Send)]

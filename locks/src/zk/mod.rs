@@ -23,7 +23,7 @@ mod sequential;
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Router, Watch, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
+use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
@@ -189,12 +189,25 @@ pub trait ZkApi {
             other => unreachable!("getChildren answered with {other:?}"),
         }
     }
+
+    /// The id of the session calls go to (`ZooKeeper.getSessionId()`; through Curator,
+    /// `getZookeeperClient().getZooKeeper().getSessionId()`, which first waits for a connection): the
+    /// same across re-attaches, another once the session has expired and a new one is open. `None`: no
+    /// session could be opened — or an implementation that does not know (the default).
+    async fn session_id(&self) -> Option<SessionId> {
+        None
+    }
 }
 
 #[async_trait(?Send)]
 impl ZkApi for ZkClient {
     async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
         ZkClient::call(self, op).await
+    }
+
+    /// This client's one session (see [`ZkClient::session_id`]).
+    async fn session_id(&self) -> Option<SessionId> {
+        Some(ZkClient::session_id(self))
     }
 }
 
@@ -288,6 +301,12 @@ impl ZkApi for ZkSession {
             Some(zk) => zk.call(op).await,
             None => Err(ClientError::ConnectionLoss),
         }
+    }
+
+    /// The live session's id, opening a session if there is none or it has expired (as Curator's
+    /// `getZooKeeper()` waits for one): stable while the session lives, another after its expiry.
+    async fn session_id(&self) -> Option<SessionId> {
+        self.live().await.map(|zk| zk.session_id())
     }
 }
 
@@ -444,6 +463,58 @@ mod tests {
                 .collect();
         });
         assert_eq!(*states.lock().unwrap(), ["connected", "connected"], "two sessions opened, each recorded");
+    }
+
+    #[test]
+    fn the_session_id_survives_a_reattach_and_changes_after_expiry() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let ids = seen.clone();
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let mut world = World::new(1);
+            let servers = deploy(&mut world, &Params::resolve(BACKEND_PARAMS, []));
+            let client: Program = Arc::new(move |env| {
+                let (servers, ids) = (servers.clone(), ids.clone());
+                Box::pin(async move {
+                    let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                    let zk = ZkSession::new(&ctx, &servers, Duration::from_secs(6));
+                    let first = zk.live().await.unwrap();
+                    let (_, stat) = first.create("/mine", CreateMode::Ephemeral).await.unwrap();
+                    let id = ZkApi::session_id(&zk).await.unwrap();
+                    assert_eq!((id, first.session_id()), (stat.ephemeral_owner, id), "the server's id");
+                    ids.lock().unwrap().push(id);
+                    // The server restarts at 2 s: the session is re-attached on a new connection.
+                    ctx.sleep(Duration::from_secs(4)).await;
+                    let _ = first.exists("/mine").await;
+                    let stat = retried(&ctx, || first.exists("/mine")).await.unwrap().expect("still ours");
+                    let id = ZkApi::session_id(&zk).await.unwrap();
+                    ids.lock().unwrap().extend([id, stat.ephemeral_owner]);
+                    // Paused from 8 s to 28 s, past the session timeout: the session expires.
+                    while !first.expired() {
+                        let _ = first.exists("/mine").await;
+                        ctx.sleep(Duration::from_secs(1)).await;
+                    }
+                    let (_, stat) = zk.create("/again", CreateMode::Ephemeral).await.unwrap();
+                    let id = ZkApi::session_id(&zk).await.unwrap();
+                    ids.lock().unwrap().extend([id, stat.ephemeral_owner, first.session_id()]);
+                })
+            });
+            world.add_node("client-0", client);
+            let fault = |at, target: &str, action| locksim_sim::fault::Fault {
+                at: Duration::from_secs(at),
+                target: locksim_sim::fault::Target::Node(target.into()),
+                action,
+                on: None,
+            };
+            use locksim_sim::fault::Action;
+            let crash = Action::Crash { restart_after: Some(Duration::from_secs(1)) };
+            let pause = Action::Pause { duration: Duration::from_secs(20) };
+            world.run(&[fault(2, "zk-0", crash), fault(8, "client-0", pause)], Duration::from_secs(60)).await;
+        });
+        let ids = seen.lock().unwrap().clone();
+        assert_eq!(ids.len(), 6, "every step ran: {ids:?}");
+        assert_eq!(ids[..3], [ids[0]; 3], "one session across the server's restart: {ids:?}");
+        assert_ne!(ids[3], ids[0], "a new session after expiry: {ids:?}");
+        assert_eq!((ids[4], ids[5]), (ids[3], ids[0]), "its nodes are the new one's; the old handle keeps its id");
     }
 
     #[test]

@@ -509,6 +509,8 @@ impl Family for Sql {
             Stmt::SetIdleInTransactionSessionTimeout(_) => "SET idle_in_transaction_session_timeout",
             Stmt::CreateTable { .. } => "CREATE TABLE",
             Stmt::CreateSequence { .. } => "CREATE SEQUENCE",
+            Stmt::InsertOnConflictDoNothing { .. } => "INSERT ON CONFLICT DO NOTHING",
+            Stmt::Text(_) => "SQL text",
         }
     }
 

@@ -48,7 +48,7 @@ impl Lock for LeaseKey {
     async fn acquire(&mut self) -> Outcome<Grant> {
         let session = match Session::new(&self.etcd, self.ttl).await {
             Ok(session) => session,
-            Err(e) => return Outcome::Fail(format!("grant: {e:?}")),
+            Err(e) => return e.outcome("grant"),
         };
         for _ in 0..120 {
             let absent = Compare { key: KEY.into(), cmp: Cmp::Equal, target: Target::CreateRevision(0) };
@@ -61,7 +61,7 @@ impl Lock for LeaseKey {
                 Ok(_) => self.ctx.sleep(self.poll).await,
                 Err(e) => {
                     let _ = self.etcd.revoke(session.lease).await;
-                    return Outcome::Unknown(format!("txn: {e:?}"));
+                    return e.outcome("txn");
                 }
             }
         }

@@ -9,8 +9,9 @@
 //! client's late write is refused by the token. `scenarios/sql-job-lock-nemesis.toml` checks that it
 //! stays safe under client partitions and crashes.
 //!
-//! The statements are written as SQL, as they would be for PostgreSQL, and parsed into the model's
-//! statements once, against the table's `CREATE TABLE`.
+//! The statements are written as SQL, as they would be for PostgreSQL, and prepared once, against the
+//! table's `CREATE TABLE`: the model runs the statements they stand for, and real mode sends them as
+//! written.
 
 use locksim_locks::params::Params;
 use locksim_locks::sql::{grant_outcome, outcome, SqlApi, SqlClient, FAMILY, SOCKET_TIMEOUT};
@@ -54,7 +55,11 @@ impl Statements {
     fn parse() -> Statements {
         let mut schema = Schema::new();
         // Constant SQL: a mistake in it is ours, found by the first test that runs the lock.
-        let mut parse = |sql| schema.parse(sql).unwrap_or_else(|e| panic!("my.sql-job-lock: {e}"));
+        // As text (no `$n` to bind): the model runs what it stands for, a real server the text itself.
+        let mut parse = |sql| {
+            let text = schema.prepare(sql).and_then(|sql| sql.bind(&[]));
+            text.unwrap_or_else(|e| panic!("my.sql-job-lock: {e}"))
+        };
         Statements {
             create: parse(CREATE),
             insert: parse(INSERT),

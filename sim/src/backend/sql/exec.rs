@@ -247,7 +247,7 @@ impl SqlState {
                 }
                 SqlResult::Rows(vec![version.row])
             }
-            Stmt::Insert { table, key, row } => {
+            Stmt::Insert { table, key, row } | Stmt::InsertOnConflictDoNothing { table, key, row } => {
                 if !self.tables.contains_key(table) {
                     return Ran::Result(SqlResult::Error(SqlError::UndefinedTable));
                 }
@@ -255,7 +255,10 @@ impl SqlState {
                     return Ran::Blocked(row_lock(table, key), None);
                 }
                 if self.visible(conn, table, key, None).is_some() {
-                    return Ran::Result(SqlResult::Error(SqlError::UniqueViolation));
+                    return Ran::Result(match st.stmt {
+                        Stmt::Insert { .. } => SqlResult::Error(SqlError::UniqueViolation),
+                        _ => SqlResult::Affected(0),
+                    });
                 }
                 if let Err(held) = self.take(conn, row_lock(table, key)) {
                     return Ran::Blocked(held, None);
@@ -334,6 +337,7 @@ impl SqlState {
                 self.sessions.get_mut(&conn).expect("running").idle_timeout_ms = timeout.as_millis() as i64;
                 SqlResult::Done
             }
+            Stmt::Text(_) => unreachable!("SQL text arrives as the model's statement"),
         };
         Ran::Result(result)
     }

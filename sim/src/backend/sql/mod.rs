@@ -42,7 +42,10 @@
 //!
 //! - `CREATE TABLE` and `CREATE SEQUENCE` (with `IF NOT EXISTS`) make a user's own lock table or token
 //!   sequence; a name taken is `duplicate_table`, a name unknown to a statement `undefined_table`.
-//!   Columns are not declared or typed: a row holds what it was inserted with.
+//!   Columns are not declared or typed here ([`text::Schema`] checks them): a row holds what it was
+//!   inserted with.
+//! - `INSERT … ON CONFLICT (key) DO NOTHING` waits as `INSERT` does (speculative insertion waits for
+//!   the transaction that wrote the key), then inserts nothing, without error, if the key is taken.
 //!
 //! Not modelled: deadlock detection (recipes lock one thing; conformance scripts never wait in a
 //! cycle), `statement_timeout`, `SET` and `CREATE` undone by `ROLLBACK` (recipes set and create outside transactions), and
@@ -77,6 +80,60 @@ pub enum Value {
 }
 
 pub type Row = BTreeMap<String, Value>;
+
+/// A Rust value as an SQL value, for a `$n` bind parameter ([`text::Prepared::bind`]; tokio-postgres's
+/// `ToSql`): text (`&str`, `String`), an integer (`i64`, `i32`, `u32`), `None` as `NULL`, or a [`Value`].
+pub trait ToValue {
+    fn to_value(&self) -> Value;
+}
+
+impl ToValue for Value {
+    fn to_value(&self) -> Value {
+        self.clone()
+    }
+}
+
+impl ToValue for str {
+    fn to_value(&self) -> Value {
+        Value::Text(self.to_string())
+    }
+}
+
+impl ToValue for &str {
+    fn to_value(&self) -> Value {
+        Value::Text(self.to_string())
+    }
+}
+
+impl ToValue for String {
+    fn to_value(&self) -> Value {
+        Value::Text(self.clone())
+    }
+}
+
+impl ToValue for i64 {
+    fn to_value(&self) -> Value {
+        Value::Int(*self)
+    }
+}
+
+impl ToValue for i32 {
+    fn to_value(&self) -> Value {
+        Value::Int(i64::from(*self))
+    }
+}
+
+impl ToValue for u32 {
+    fn to_value(&self) -> Value {
+        Value::Int(i64::from(*self))
+    }
+}
+
+impl<T: ToValue> ToValue for Option<T> {
+    fn to_value(&self) -> Value {
+        self.as_ref().map_or(Value::Null, ToValue::to_value)
+    }
+}
 
 /// A value a statement computes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +214,39 @@ pub enum Stmt {
         sequence: String,
         if_not_exists: bool,
     },
+    /// `INSERT INTO table … ON CONFLICT (key) DO NOTHING`: as [`Stmt::Insert`] — it waits for another
+    /// open transaction's write of the key — but a key taken is no error: nothing is inserted
+    /// (`Affected(0)`) and the transaction goes on.
+    InsertOnConflictDoNothing {
+        table: String,
+        key: String,
+        row: Vec<(String, Expr)>,
+    },
+    /// A statement as written in SQL text, with its bind parameters ([`text::Prepared::bind`]): the model
+    /// runs [`SqlText::stmt`]; a real server is sent [`SqlText::sql`] as written, with
+    /// [`SqlText::params`].
+    Text(Box<SqlText>),
+}
+
+/// A statement of SQL text: as written, its `$1`, `$2`, … values, and what the model runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlText {
+    /// The SQL as written (with `$n` placeholders).
+    pub sql: String,
+    /// The value of `$1`, `$2`, …
+    pub params: Vec<Value>,
+    /// The model's statement: the text with its values in place (never itself a [`Stmt::Text`]).
+    pub stmt: Stmt,
+}
+
+impl Stmt {
+    /// The statement the model runs: this one, or a [`Stmt::Text`]'s own.
+    pub fn model(&self) -> &Stmt {
+        match self {
+            Stmt::Text(text) => text.stmt.model(),
+            stmt => stmt,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -455,6 +545,13 @@ impl SqlState {
     }
 
     fn request(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
+        // SQL text runs as the model's statement it stands for.
+        let request = match request {
+            SqlRequest::Execute { conn, seq, stmt: Stmt::Text(text) } => {
+                SqlRequest::Execute { conn, seq, stmt: text.stmt.model().clone() }
+            }
+            request => request,
+        };
         match request {
             SqlRequest::Connect { conn, incarnation } => {
                 out.lease_started(from, conn); // hazard marks: a new session

@@ -427,3 +427,38 @@ fn a_users_own_table_and_sequence_are_created_once_and_survive_a_restart() {
         "the table and its committed row outlive the crash"
     );
 }
+
+#[test]
+fn insert_on_conflict_do_nothing_waits_for_an_uncommitted_insert_then_inserts_nothing_without_error() {
+    let mut db = db();
+    let nothing = |key: &str| match insert(key) {
+        Stmt::Insert { table, key, row } => Stmt::InsertOnConflictDoNothing { table, key, row },
+        _ => unreachable!(),
+    };
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, A, nothing("job")), vec![(A, SqlResult::Affected(1))]);
+    exec(&mut db, 0, B, Stmt::Begin);
+    assert_eq!(exec(&mut db, 1, B, nothing("job")), vec![], "waits for A's uncommitted insert of the key");
+    let woken = exec(&mut db, 2, A, Stmt::Commit);
+    assert_eq!(woken, vec![(A, SqlResult::Done), (B, SqlResult::Affected(0))], "then nothing: the key is taken");
+    assert_eq!(exec(&mut db, 3, B, nothing("other")), vec![(B, SqlResult::Affected(1))], "B's transaction goes on");
+    assert_eq!(exec(&mut db, 3, B, Stmt::Commit), vec![(B, SqlResult::Done)]);
+    // A rolled-back insert leaves the key free.
+    exec(&mut db, 4, A, Stmt::Begin);
+    exec(&mut db, 4, A, nothing("late"));
+    assert_eq!(exec(&mut db, 5, C, nothing("late")), vec![]);
+    assert_eq!(exec(&mut db, 6, A, Stmt::Rollback), vec![(A, SqlResult::Done), (C, SqlResult::Affected(1))]);
+    assert_eq!(exec(&mut db, 7, B, insert("late")), vec![(B, SqlResult::Error(SqlError::UniqueViolation))]);
+}
+
+#[test]
+fn sql_text_runs_as_the_statement_it_stands_for() {
+    let mut db = db();
+    let mut schema = text::Schema::new();
+    schema.parse("CREATE TABLE locks (k varchar(64), owner text, PRIMARY KEY (k))").unwrap();
+    let take = schema.prepare("INSERT INTO locks VALUES ($1, $2) ON CONFLICT DO NOTHING").unwrap();
+    let stmt = take.bind(&[&"job", &"a"]).unwrap();
+    assert!(matches!(&stmt, Stmt::Text(t) if t.sql == take.sql() && t.params.len() == 2));
+    assert_eq!(exec(&mut db, 0, A, stmt.clone()), vec![(A, SqlResult::Affected(1))]);
+    assert_eq!(exec(&mut db, 0, B, stmt), vec![(B, SqlResult::Affected(0))]);
+}

@@ -2,28 +2,40 @@
 //!
 //! A lock written against PostgreSQL is a handful of SQL strings; this lets a user keep them as
 //! strings. A [`Schema`] knows the tables its `CREATE TABLE` statements declared — each has exactly one
-//! `text PRIMARY KEY` column, the key the model's rows are found by — so that every other statement
-//! can be checked against it: a column that does not exist, or a `WHERE` that does not name the row by
-//! its key, is an error here, with the column of the statement where it went wrong, before anything
-//! runs. What the model cannot do is an error too, never a different statement.
+//! primary key column of a text type, the key the model's rows are found by — so that every other
+//! statement can be checked against it: a column that does not exist, or a `WHERE` that does not name
+//! the row by its key, is an error here, with the column of the statement where it went wrong, before
+//! anything runs. What the model cannot do is an error too, never a different statement.
+//!
+//! [`Schema::parse`] gives the model's statement. [`Schema::prepare`] takes `$1`, `$2`, … placeholders
+//! and [`Prepared::bind`] their values, giving [`Stmt::Text`]: the model runs the statement it stands
+//! for, and real mode sends the text as written, with its values — the user's own columns and types
+//! reach the real server (`locksim_locks::sql::SqlApi::query` does both steps).
 //!
 //! The subset (keywords in any case; one statement, an optional `;` at the end):
 //! - `BEGIN` (`START TRANSACTION`), `COMMIT` (`END`), `ROLLBACK` (`ABORT`)
-//! - `CREATE TABLE [IF NOT EXISTS] t (k text PRIMARY KEY, c type, …)`, `CREATE SEQUENCE [IF NOT EXISTS] s`
+//! - `CREATE TABLE [IF NOT EXISTS] t (c type [PRIMARY KEY] [NOT NULL], …[, [CONSTRAINT n] PRIMARY KEY (c)])`
+//!   — one primary key column, of type `text`, `varchar[(n)]` or `character varying[(n)]`; other types
+//!   `bigint`, `integer`, `smallint` (`int8`, `int`, `int4`, `int2`), `timestamp[(p)] [with[out] time
+//!   zone]`, `timestamptz`; no defaults or other constraints — and `CREATE SEQUENCE [IF NOT EXISTS] s`
 //! - `SELECT * | c, … FROM t WHERE k = 'key' [FOR UPDATE]` (every column comes back, as with `*`)
-//! - `INSERT INTO t [(k, c, …)] VALUES ('key', expr, …)` (no column list: the table's columns in order)
+//! - `INSERT INTO t [(k, c, …)] VALUES ('key', expr, …) [ON CONFLICT [(k)] DO NOTHING]` (no column
+//!   list: the table's columns in order)
 //! - `UPDATE t SET c = expr, … WHERE k = 'key' [AND c op expr …]`, `DELETE FROM t WHERE k = 'key' [AND …]`
 //! - `SELECT nextval('s')`, `SELECT pg_advisory_lock(n)`, `pg_try_advisory_lock(n)`, `pg_advisory_unlock(n)`
 //! - `SET lock_timeout = …`, `SET idle_in_transaction_session_timeout = …` (`0`, milliseconds, or a
 //!   string with a unit: `'500ms'`, `'5s'`, `'1min'`)
 //!
-//! `expr` is a literal (`'text'`, an integer, `NULL`), `now()` or `now() ± interval '…'` (the model
-//! keeps times as milliseconds), or a column `±` an integer; `op` is `=`, `<>`, `!=`, `<`, `<=`, `>`, `>=`.
+//! `k` is the table's primary key column, whatever its name; a column may be qualified by its table
+//! (`shedlock.lock_until`). `expr` is a literal (`'text'`, an integer, `NULL`), `now()` or `now() ±
+//! interval '…'` (the model keeps times as milliseconds), or a column `±` an integer; `op` is `=`,
+//! `<>`, `!=`, `<`, `<=`, `>`, `>=`. A `$n` may stand for the key, an `expr` of a text or integer
+//! column, or an advisory lock's key.
 //!
 //! The other way, [`write()`] writes a [`Stmt`] as the SQL a real PostgreSQL runs — for real mode's
 //! connections and for conformance — in a [`Style`] that says how to write a time.
 
-use super::{Cond, Expr, Op, Stmt, Value};
+use super::{Cond, Expr, Op, SqlText, Stmt, ToValue, Value};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
@@ -53,10 +65,34 @@ pub struct Schema {
 
 #[derive(Debug, Clone)]
 struct Table {
-    /// The `text PRIMARY KEY` column.
+    name: String,
+    /// The primary key column (of a text type): the key the model finds rows by.
     key: String,
     /// Every column, the key among them, in declared order.
     columns: Vec<String>,
+    /// Each column's type.
+    types: BTreeMap<String, ColumnType>,
+}
+
+/// A column's type, as far as the model tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ColumnType {
+    /// `text`, `varchar[(n)]`, `character varying[(n)]`.
+    Text,
+    /// `smallint`, `integer`, `bigint` (`int2`, `int`, `int4`, `int8`).
+    Int,
+    /// `timestamp[(p)] [with[out] time zone]`, `timestamptz`: the model keeps times as milliseconds.
+    Time,
+}
+
+impl fmt::Display for ColumnType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ColumnType::Text => "a text type",
+            ColumnType::Int => "an integer type",
+            ColumnType::Time => "a timestamp",
+        })
+    }
 }
 
 impl Schema {
@@ -64,20 +100,90 @@ impl Schema {
         Schema::default()
     }
 
-    /// Parse one statement. A `CREATE TABLE` also declares its table here, for the statements after it.
+    /// Parse one statement into the model's. A `CREATE TABLE` also declares its table here, for the
+    /// statements after it. A `$1` placeholder is an error here: [`Schema::prepare`] takes them.
     pub fn parse(&mut self, sql: &str) -> Result<Stmt, SqlTextError> {
+        let (stmt, declared) = self.parse_in(sql, &mut Binding::None)?;
+        self.declare(&stmt, declared);
+        Ok(stmt)
+    }
+
+    /// Prepare one statement with `$1`, `$2`, … placeholders where values go (a key, a value, an
+    /// advisory lock's key), checked as [`Schema::parse`] checks: run it with [`Prepared::bind`] and
+    /// its values, or `SqlApi::query(&prepared, &[&value, …])` — tokio-postgres's `prepare` and
+    /// `query(&statement, &[&p])`. A `CREATE TABLE` also declares its table here.
+    pub fn prepare(&mut self, sql: &str) -> Result<Prepared, SqlTextError> {
+        let mut binding = Binding::Prepare(0);
+        let (stmt, declared) = self.parse_in(sql, &mut binding)?;
+        self.declare(&stmt, declared);
+        let Binding::Prepare(params) = binding else { unreachable!("still preparing") };
+        Ok(Prepared { sql: sql.to_string(), params, schema: self.clone() })
+    }
+
+    fn parse_in(&self, sql: &str, binding: &mut Binding) -> Result<(Stmt, Option<Table>), SqlTextError> {
         let tokens = lex(sql)?;
-        let mut p = Parser { sql, tokens, at: 0, declared: None };
+        let mut p = Parser { sql, tokens, at: 0, declared: None, binding };
         let stmt = p.statement(self)?;
         p.eat_symbol(";");
         if let Some(t) = p.peek() {
             return Err(p.error_at(t, format!("expected the end of the statement, found {}", t.shown())));
         }
-        if let (Stmt::CreateTable { table, .. }, Some(declared)) = (&stmt, p.declared) {
+        Ok((stmt, p.declared))
+    }
+
+    fn declare(&mut self, stmt: &Stmt, declared: Option<Table>) {
+        if let (Stmt::CreateTable { table, .. }, Some(declared)) = (stmt, declared) {
             self.tables.entry(table.clone()).or_insert(declared);
         }
-        Ok(stmt)
     }
+}
+
+/// A statement of SQL text with `$1`, `$2`, … placeholders, checked against its [`Schema`]
+/// ([`Schema::prepare`]); [`Prepared::bind`] gives it values.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    sql: String,
+    /// How many values it takes: its highest `$n`.
+    params: usize,
+    /// The tables as declared when it was prepared.
+    schema: Schema,
+}
+
+impl Prepared {
+    /// The SQL as written.
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// How many values [`Prepared::bind`] takes.
+    pub fn params(&self) -> usize {
+        self.params
+    }
+
+    /// The statement with `params` as `$1`, `$2`, …: a [`Stmt::Text`], which the model runs as the
+    /// statement the text stands for and a real server runs as written, with these values. An error
+    /// (at the placeholder's column) if there are more or fewer values than placeholders, or a value
+    /// of the wrong kind for its place: a key is text, an integer column takes integers, a text
+    /// column text; a timestamp column takes none (the model's times are `now() ± interval '…'`).
+    pub fn bind(&self, params: &[&dyn ToValue]) -> Result<Stmt, SqlTextError> {
+        let values: Vec<Value> = params.iter().map(|p| p.to_value()).collect();
+        if values.len() != self.params {
+            let m = format!("expected {} value(s), for $1 to ${}, found {}", self.params, self.params, values.len());
+            return Err(error(&self.sql, 0, m));
+        }
+        let (stmt, _) = self.schema.parse_in(&self.sql, &mut Binding::Bind(&values))?;
+        Ok(Stmt::Text(Box::new(SqlText { sql: self.sql.clone(), params: values, stmt })))
+    }
+}
+
+/// What a `$n` stands for while parsing.
+enum Binding<'v> {
+    /// [`Schema::parse`]: there are none.
+    None,
+    /// [`Schema::prepare`]: values still to come; the highest `$n` so far.
+    Prepare(usize),
+    /// [`Prepared::bind`]: these values.
+    Bind(&'v [Value]),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +192,8 @@ enum Tok {
     Str(String),
     Int(i64),
     Symbol(&'static str),
+    /// `$n`, a bind parameter.
+    Param(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -102,11 +210,12 @@ impl Token {
             Tok::Str(s) => format!("'{s}'"),
             Tok::Int(n) => n.to_string(),
             Tok::Symbol(s) => format!("`{s}`"),
+            Tok::Param(n) => format!("${n}"),
         }
     }
 }
 
-const SYMBOLS: [&str; 13] = ["<>", "!=", "<=", ">=", "(", ")", ",", "*", "=", "<", ">", "+", "-"];
+const SYMBOLS: [&str; 14] = ["<>", "!=", "<=", ">=", "(", ")", ",", "*", "=", "<", ">", "+", "-", "."];
 
 fn lex(sql: &str) -> Result<Vec<Token>, SqlTextError> {
     let mut tokens = Vec::new();
@@ -129,6 +238,17 @@ fn lex(sql: &str) -> Result<Vec<Token>, SqlTextError> {
             }
             let n = digits.parse().map_err(|_| error(sql, at, "an integer out of range (64-bit)"))?;
             tokens.push(Token { tok: Tok::Int(n), at });
+        } else if c == '$' {
+            rest.next();
+            let mut digits = String::new();
+            while let Some(&(_, c)) = rest.peek().filter(|(_, c)| c.is_ascii_digit()) {
+                digits.push(c);
+                rest.next();
+            }
+            match digits.parse::<usize>() {
+                Ok(n) if n > 0 => tokens.push(Token { tok: Tok::Param(n), at }),
+                _ => return Err(error(sql, at, "expected a bind parameter, `$` and its number from 1 (`$1`)")),
+            }
         } else if c == '\'' {
             rest.next();
             let mut s = String::new();
@@ -169,15 +289,16 @@ fn error(sql: &str, at: usize, message: impl Into<String>) -> SqlTextError {
     SqlTextError { statement: sql.to_string(), column, message: message.into() }
 }
 
-struct Parser<'a> {
+struct Parser<'a, 'b, 'v> {
     sql: &'a str,
     tokens: Vec<Token>,
     at: usize,
     /// The table a `CREATE TABLE` declares, once parsed.
     declared: Option<Table>,
+    binding: &'b mut Binding<'v>,
 }
 
-impl Parser<'_> {
+impl Parser<'_, '_, '_> {
     /// Where the next token starts (the end when there is none).
     fn offset(&self) -> usize {
         self.peek().map_or(self.sql.trim_end().trim_end_matches(';').len(), |t| t.at)
@@ -217,6 +338,10 @@ impl Parser<'_> {
         }
     }
 
+    fn is_symbol(&self, symbol: &str) -> bool {
+        matches!(self.tokens.get(self.at), Some(Token { tok: Tok::Symbol(s), .. }) if *s == symbol)
+    }
+
     fn eat_symbol(&mut self, symbol: &str) -> bool {
         let yes = matches!(self.tokens.get(self.at), Some(Token { tok: Tok::Symbol(s), .. }) if *s == symbol);
         self.at += usize::from(yes);
@@ -251,7 +376,57 @@ impl Parser<'_> {
         }
     }
 
+    /// The value of the bind parameter `t` (`$n`): `None` while preparing.
+    fn param(&mut self, t: &Token, n: usize) -> Result<Option<Value>, SqlTextError> {
+        match &mut *self.binding {
+            Binding::None => Err(self.error_at(
+                t,
+                format!(
+                    "a bind parameter (${n}) in SQL parsed without values: prepare it (Schema::prepare) and bind them"
+                ),
+            )),
+            Binding::Prepare(most) => {
+                *most = (*most).max(n);
+                Ok(None)
+            }
+            Binding::Bind(values) => {
+                let (value, given) = (values.get(n - 1).cloned(), values.len());
+                value
+                    .map(Some)
+                    .ok_or_else(|| error(self.sql, t.at, format!("expected a value for ${n}, found {given}")))
+            }
+        }
+    }
+
+    /// The next token if it is a bind parameter (taken), with its number.
+    fn eat_param(&mut self) -> Option<(Token, usize)> {
+        let t = self.peek().cloned()?;
+        let Tok::Param(n) = t.tok else { return None };
+        self.at += 1;
+        Some((t, n))
+    }
+
+    /// A row's key: a text literal or a bind parameter with a text value.
+    fn key(&mut self, what: &str) -> Result<String, SqlTextError> {
+        let Some((t, n)) = self.eat_param() else { return self.string(what) };
+        match self.param(&t, n)? {
+            None => Ok(String::new()),
+            Some(Value::Text(key)) => Ok(key),
+            Some(other) => {
+                let m = format!("expected a text value for ${n} (the key, where the text has {what}), found {other:?}");
+                Err(self.error_at(&t, m))
+            }
+        }
+    }
+
     fn int(&mut self, what: &str) -> Result<i64, SqlTextError> {
+        if let Some((t, n)) = self.eat_param() {
+            return match self.param(&t, n)? {
+                None => Ok(0),
+                Some(Value::Int(i)) => Ok(i),
+                Some(other) => Err(self.error_at(&t, format!("expected {what} for ${n}, found {other:?}"))),
+            };
+        }
         let negative = self.eat_symbol("-");
         match self.peek().map(|t| t.tok.clone()) {
             Some(Tok::Int(n)) => {
@@ -305,43 +480,119 @@ impl Parser<'_> {
         }
         self.word("table").map_err(|_| self.expected("`TABLE` or `SEQUENCE`"))?;
         let if_not_exists = self.if_not_exists()?;
-        let table = self.name("a table name")?;
+        let name = self.name("a table name")?;
         self.symbol("(")?;
-        let mut columns = Vec::new();
-        let mut key = None;
+        let mut table = Table { name: name.clone(), key: String::new(), columns: Vec::new(), types: BTreeMap::new() };
+        // The key column and where it was named.
+        let mut key: Option<(String, usize)> = None;
         loop {
             let start = self.offset();
-            let column = self.name("a column name")?;
-            let ty = self.name("the column's type (text, bigint, integer, timestamptz, …)")?;
-            if self.eat_word("primary") {
-                self.word("key")?;
-                if ty != "text" && ty != "varchar" {
-                    return Err(error(
-                        self.sql,
-                        start,
-                        format!("the model keys rows by text; make {column} `text PRIMARY KEY`"),
-                    ));
+            let named = match self.is_word("primary") || self.is_word("constraint") {
+                true => self.key_constraint()?,
+                false => self.column_definition(&mut table)?,
+            };
+            if let Some(column) = named {
+                if key.replace((column, start)).is_some() {
+                    return Err(error(self.sql, start, "expected one PRIMARY KEY, found a second"));
                 }
-                if key.replace(column.clone()).is_some() {
-                    return Err(error(self.sql, start, "expected one PRIMARY KEY column, found a second"));
-                }
-            } else if self.eat_word("not") {
-                self.word("null")?;
             }
-            if columns.contains(&column) {
-                return Err(error(self.sql, start, format!("column {column} is declared twice")));
-            }
-            columns.push(column);
             if !self.eat_symbol(",") {
                 break;
             }
         }
-        let Some(key) = key else {
+        let Some((key, at)) = key else {
             return Err(self.expected("a `text PRIMARY KEY` column before `)` (the model finds rows by one text key)"));
         };
         self.symbol(")")?;
-        self.declared = Some(Table { key, columns });
-        Ok(Stmt::CreateTable { table, if_not_exists })
+        match table.types.get(&key) {
+            Some(ColumnType::Text) => {}
+            Some(_) => {
+                let m = format!("the model keys rows by text; make {key} `text PRIMARY KEY` (or varchar)");
+                return Err(error(self.sql, at, m));
+            }
+            None => {
+                let m = format!("the key column {key} is not declared; expected one of {}", table.columns.join(", "));
+                return Err(error(self.sql, at, m));
+            }
+        }
+        table.key = key;
+        self.declared = Some(table);
+        Ok(Stmt::CreateTable { table: name, if_not_exists })
+    }
+
+    /// `[CONSTRAINT name] PRIMARY KEY (column)`: the key column.
+    fn key_constraint(&mut self) -> Result<Option<String>, SqlTextError> {
+        if self.eat_word("constraint") {
+            self.name("the constraint's name")?;
+        }
+        self.word("primary")?;
+        self.word("key")?;
+        self.symbol("(")?;
+        let column = self.name("the key column")?;
+        if self.is_symbol(",") {
+            return Err(self.expected("`)` after the key column (the model finds rows by one text key)"));
+        }
+        self.symbol(")")?;
+        Ok(Some(column))
+    }
+
+    /// `column type [PRIMARY KEY | NOT NULL | NULL]…`: declared in `table`; its name if it is the key.
+    fn column_definition(&mut self, table: &mut Table) -> Result<Option<String>, SqlTextError> {
+        let start = self.offset();
+        let column = self.name("a column name")?;
+        let ty = self.column_type()?;
+        let mut key = false;
+        loop {
+            if self.eat_word("primary") {
+                self.word("key")?;
+                if std::mem::replace(&mut key, true) {
+                    return Err(self.expected("one PRIMARY KEY"));
+                }
+            } else if self.eat_word("not") {
+                self.word("null")?;
+            } else if !self.eat_word("null") {
+                break;
+            }
+        }
+        if let Some(t) = self.peek().filter(|t| matches!(t.tok, Tok::Word(_))) {
+            let m = format!(
+                "expected PRIMARY KEY, NOT NULL, `,` or `)`, found {} (the model keeps no defaults or other constraints)",
+                t.shown()
+            );
+            return Err(self.error_at(t, m));
+        }
+        if table.columns.contains(&column) {
+            return Err(error(self.sql, start, format!("column {column} is declared twice")));
+        }
+        table.columns.push(column.clone());
+        table.types.insert(column.clone(), ty);
+        Ok(key.then_some(column))
+    }
+
+    /// A column's type, with its length or precision: `varchar(64)`, `timestamp(3) with time zone`, ….
+    fn column_type(&mut self) -> Result<ColumnType, SqlTextError> {
+        const TYPES: &str = "the column's type (text, varchar(n), bigint, integer, smallint, timestamp, timestamptz)";
+        let at = self.offset();
+        let ty = match self.name(TYPES)?.as_str() {
+            "text" | "varchar" => ColumnType::Text,
+            "character" => {
+                self.word("varying")?;
+                ColumnType::Text
+            }
+            "bigint" | "int8" | "integer" | "int" | "int4" | "smallint" | "int2" => ColumnType::Int,
+            "timestamp" | "timestamptz" => ColumnType::Time,
+            other => return Err(error(self.sql, at, format!("expected {TYPES}, found `{other}`"))),
+        };
+        if ty != ColumnType::Int && self.eat_symbol("(") {
+            self.int("a length or precision")?;
+            self.symbol(")")?;
+        }
+        if ty == ColumnType::Time && (self.is_word("with") || self.is_word("without")) {
+            self.at += 1;
+            self.word("time")?;
+            self.word("zone")?;
+        }
+        Ok(ty)
     }
 
     fn table<'s>(&mut self, schema: &'s Schema) -> Result<(String, &'s Table), SqlTextError> {
@@ -357,7 +608,14 @@ impl Parser<'_> {
 
     fn column(&mut self, table: &Table, what: &str) -> Result<String, SqlTextError> {
         let at = self.offset();
-        let column = self.name(what)?;
+        let mut column = self.name(what)?;
+        if self.eat_symbol(".") {
+            // Qualified by its table: `shedlock.lock_until`.
+            if column != table.name {
+                return Err(error(self.sql, at, format!("expected a column of {}, found {column}.…", table.name)));
+            }
+            column = self.name(what)?;
+        }
         if table.columns.contains(&column) {
             Ok(column)
         } else {
@@ -379,12 +637,12 @@ impl Parser<'_> {
             return Err(error(self.sql, at, m));
         }
         self.symbol("=")?;
-        let key = self.string("the key, a text literal ('…')")?;
+        let key = self.key("the key, a text literal ('…')")?;
         let mut cond = Vec::new();
         while self.eat_word("and") {
             let column = self.column(table, "a column")?;
             let op = self.op()?;
-            let rhs = self.expr(table)?;
+            let rhs = self.expr(table, &column)?;
             cond.push(Cond { column, op, rhs });
         }
         Ok((key, cond))
@@ -408,7 +666,31 @@ impl Parser<'_> {
         Err(self.expected("a comparison (=, <>, <, <=, >, >=)"))
     }
 
-    fn expr(&mut self, table: &Table) -> Result<Expr, SqlTextError> {
+    /// A value for `column`.
+    fn expr(&mut self, table: &Table, column: &str) -> Result<Expr, SqlTextError> {
+        if let Some((t, n)) = self.eat_param() {
+            let Some(value) = self.param(&t, n)? else { return Ok(Expr::Value(Value::Null)) };
+            let ty = table.types.get(column).copied();
+            return match (ty, &value) {
+                (_, Value::Null)
+                | (Some(ColumnType::Text), Value::Text(_))
+                | (Some(ColumnType::Int), Value::Int(_)) => Ok(Expr::Value(value)),
+                (Some(ColumnType::Time), _) => Err(self.error_at(
+                    &t,
+                    format!(
+                        "column {column} is a timestamp: the model's times are now() ± interval '…', not a value \
+                         bound to ${n}"
+                    ),
+                )),
+                (ty, _) => {
+                    let ty = ty.map_or("unknown".to_string(), |ty| ty.to_string());
+                    Err(self.error_at(
+                        &t,
+                        format!("column {column} is {ty}: expected a value of it for ${n}, found {value:?}"),
+                    ))
+                }
+            };
+        }
         match self.peek().map(|t| t.tok.clone()) {
             Some(Tok::Str(s)) => {
                 self.at += 1;
@@ -477,6 +759,9 @@ impl Parser<'_> {
         if !self.eat_symbol("*") {
             loop {
                 self.name("`*`, a column, nextval('…') or a pg_advisory_* call")?;
+                if self.eat_symbol(".") {
+                    self.name("a column")?;
+                }
                 if !self.eat_symbol(",") {
                     break;
                 }
@@ -532,9 +817,9 @@ impl Parser<'_> {
                 self.symbol(",")?;
             }
             if *column == spec.key {
-                key = Some(self.string(&format!("the key ({column}), a text literal ('…')"))?);
+                key = Some(self.key(&format!("the key ({column}), a text literal ('…')"))?);
             } else {
-                row.push((column.clone(), self.expr(spec)?));
+                row.push((column.clone(), self.expr(spec, column)?));
             }
         }
         if self.eat_symbol(",") {
@@ -544,7 +829,24 @@ impl Parser<'_> {
         }
         self.symbol(")")?;
         let key = key.ok_or_else(|| self.expected(&format!("a value for the key column {}", spec.key)))?;
-        Ok(Stmt::Insert { table, key, row })
+        if !self.eat_word("on") {
+            return Ok(Stmt::Insert { table, key, row });
+        }
+        self.word("conflict")?;
+        if self.eat_symbol("(") {
+            let at = self.offset();
+            let column = self.column(spec, "the key column")?;
+            if column != spec.key {
+                let m = format!("expected the key column {}: the model's one unique constraint is its key", spec.key);
+                return Err(error(self.sql, at, m));
+            }
+            self.symbol(")")?;
+        }
+        self.word("do")?;
+        if !self.eat_word("nothing") {
+            return Err(self.expected("`NOTHING` (the model runs ON CONFLICT … DO NOTHING, not DO UPDATE)"));
+        }
+        Ok(Stmt::InsertOnConflictDoNothing { table, key, row })
     }
 
     fn update(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
@@ -558,7 +860,8 @@ impl Parser<'_> {
                 return Err(error(self.sql, at, "the model does not change a row's key"));
             }
             self.symbol("=")?;
-            set.push((column, self.expr(spec)?));
+            let value = self.expr(spec, &column)?;
+            set.push((column, value));
             if !self.eat_symbol(",") {
                 break;
             }
@@ -644,7 +947,8 @@ impl Style<'_> {
     pub const REAL: Style<'static> = Style { select: "*", now: NowAs::MillisSince(0) };
 }
 
-/// The SQL text a statement stands for (tables keyed by the text column `k`), in `style`.
+/// The SQL text a statement stands for (tables keyed by the text column `k`), in `style`; SQL text
+/// ([`Stmt::Text`]) as written, its `$n` placeholders unbound.
 pub fn write(stmt: &Stmt, style: &Style) -> String {
     let expr = |e: &Expr| match (e, style.now) {
         (Expr::Value(v), _) => literal(v),
@@ -680,10 +984,11 @@ pub fn write(stmt: &Stmt, style: &Style) -> String {
             wheres(k, &[]),
             if *for_update { " FOR UPDATE" } else { "" }
         ),
-        Stmt::Insert { table, key: k, row } => {
+        Stmt::Insert { table, key: k, row } | Stmt::InsertOnConflictDoNothing { table, key: k, row } => {
             let columns: Vec<&str> = ["k"].into_iter().chain(row.iter().map(|(c, _)| c.as_str())).collect();
             let values: Vec<String> = [key(k)].into_iter().chain(row.iter().map(|(_, e)| expr(e))).collect();
-            format!("INSERT INTO {table} ({}) VALUES ({})", columns.join(", "), values.join(", "))
+            let nothing = if matches!(stmt, Stmt::Insert { .. }) { "" } else { " ON CONFLICT (k) DO NOTHING" };
+            format!("INSERT INTO {table} ({}) VALUES ({}){nothing}", columns.join(", "), values.join(", "))
         }
         Stmt::Update { table, key: k, set, cond } => {
             let set: Vec<String> = set.iter().map(|(c, e)| format!("{c} = {}", expr(e))).collect();
@@ -702,6 +1007,8 @@ pub fn write(stmt: &Stmt, style: &Style) -> String {
         Stmt::CreateSequence { sequence, if_not_exists: yes } => {
             format!("CREATE SEQUENCE {}{sequence}", if_not_exists(*yes))
         }
+        // As written, its values apart.
+        Stmt::Text(text) => text.sql.clone(),
     }
 }
 
@@ -838,6 +1145,93 @@ mod tests {
         );
     }
 
+    /// A lease table as users write it (ShedLock's PostgreSQL table), and ShedLock's statements.
+    const SHEDLOCK: &str = "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL, lock_until TIMESTAMP NOT \
+                            NULL, locked_at timestamp(3) with time zone NOT NULL, locked_by character varying(255) \
+                            NOT NULL, fence bigint, CONSTRAINT shedlock_pk PRIMARY KEY (name));";
+
+    #[test]
+    fn tables_and_statements_as_users_write_them_parse_with_bind_parameters() {
+        let mut s = Schema::new();
+        assert_eq!(s.parse(SHEDLOCK), Ok(Stmt::CreateTable { table: "shedlock".into(), if_not_exists: true }));
+        let insert = "INSERT INTO shedlock(name, lock_until, locked_at, locked_by) VALUES($1, now() + interval \
+                      '30 seconds', now(), $2) ON CONFLICT (name) DO NOTHING";
+        let insert = s.prepare(insert).unwrap();
+        assert_eq!(insert.params(), 2);
+        let row = |by: &str| {
+            vec![
+                ("lock_until".to_string(), Expr::NowPlus(30_000)),
+                ("locked_at".to_string(), Expr::NowPlus(0)),
+                ("locked_by".to_string(), Expr::Value(Value::Text(by.into()))),
+            ]
+        };
+        let bound = insert.bind(&[&"nightly", &"host-1".to_string()]).unwrap();
+        let Stmt::Text(text) = bound else { panic!("{bound:?}") };
+        assert_eq!(
+            (text.sql.as_str(), &text.params),
+            (insert.sql(), &vec![Value::Text("nightly".into()), Value::Text("host-1".into())])
+        );
+        let model =
+            Stmt::InsertOnConflictDoNothing { table: "shedlock".into(), key: "nightly".into(), row: row("host-1") };
+        assert_eq!(text.stmt, model);
+        let update =
+            "UPDATE shedlock SET lock_until = now() + interval '30 seconds', locked_at = now(), locked_by = $2 \
+                      WHERE shedlock.name = $1 AND shedlock.lock_until <= now()";
+        let update = s.prepare(update).unwrap().bind(&[&"nightly", &"host-1"]).unwrap();
+        let cond = vec![Cond { column: "lock_until".into(), op: Op::Le, rhs: Expr::NowPlus(0) }];
+        let model = Stmt::Update { table: "shedlock".into(), key: "nightly".into(), set: row("host-1"), cond };
+        assert_eq!(update.model(), &model);
+        let fenced = s.prepare("UPDATE shedlock SET fence = $2 WHERE name = $1 AND locked_by = $3").unwrap();
+        let fenced = fenced.bind(&[&"nightly", &7i64, &None::<String>]).unwrap();
+        let Stmt::Update { set, cond, .. } = fenced.model() else { panic!("{fenced:?}") };
+        assert_eq!((&set[0].1, &cond[0].rhs), (&Expr::Value(Value::Int(7)), &Expr::Value(Value::Null)));
+        let advisory = s.prepare("SELECT pg_try_advisory_lock($1)").unwrap().bind(&[&42i64]).unwrap();
+        assert_eq!(advisory.model(), &Stmt::TryAdvisoryLock(42));
+        // Keys need not be called `k`, nor be declared first.
+        s.parse("create table jobs (id integer, job text primary key)").unwrap();
+        let select = s.parse("SELECT id, jobs.job FROM jobs WHERE job = 'x' FOR UPDATE").unwrap();
+        assert_eq!(select, Stmt::Select { table: "jobs".into(), key: "x".into(), for_update: true });
+    }
+
+    #[test]
+    fn what_the_model_cannot_keep_of_a_table_or_a_binding_is_an_error_at_its_column() {
+        let mut s = Schema::new();
+        s.parse(SHEDLOCK).unwrap();
+        let cases = [
+            ("CREATE TABLE t (a varchar(9), b bigint, PRIMARY KEY (a, b))", 55, "expected `)` after the key column (the model finds rows by one text key), found `,`"),
+            ("CREATE TABLE t (id bigint PRIMARY KEY)", 17, "the model keys rows by text; make id `text PRIMARY KEY` (or varchar)"),
+            ("CREATE TABLE t (a text PRIMARY KEY, b uuid)", 39, "expected the column's type (text, varchar(n), bigint, integer, smallint, timestamp, timestamptz), found `uuid`"),
+            ("CREATE TABLE t (a text PRIMARY KEY, at timestamp DEFAULT now())", 50, "expected PRIMARY KEY, NOT NULL, `,` or `)`, found `default` (the model keeps no defaults or other constraints)"),
+            ("CREATE TABLE t (a text UNIQUE, PRIMARY KEY (a))", 24, "expected PRIMARY KEY, NOT NULL, `,` or `)`, found `unique` (the model keeps no defaults or other constraints)"),
+            ("CREATE TABLE t (n bigint, PRIMARY KEY (name))", 27, "the key column name is not declared; expected one of n"),
+            ("CREATE TABLE t (a text PRIMARY KEY, b text, PRIMARY KEY (b))", 45, "expected one PRIMARY KEY, found a second"),
+            ("INSERT INTO shedlock (name) VALUES ('x') ON CONFLICT (locked_by) DO NOTHING", 55, "expected the key column name: the model's one unique constraint is its key"),
+            ("INSERT INTO shedlock (name) VALUES ('x') ON CONFLICT (name) DO UPDATE SET fence = 1", 64, "expected `NOTHING` (the model runs ON CONFLICT … DO NOTHING, not DO UPDATE), found `update`"),
+            ("SELECT * FROM shedlock WHERE name = $1", 37, "a bind parameter ($1) in SQL parsed without values: prepare it (Schema::prepare) and bind them"),
+            ("DELETE FROM shedlock WHERE name = $0", 35, "expected a bind parameter, `$` and its number from 1 (`$1`)"),
+            ("SELECT * FROM shedlock WHERE jobs.name = 'x'", 30, "expected a column of shedlock, found jobs.…"),
+        ];
+        let wrong: Vec<String> = cases
+            .iter()
+            .filter_map(|(text, column, message)| match s.parse(text) {
+                Err(e) if (e.column, e.message.as_str()) == (*column, *message) => None,
+                other => Some(format!("{text}: {other:?}")),
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        let update = s.prepare("UPDATE shedlock SET fence = $2, lock_until = $3 WHERE name = $1").unwrap();
+        let bound = |params: &[&dyn ToValue]| update.bind(params).map_err(|e| (e.column, e.message));
+        let cases: [(&[&dyn ToValue], usize, &str); 4] = [
+            (&[&"x", &1i64], 1, "expected 3 value(s), for $1 to $3, found 2"),
+            (&[&5i64, &1i64, &None::<i64>], 62, "expected a text value for $1 (the key, where the text has the key, a text literal ('…')), found Int(5)"),
+            (&[&"x", &"1", &None::<i64>], 29, "column fence is an integer type: expected a value of it for $2, found Text(\"1\")"),
+            (&[&"x", &1i64, &1i64], 46, "column lock_until is a timestamp: the model's times are now() ± interval '…', not a value bound to $3"),
+        ];
+        for (params, column, message) in cases {
+            assert_eq!(bound(params), Err((column, message.to_string())));
+        }
+    }
+
     #[test]
     fn written_statements_read_back_as_themselves_and_as_postgresql_takes_them() {
         let mut s = Schema::new();
@@ -866,6 +1260,7 @@ mod tests {
             Stmt::SetLockTimeout(Duration::from_millis(1500)),
             Stmt::SetIdleInTransactionSessionTimeout(Duration::ZERO),
             Stmt::CreateSequence { sequence: "fence".into(), if_not_exists: true },
+            Stmt::InsertOnConflictDoNothing { table: "locks".into(), key: "lock".into(), row: vec![] },
         ];
         for stmt in stmts {
             let text = write(&stmt, &now);

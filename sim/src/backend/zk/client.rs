@@ -253,6 +253,15 @@ impl ZkClient {
         Some(ZkClient { shared, _pinger: Rc::new(pinger) })
     }
 
+    /// The session's id, as the server gave it when the session was opened (the Java client's
+    /// `getSessionId()`; a real client learns it from the `ConnectResponse`). It stays the same when
+    /// the client re-attaches the session on a new connection; an expired session is gone for good, and
+    /// the next one has another id. Recipes name their nodes with it (ZooKeeper's `WriteLock`:
+    /// `x-<session id>-`) to find, after a lost connection, the node they created before it.
+    pub fn session_id(&self) -> SessionId {
+        self.shared.session
+    }
+
     /// The negotiated session timeout.
     pub fn timeout(&self) -> Duration {
         self.shared.timeout
