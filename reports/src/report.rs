@@ -117,7 +117,11 @@ fn decision_cells(row: &Row) -> [(String, Option<f64>); 8] {
     let speed = row.speed.as_ref();
     [
         (row.lock.clone(), None),
-        (format!("{worst} under {faults}"), Some(worst.value() + worst.high / 1000.0)),
+        match worst.n {
+            // No seed's fault fired: nothing is known, which is not the same as nothing broke.
+            0 => (format!("untested: no {faults} fault fired"), None),
+            _ => (format!("{worst} under {faults}"), Some(worst.value() + worst.high / 1000.0)),
+        },
         match row.herd {
             Some((woken, waiters)) => (format!("{woken:.1} of {waiters}"), Some(woken / waiters.max(1) as f64)),
             None => (NOT_RUN.into(), None),

@@ -232,7 +232,7 @@ fn a_real_baseline_refuses_faults_it_has_no_process_to_apply_to() {
     let text = "name = \"t\"\n[recipe]\nid = \"none\"\n[workload]\nkind = \"flash-sale\"\nstock = 5\nclients = 2\n\
                 duration = \"3s\"\n[[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"client-0\"\n\
                 duration = \"1s\"\n";
-    std::fs::write(&path, safety_only(&text)).unwrap();
+    std::fs::write(&path, safety_only(text)).unwrap();
     let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -568,7 +568,7 @@ fn a_command_that_breaks_the_protocol_is_a_harness_error_naming_the_client_and_t
     let text = "name = \"t\"\n[recipe]\ncommand = [\"sh\", \"-c\", \"read l; echo hello; sleep 10\"]\n\
                 [workload]\nkind = \"counter\"\nclients = 1\nduration = \"3s\"\n";
     let path = dir.path().join("t.toml");
-    std::fs::write(&path, safety_only(&text)).unwrap();
+    std::fs::write(&path, safety_only(text)).unwrap();
     let out = locksim(&["run", path.to_str().unwrap(), "--real"]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(stderr(&out).contains("client-0: bad line from the command: \"hello\": not JSON"), "{}", stderr(&out));
@@ -646,7 +646,7 @@ fn real_history(body: &str) -> History {
 /// The history of one real run of the scenario `text`, written at `path`, run by the library as a
 /// program of yours would (`locksim_reports::real::run`).
 fn one_real_run(path: &Path, text: &str) -> History {
-    std::fs::write(path, safety_only(&text)).unwrap();
+    std::fs::write(path, safety_only(text)).unwrap();
     let scenario = Scenario::load(path, &locksim_locks::Registry::builtin()).unwrap();
     // This test's own executable is no `locksim`: name the one whose `adapter` runs the clients.
     std::env::set_var(locksim_reports::real::ENV_EXE, env!("CARGO_BIN_EXE_locksim"));

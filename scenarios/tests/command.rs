@@ -49,7 +49,7 @@ fn a_scenario_may_say_how_many_real_runs_it_needs() {
     let with = |expect: &str| {
         let text = format!(
             "name = \"c\"\n[recipe]\ncommand = [\"a\"]\n[workload]\nkind = \"counter\"\nclients = 2\n\
-             duration = \"3s\"\n[expect]\nverdict = \"unsafe\"\n{expect}"
+             duration = \"3s\"\n[expect]\nverdict = \"unsafe\"\n{expect}[check]\ndeadlock = false\n"
         );
         Scenario::parse("c.toml", &text, &Registry::builtin()).map_err(|e| e.to_string())
     };
