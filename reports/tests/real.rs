@@ -984,6 +984,22 @@ fn a_command_answering_nothing_to_acquire_is_a_harness_error_past_the_request_de
     assert!(err.contains("real run with seed 0: client-"), "{err}");
 }
 
+/// `enter` and `write` are acknowledgements owed at once: an adapter that is granted the lock and then
+/// hangs is a harness error within a short run (its 60 s request deadline would outlast the run).
+#[test]
+fn a_command_that_hangs_after_its_grant_is_a_harness_error_within_a_short_run() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let script = "while read line; do\n  case \"$line\" in\n    *acquire*) echo '{\"ok\":true}' ;;\n    *enter*) exec sleep 600 ;;\n  \
+                  esac\ndone\n";
+    let (_dir, path) = shell_scenario(script, "", TWO_CLIENTS);
+    let out = locksim(&["run", &path, "--real"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{}\n{err}", stdout(&out));
+    assert!(err.contains(": no answer to enter within its deadline of 2s (an acknowledgement, owed at once)"), "{err}");
+}
+
 /// A client process is watched as a process: one that exits while something it started still holds
 /// its stdout open is a harness error at once (not when the run ends, as "safe"), with its status, the
 /// request it left unanswered and the last lines of its stderr; so is one that exits at once.

@@ -92,6 +92,12 @@ use std::time::{Duration, Instant};
 /// and the socket timeouts under them: a request this late is an adapter that hangs.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a client process may take to acknowledge `enter` or `write` (outside faults), if its
+/// `request_timeout` is not shorter: these ask nothing of the lock service — the adapter answers at
+/// once, only to show it still runs — so an adapter that answers `acquire` and then hangs is found out
+/// within a short run, not only past [`REQUEST_TIMEOUT`].
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The server's node (a command run's first: see [`Run::first_client`]).
 pub const SERVER: NodeIx = NodeIx(0);
 

@@ -42,6 +42,12 @@ impl Request {
         }
     }
 
+    /// An acknowledgement the process owes at once (`enter`, `write`), not a call on the lock service,
+    /// which may rightly wait.
+    pub fn is_acknowledgement(self) -> bool {
+        matches!(self, Request::Enter | Request::Write)
+    }
+
     /// The line to send, newline included.
     pub fn line(self) -> &'static str {
         match self {

@@ -15,7 +15,9 @@
 //! [`super::REQUEST_TIMEOUT`]), counted in real time *outside faults*: while any fault is in force (from
 //! its `FaultStart` to its `FaultEnd`) the clock stops, since a paused process cannot answer, and a
 //! waiter behind a paused or cut-off holder, or a stopped server, legitimately waits. A request past its
-//! deadline is a harness error naming the client and the request, during the run or at its end. The
+//! deadline is a harness error naming the client and the request, during the run or at its end. `enter`
+//! and `write` are acknowledgements the adapter owes at once: their deadline is [`super::ACK_TIMEOUT`]
+//! (2 s) when `request_timeout` is longer, so a hang after a grant shows within a short run. The
 //! end of the run cuts off the requests still within their deadline (an `acquire` waiting for the lock,
 //! a `release` on a cut link): those are not errors.
 
@@ -244,16 +246,18 @@ impl Session<'_> {
         let now = self.run.elapsed();
         let faults = self.run.recorder.fault_time().saturating_sub(pending.fault_time);
         let waited = now.saturating_sub(pending.sent).saturating_sub(faults);
-        if waited <= self.run.request_timeout {
+        let ack = pending.request.is_acknowledgement();
+        let limit = if ack { self.run.request_timeout.min(super::ACK_TIMEOUT) } else { self.run.request_timeout };
+        if waited <= limit {
             return Ok(());
         }
         let tail = self.process.as_deref().map_or(String::new(), |p| format!("; {}", p.stderr_tail()));
         Err(anyhow::anyhow!(
-            "{}: no answer to {} within its deadline of {} ([recipe] request_timeout): sent at {:.2} s, unanswered \
-             at {:.2} s{}{tail}",
+            "{}: no answer to {} within its deadline of {} ({}): sent at {:.2} s, unanswered at {:.2} s{}{tail}",
             self.run.nodes[self.node.0 as usize],
             pending.request.name(),
-            locksim_sim::fault::fmt_duration(self.run.request_timeout),
+            locksim_sim::fault::fmt_duration(limit),
+            if ack { "an acknowledgement, owed at once" } else { "[recipe] request_timeout" },
             pending.sent.as_secs_f64(),
             now.as_secs_f64(),
             if faults.is_zero() {
