@@ -58,7 +58,7 @@ pub struct Server {
 
 /// What locksim owns of a server it started.
 struct Own {
-    dir: tempfile::TempDir,
+    dir: ServerDir,
     child: Child,
     /// Crashed and not started again: `child` is reaped (its pid may belong to another process now).
     down: bool,
@@ -82,7 +82,7 @@ impl Server {
     }
 
     fn start_once(kind: Kind) -> anyhow::Result<Server> {
-        let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
+        let dir = ServerDir::new(kind)?;
         let (port, peer_port) = free_ports()?;
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
         let child = launch(kind, dir.path(), port, peer_port)?;
@@ -284,7 +284,7 @@ fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<C
     // not the server behind its back.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", kind.name()))?;
-    remember(child.id(), dir);
+    remember(child.id());
     Ok(child)
 }
 
@@ -477,6 +477,29 @@ fn resume(pid: libc::pid_t) {
     let _ = signal(pid, libc::SIGCONT);
 }
 
+/// SIGKILL a server and what it forked, and return once they are dead: kill(2) returns before the
+/// signal is acted on, and a process still running meanwhile (Redis appending to its AOF, a PostgreSQL
+/// backend) could write a file into the directory the interrupt handler is removing.
+fn kill_and_wait(pid: libc::pid_t) {
+    let forked = children(pid);
+    resume(pid);
+    let _ = signal(pid, libc::SIGKILL);
+    forked.iter().for_each(|c| drop(signal(*c, libc::SIGKILL)));
+    // Reaped here (locksim exits next), or already by the thread that started it: either way gone.
+    // SAFETY: waitpid(2) on a child of this process, with a null status pointer.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while forked.iter().any(|c| alive(*c)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` runs (a zombie does not: it holds no file open).
+fn alive(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
 /// The processes `pid` forked (PostgreSQL's backends and workers), from `/proc`.
 fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -498,15 +521,45 @@ fn log_tail(dir: &Path) -> String {
     }
 }
 
-/// Servers running now, for the interrupt handler: process id and directory.
-static RUNNING: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+/// Servers running now, for the interrupt handler: their process ids.
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
-fn remember(pid: u32, dir: &Path) {
-    RUNNING.lock().expect("servers lock").push((pid, dir.to_path_buf()));
+/// The directories of servers locksim started, until they are removed (a server's outlives its
+/// process: a crashed server is started again in it, and a stopped one's is removed after its kill).
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn remember(pid: u32) {
+    RUNNING.lock().expect("servers lock").push(pid);
 }
 
 fn forget(pid: u32) {
-    RUNNING.lock().expect("servers lock").retain(|(p, _)| *p != pid);
+    RUNNING.lock().expect("servers lock").retain(|p| *p != pid);
+}
+
+/// A server's temporary directory, known to the interrupt handler until it is removed.
+struct ServerDir(Option<tempfile::TempDir>);
+
+impl ServerDir {
+    fn new(kind: Kind) -> anyhow::Result<ServerDir> {
+        let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
+        DIRS.lock().expect("directories lock").push(dir.path().to_path_buf());
+        Ok(ServerDir(Some(dir)))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_ref().expect("removed only on drop").path()
+    }
+}
+
+impl Drop for ServerDir {
+    /// Removed under the lock: an interrupt meanwhile waits for it rather than exit halfway through.
+    fn drop(&mut self) {
+        let mut dirs = DIRS.lock().expect("directories lock");
+        if let Some(dir) = self.0.take() {
+            dirs.retain(|d| d != dir.path());
+            let _ = dir.close();
+        }
+    }
 }
 
 /// On Ctrl-C or SIGTERM: kill every server still running (and what real mode's client processes started),
@@ -517,9 +570,10 @@ fn on_interrupt_stop_everything() {
         let _ = ctrlc::set_handler(|| {
             // A real run's client processes die with locksim; what they started, with these.
             crate::real::client::kill_all_marked();
-            for (pid, dir) in RUNNING.lock().expect("servers lock").drain(..) {
-                resume(pid as libc::pid_t);
-                let _ = signal(pid as libc::pid_t, libc::SIGKILL);
+            for pid in RUNNING.lock().expect("servers lock").drain(..) {
+                kill_and_wait(pid as libc::pid_t);
+            }
+            for dir in DIRS.lock().expect("directories lock").drain(..) {
                 let _ = std::fs::remove_dir_all(dir);
             }
             eprintln!("locksim: interrupted; the servers it started are stopped");
