@@ -44,6 +44,7 @@ pub const NONE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: Guard::Nothing,
     promises_fifo: false,
+    points: &[],
     validate: crate::no_constraints,
     build,
 };
@@ -58,6 +59,7 @@ pub const CONDITIONAL_UPDATE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: Guard::ConditionalUpdate,
     promises_fifo: false,
+    points: &[],
     validate: crate::no_constraints,
     build,
 };

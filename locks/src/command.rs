@@ -33,6 +33,7 @@ pub const COMMAND: RecipeSpec = RecipeSpec {
     offers_shared: true,
     guard: Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: no_constraints,
     build,
 };

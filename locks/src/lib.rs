@@ -166,6 +166,10 @@ pub struct RecipeSpec {
     pub guard: Guard,
     /// Whether the recipe grants in request order (checked as `unfair` unless `[check] fifo = false`).
     pub promises_fifo: bool,
+    /// Points of your own inside the recipe, passed with [`Ctx::point`]`(TriggerEvent::Declared(&P))`:
+    /// scenario files start faults there with `on = "<name>"`, and the aimed nemesis weighs them in.
+    /// The built-in recipes' points are the simulator's ([`locksim_sim::fault::TriggerEvent::POINTS`]).
+    pub points: &'static [locksim_sim::fault::Point],
     /// Checks that need both parameter sets, e.g. Redlock's number of masters.
     pub validate: fn(recipe: &Params, backend: &Params) -> Result<(), String>,
     /// Build one client's lock on its node.
@@ -192,8 +196,17 @@ impl Registry {
         Registry { recipes: families.into_iter().flatten().copied().collect(), works: Vec::new() }
     }
 
-    /// This registry and `recipe` (e.g. a user's own lock).
+    /// This registry and `recipe` (e.g. a user's own lock). Its points must not take a built-in event's
+    /// or point's name.
     pub fn with(mut self, recipe: RecipeSpec) -> Registry {
+        for point in recipe.points {
+            assert!(
+                locksim_sim::fault::TriggerEvent::parse(point.name).is_none(),
+                "{}: point {:?} is a built-in event's name",
+                recipe.id,
+                point.name
+            );
+        }
         self.recipes.push(recipe);
         self
     }

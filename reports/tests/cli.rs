@@ -94,6 +94,12 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":8:9: reads: expected a share from 0.0 to 1.0",
         ),
         (
+            "workers-range.toml",
+            "clients = 3",
+            "clients = 3\nworkers = 0",
+            ":8:11: workers: expected a whole number of lock objects per client from 1 to 16, found 0",
+        ),
+        (
             "restart-a-running-node.toml",
             "kind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"",
             "kind = \"restart\"\ntarget = \"redis-0\"",

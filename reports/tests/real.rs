@@ -140,6 +140,12 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
     let out = locksim(&["run", &path, "--real"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("[faults.random] does not run with --real yet"), "{}", stderr(&out));
+    let (_dir, path) = scenario("");
+    let workers = std::fs::read_to_string(&path).unwrap().replace("clients = 2", "clients = 2\nworkers = 2");
+    std::fs::write(&path, workers).unwrap();
+    let out = locksim(&["run", &path, "--real"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("workers = 2 runs in simulation only"), "{}", stderr(&out));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use locksim_scenarios::sweep::sweep;
 use locksim_scenarios::Scenario;
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::{Point, TriggerEvent};
 
 /// The recipe as scenario files name it: `[recipe] id = "my.get-then-del"`.
 pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
@@ -23,9 +24,15 @@ pub const GET_THEN_DEL: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: locksim_locks::Guard::Lock,
     promises_fifo: false,
+    points: &[COMPARED],
     validate: no_constraints,
     build,
 };
+
+/// A point of our own, between the compare and the DEL: `on = "my-compared"` starts a fault there (a
+/// pause past the TTL makes the DEL delete the next holder's key).
+pub const COMPARED: Point =
+    Point { name: "my-compared", doc: "my.get-then-del: GET found our value; the DEL is the next command" };
 
 struct GetThenDel {
     ctx: Ctx,
@@ -63,10 +70,13 @@ impl Lock for GetThenDel {
 
     async fn release(&mut self) -> Outcome<()> {
         match self.redis.get("my-lock").await {
-            Ok(RedisReply::Bulk(v)) if v == self.value => match self.redis.del("my-lock").await {
-                Ok(_) => Outcome::Ok(()),
-                Err(_) => Outcome::Unknown("DEL timed out".into()),
-            },
+            Ok(RedisReply::Bulk(v)) if v == self.value => {
+                self.ctx.point(TriggerEvent::Declared(&COMPARED)).await;
+                match self.redis.del("my-lock").await {
+                    Ok(_) => Outcome::Ok(()),
+                    Err(_) => Outcome::Unknown("DEL timed out".into()),
+                }
+            }
             Ok(_) => Outcome::Fail("not ours any more".into()),
             Err(_) => Outcome::Unknown("GET timed out".into()),
         }

@@ -39,6 +39,7 @@ pub struct ScenarioFile {
 pub struct WorkloadFile {
     pub kind: Spanned<String>,
     pub clients: Spanned<i64>,
+    pub workers: Option<Spanned<i64>>,
     pub duration: Spanned<Dur>,
     #[serde(default = "default_hold")]
     pub hold: DurRange,

@@ -138,9 +138,14 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
                 resource,
                 workload: scenario.workload.clone(),
             });
-            for i in 0..scenario.workload.clients {
-                let name = Scenario::client_name(i);
-                world.add_node(&name, client_program(plan.clone(), name.clone()));
+            let clients: Vec<_> = (0..scenario.workload.clients)
+                .map(|i| {
+                    let name = Scenario::client_name(i);
+                    world.add_node(&name, client_program(plan.clone(), name.clone()))
+                })
+                .collect();
+            for client in clients {
+                world.add_workers(client, scenario.workload.workers as u32 - 1);
             }
             world.run(&faults, scenario.workload.duration).await;
             if let Some(at) = world.recorder().over_budget_at() {

@@ -19,6 +19,9 @@ use toml::Spanned;
 /// clients, a herd's with their square, as the real recipes' do.
 pub const MAX_CLIENTS: i64 = 1000;
 
+/// The most workers (`[workload] workers`) one client runs.
+pub const MAX_WORKERS: usize = 16;
+
 /// `clients` of a workload or a suite's run: 1 to [`MAX_CLIENTS`].
 pub(crate) fn check_clients(src: &Source, clients: &Spanned<i64>) -> Result<(), ScenarioError> {
     let n = *clients.get_ref();
@@ -51,6 +54,10 @@ pub struct Expect {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workload {
     pub clients: usize,
+    /// Lock objects each client drives at once (`workers`, default 1): loops of their own in one
+    /// process, built from one context, so that locks sharing a session there can be tested. A worker
+    /// beyond the first is a history node of its own, `client-0/w1`, …; its faults are its client's.
+    pub workers: usize,
     /// Simulated time the run lasts.
     pub duration: Duration,
     pub hold: (Duration, Duration),
@@ -369,6 +376,7 @@ fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecip
     };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
     topo.points = TriggerEvent::points_of(recipe.id);
+    topo.points.extend(recipe.points.iter().map(TriggerEvent::Declared));
     topo
 }
 
@@ -545,6 +553,17 @@ fn workload(
     };
     let clients = *w.clients.get_ref();
     check_clients(src, &w.clients)?;
+    let workers = match &w.workers {
+        None => 1,
+        Some(n) if (1..=MAX_WORKERS as i64).contains(n.get_ref()) => *n.get_ref() as usize,
+        Some(n) => {
+            let m = format!(
+                "workers: expected a whole number of lock objects per client from 1 to {MAX_WORKERS}, found {}",
+                n.get_ref()
+            );
+            return Err(src.error(n.span(), m));
+        }
+    };
     let duration = w.duration.get_ref().0;
     if duration.is_zero() || duration > Duration::from_secs(24 * 3600) {
         return Err(src.error(w.duration.span(), "duration: expected a simulated time above zero and at most 24h"));
@@ -568,7 +587,7 @@ fn workload(
         return Err(src.error(r.span(), "reads: buyers in a flash sale always write; leave reads out"));
     }
     let (hold, think) = (range(&w.hold), range(&w.think));
-    Ok(Workload { clients: clients as usize, duration, hold, think, fencing, reads, stock, work })
+    Ok(Workload { clients: clients as usize, workers, duration, hold, think, fencing, reads, stock, work })
 }
 
 fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, ScenarioError> {
@@ -799,10 +818,14 @@ fn trigger(s: &mut Section, topo: &Topology, recipe: &str) -> Result<Option<Trig
         return Ok(None);
     };
     let name = s.string("on", &on_v)?;
-    let event = TriggerEvent::parse(&name).ok_or_else(|| {
-        let known: Vec<&str> = TriggerEvent::ALL.iter().chain(&TriggerEvent::POINTS).map(|e| e.name()).collect();
-        s.error(on_v.span(), format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", ")))
-    })?;
+    // The recipe's own points (`RecipeSpec::points`) are in its topology's.
+    let declared = topo.points.iter().copied().filter(|p| matches!(p, TriggerEvent::Declared(_)));
+    let event =
+        TriggerEvent::parse(&name).or_else(|| declared.clone().find(|p| p.name() == name)).ok_or_else(|| {
+            let builtin = TriggerEvent::ALL.iter().chain(&TriggerEvent::POINTS).copied();
+            let known: Vec<&str> = builtin.chain(declared).map(|e| e.name()).collect();
+            s.error(on_v.span(), format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", ")))
+        })?;
     if let Some(recipes) = event.recipes().filter(|r| !r.contains(&recipe)) {
         let m = format!(
             "on: \"{name}\" is a point inside {}, and this scenario's recipe is {recipe}: it would never start",

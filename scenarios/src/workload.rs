@@ -18,18 +18,21 @@
 use crate::scenario::Workload;
 use locksim_locks::params::Params;
 use locksim_locks::work::{Section, WorkSpec};
-use locksim_locks::{Outcome, RecipeSpec, Servers};
+use locksim_locks::{Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::TriggerEvent;
 use locksim_sim::hazard::Hazard;
-use locksim_sim::history::{EventKind, NodeIx};
+use locksim_sim::history::{EventKind, NodeIx, WORKER_MARK};
 use locksim_sim::net::Rpc;
-use locksim_sim::resource::{ResourceReply, ResourceRequest, Store};
+use locksim_sim::resource::{on_behalf, ResourceReply, ResourceRequest, Store};
 use locksim_sim::rng::{stream, Rng, Stream};
 use locksim_sim::world::{NodeEnv, Program};
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 /// How long a client waits for the resource to answer before abandoning its critical section.
@@ -52,12 +55,53 @@ pub fn client_program(plan: Arc<ClientPlan>, name: String) -> Program {
     })
 }
 
+/// One client node: its workers' loops, each with a lock of its own built from the node's one context
+/// (so that a recipe may share a session between them through [`Ctx::node_wide`]).
 async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
     let rpc = Rc::new(Rpc::bind(&env));
     let ctx = Ctx::new(&env, rpc.clone());
-    let mut lock = (plan.recipe.build)(&plan.params, ctx.clone(), &plan.servers);
-    let rng = stream(env.seed, Stream::Workload, (u64::from(env.me.0) << 16) | u64::from(env.incarnation));
-    let rng = std::cell::RefCell::new(rng);
+    // The first worker is the client node itself, in the history and its random stream.
+    let mut workers = vec![Worker { index: 0, node: env.me, name: name.clone() }];
+    for (i, node) in env.recorder.workers_of(env.me).into_iter().enumerate() {
+        workers.push(Worker { index: i as u64 + 1, node, name: format!("{name}{WORKER_MARK}{}", i + 1) });
+    }
+    // Every lock is built before any loop runs, in worker order: what the builds draw never depends on
+    // how the loops interleave.
+    let locks: Vec<_> = workers.iter().map(|_| (plan.recipe.build)(&plan.params, ctx.clone(), &plan.servers)).collect();
+    let mut loops: Vec<Pin<Box<dyn Future<Output = ()> + '_>>> = Vec::new();
+    for (worker, lock) in workers.into_iter().zip(locks) {
+        loops.push(Box::pin(worker_loop(&env, plan, &rpc, &ctx, worker, lock)));
+    }
+    join_all(loops).await
+}
+
+/// Poll every future in turn until all have ended: the workers of one client, in one task (as threads
+/// of one process share its node's fate).
+async fn join_all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
+    std::future::poll_fn(|cx| {
+        futures.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if futures.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// One of a client's workers: its number, the history node it records as, and its name.
+struct Worker {
+    index: u64,
+    node: NodeIx,
+    name: String,
+}
+
+/// A worker's loop: acquire, the critical section, release, think, until the run's end.
+async fn worker_loop(env: &NodeEnv, plan: &ClientPlan, rpc: &Rc<Rpc>, ctx: &Ctx, me: Worker, mut lock: Box<dyn Lock>) {
+    let Worker { index, node, name } = me;
+    let stream_index = (index << 48) | (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
+    let rng = std::cell::RefCell::new(stream(env.seed, Stream::Workload, stream_index));
+    let worker = (index > 0).then_some(node);
     let draw = |(lo, hi): (Duration, Duration)| {
         if hi <= lo {
             lo
@@ -68,7 +112,7 @@ async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
     // Drawn only when the scenario has readers, so that other runs keep their streams.
     let reads = plan.workload.reads;
     let draw_shared = || reads > 0.0 && rng.borrow_mut().gen_bool(reads);
-    let record = |kind| env.recorder.record(env.me, kind);
+    let record = |kind| env.recorder.record(node, kind);
     let end = plan.workload.duration.as_nanos() as u64;
     let mut sold_out = false;
     // A buyer who has seen the stock run out goes home.
@@ -79,8 +123,8 @@ async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
         match outcome {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token, shared });
-                let access = Access { resource: plan.resource, token: grant.token, shared, work: plan.work() };
-                let work = critical_section(&rpc, access, &ctx, draw(plan.workload.hold), &name);
+                let access = Access { resource: plan.resource, token: grant.token, shared, work: plan.work(), worker };
+                let work = critical_section(rpc, access, ctx, draw(plan.workload.hold), &name);
                 // A recipe that learns its lock is gone stops its holder before the write.
                 tokio::select! {
                     biased;
@@ -144,21 +188,23 @@ struct Access {
     /// A reader under a shared lock: it only reads.
     shared: bool,
     work: Work,
+    /// The worker it is, when not its client's first.
+    worker: Option<NodeIx>,
 }
 
 /// The critical section; true when it found the stock sold out.
 async fn critical_section(rpc: &Rc<Rpc>, access: Access, ctx: &Ctx, hold: Duration, client: &str) -> bool {
-    let Access { resource, token, shared, work } = access;
+    let Access { resource, token, shared, work, worker } = access;
     if let Work::User(spec) = work {
         // The store records no `Enter` (a section is what the user's code does), so the client passes it
         // as a point: `on = "enter"` and the aimed nemesis start here, before the section's first access.
         ctx.point(TriggerEvent::Enter).await;
-        let store = Store::new(rpc.clone(), resource, token);
+        let store = Store::new(rpc.clone(), resource, token).for_worker(worker);
         let client = client.to_string();
         (spec.critical)(Section { store, ctx: ctx.clone(), hold, client, shared }).await;
         return false;
     }
-    let call = |request| rpc.call::<_, ResourceReply>(resource, request, RESOURCE_TIMEOUT);
+    let call = |request| rpc.call::<_, ResourceReply>(resource, on_behalf(worker, request), RESOURCE_TIMEOUT);
     if let Work::AtomicIncrement | Work::AtomicBuy = work {
         ctx.sleep(hold).await;
         let buy = matches!(work, Work::AtomicBuy);

@@ -25,3 +25,48 @@ fn without_registering_it_the_id_is_unknown() {
         Scenario::parse("my-lock.toml", custom_lock::SCENARIO, &locksim_locks::Registry::builtin()).err().unwrap();
     assert!(err.to_string().contains("unknown recipe id \"my.get-then-del\""), "{err}");
 }
+
+#[test]
+fn a_point_the_users_recipe_declares_starts_a_fault_inside_it() {
+    // A pause between the compare and the DEL, longer than the TTL: the DEL deletes the next holder's key.
+    let aimed = custom_lock::SCENARIO.replace(
+        "[faults.random]\nkinds = [\"pause\"]\nevery = [\"1s\", \"3s\"]\nduration = [\"1s\", \"4s\"]\n",
+        "[[faults.schedule]]\nat = \"1s\"\non = \"my-compared\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"3s\"\n",
+    );
+    assert_ne!(aimed, custom_lock::SCENARIO);
+    let scenario = Scenario::parse("my-lock.toml", &aimed, &custom_lock::registry()).unwrap();
+    let result = sweep(&scenario, 0..20, 2, &|| {}).unwrap();
+    assert_eq!(result.fault_coverage.as_ref().map(|c| c.seeds_fired), Some(20), "it fired in every seed");
+    assert!(
+        result.results.iter().all(|r| r.schedule[0].contains("on my-compared pause trigger")),
+        "{:?}",
+        result.results[0].schedule
+    );
+    assert!(
+        result.results.iter().any(|r| r.counts.contains_key(&FindingKind::DoubleHolder)),
+        "the DEL freed the next holder's key"
+    );
+    // Another recipe never passes it: refused at its line, the recipe's points listed.
+    let builtin = aimed.replace("id = \"my.get-then-del\"", "id = \"redis.set-nx-px\"");
+    let err = Scenario::parse("f.toml", &builtin, &custom_lock::registry()).err().expect("refused").to_string();
+    assert!(err.contains("on: unknown event \"my-compared\""), "{err}");
+    let named = Scenario::parse(
+        "f.toml",
+        &aimed.replace("on = \"my-compared\"", "on = \"my-comparde\""),
+        &custom_lock::registry(),
+    );
+    assert!(
+        named.err().unwrap().to_string().contains("lease-renew, redis-set-nx-expire, my-compared"),
+        "the recipe's own point is offered"
+    );
+    // The README shows these lines as the example has them.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let source = include_str!("../examples/custom_lock.rs");
+    let block = readme.split("```rust\n").find(|b| b.contains("Point {")).expect("the README shows a point");
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    for line in
+        block.split("```").next().unwrap().lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//"))
+    {
+        assert!(lines.contains(&line), "the README's {line:?} is not in custom_lock.rs");
+    }
+}

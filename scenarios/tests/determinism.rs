@@ -30,6 +30,18 @@ fn results_do_not_depend_on_the_number_of_jobs() {
 }
 
 #[test]
+fn workers_replay_to_the_same_history_at_any_number_of_jobs() {
+    let mut scenario = catalog("redis-nemesis-del");
+    scenario.workload.workers = 3;
+    let one = locksim_scenarios::sweep::sweep(&scenario, 0..20, 1, &|| {}).unwrap();
+    let three = locksim_scenarios::sweep::sweep(&scenario, 0..20, 3, &|| {}).unwrap();
+    assert_eq!(serde_json::to_string(&one).unwrap(), serde_json::to_string(&three).unwrap());
+    let (a, b) = (run_seed(&scenario, 5).unwrap(), run_seed(&scenario, 5).unwrap());
+    assert_eq!(a.history.to_jsonl(), b.history.to_jsonl());
+    assert!(a.history.to_jsonl().contains("\"node\":\"client-2/w2\""), "the third worker of client-2 recorded");
+}
+
+#[test]
 fn different_seeds_give_different_histories() {
     let r = run(&catalog("redis-nemesis-del"), 0..10);
     let mut hashes: Vec<&str> = r.results.iter().map(|s| s.history_hash.as_str()).collect();

@@ -17,6 +17,7 @@ mod zk_lock;
 #[path = "../examples/own-locks/src/zk_write_lock.rs"]
 mod zk_write_lock;
 
+use locksim_locks::params::{ParamValue::Bool, Params};
 use locksim_locks::Registry;
 use locksim_scenarios::checkers::FindingKind;
 use locksim_scenarios::run::run_seed;
@@ -100,6 +101,33 @@ fn zookeepers_write_lock_finds_its_node_by_its_session_id_when_replies_are_lost(
 }
 
 #[test]
+fn two_write_locks_on_one_session_both_hold_and_the_workers_are_named_in_the_history() {
+    let shared = scenario("zk-write-lock-shared-session");
+    assert_eq!(shared.workload.workers, 2);
+    let result = sweep(&shared, 0..20, 2, &|| {}).unwrap();
+    assert!(result.as_expected, "{:?}", result.reasons);
+    assert_eq!(result.unsafe_seeds, 20, "the second lock takes the first's node for its own in every seed");
+    let run = run_seed(&shared, 0).unwrap();
+    assert!(run.history.nodes.iter().any(|n| n == "client-1/w1"), "{:?}", run.history.nodes);
+    let w1 = run.history.nodes.iter().position(|n| n == "client-0/w1").unwrap() as u32;
+    let w1_holds =
+        run.history.events.iter().filter(|e| e.node.0 == w1 && matches!(e.kind, EventKind::AcquireOk { .. }));
+    assert!(w1_holds.count() > 5, "the second worker drives its own lock");
+    let holders = |f: &locksim_scenarios::checkers::Finding| f.clients.join(" & ");
+    assert!(
+        run.result.findings.iter().any(|f| f.kind == FindingKind::DoubleHolder && holders(f).contains("/w1")),
+        "two workers of one client hold at once: {:?}",
+        run.result.findings
+    );
+    // A handle of its own per lock object: the same workers stay safe.
+    let mut own = shared.clone();
+    let unshared = shared.recipe_params.iter().map(|(k, v)| (k, if k == "shared_session" { Bool(false) } else { *v }));
+    own.recipe_params = Params::resolve(shared.recipe.params, unshared);
+    let separate = sweep(&own, 0..20, 2, &|| {}).unwrap();
+    assert_eq!(separate.unsafe_seeds, 0, "{:?}", separate.results.iter().map(|r| &r.findings).collect::<Vec<_>>());
+}
+
+#[test]
 fn the_lease_key_lock_stays_safe_when_holders_crash() {
     let result = swept("etcd-lease-key-crash", 0..200);
     assert!(result.as_expected, "{:?}", result.reasons);
@@ -166,13 +194,15 @@ fn readme_blocks() -> Vec<String> {
 }
 
 #[test]
-fn the_readme_shows_the_session_id_and_sql_as_the_examples_write_them() {
+fn the_readme_shows_the_session_id_a_shared_session_and_sql_as_the_examples_write_them() {
     let blocks = readme_blocks();
-    let zk = blocks.iter().find(|b| b.contains("session_id()")).expect("the session id in the README");
     let source = include_str!("../examples/own-locks/src/zk_write_lock.rs");
     let lines: Vec<&str> = source.lines().map(str::trim).collect();
-    for line in zk.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        assert!(lines.contains(&line), "the README's {line:?} is not in zk_write_lock.rs");
+    for shown in ["session_id()", "node_wide("] {
+        let zk = blocks.iter().find(|b| b.contains(shown)).unwrap_or_else(|| panic!("{shown} in the README"));
+        for line in zk.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            assert!(lines.contains(&line), "the README's {line:?} is not in zk_write_lock.rs");
+        }
     }
     let sql = blocks.iter().find(|b| b.contains("schema.prepare(")).expect("SQL text in the README");
     // Each `schema.prepare("…")`, its `\` continuations joined as Rust joins them.

@@ -82,9 +82,13 @@ impl Ctx {
     }
 
     /// The node's one value of type `T`, made with `make` on first use.
+    /// `make` may itself ask for node-wide values (a shared session's router).
     pub fn node_wide<T: 'static>(&self, make: impl FnOnce() -> T) -> Rc<T> {
-        let mut map = self.node_wide.borrow_mut();
-        let value = map.entry(TypeId::of::<T>()).or_insert_with(|| Rc::new(make()) as Rc<dyn Any>).clone();
+        let found = self.node_wide.borrow().get(&TypeId::of::<T>()).cloned();
+        let value = found.unwrap_or_else(|| {
+            let made = Rc::new(make()) as Rc<dyn Any>;
+            self.node_wide.borrow_mut().entry(TypeId::of::<T>()).or_insert(made).clone()
+        });
         value.downcast::<T>().expect("keyed by its type")
     }
 

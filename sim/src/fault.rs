@@ -248,6 +248,18 @@ pub enum TriggerEvent {
     /// A point inside `redis.set-nx-expire`: `SET NX` has taken the key and its `PEXPIRE` is next. A
     /// crash here leaves a key that never expires.
     RedisSetNxExpire,
+    /// A point a user's recipe declares (`RecipeSpec::points`) and passes with `Ctx::point`.
+    Declared(&'static Point),
+}
+
+/// A point inside a user's own recipe: a moment between two of its steps that a fault can start at
+/// (`on = "<name>"`), as the built-in recipes' points.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Point {
+    /// What scenario files write after `on =`: lowercase words joined by `-`, none of the built-in names.
+    pub name: &'static str,
+    /// One line for `locksim list`: where in the recipe, and what a fault started there hits.
+    pub doc: &'static str,
 }
 
 impl TriggerEvent {
@@ -282,9 +294,11 @@ impl TriggerEvent {
             TriggerEvent::RedlockMajority => "redlock-majority",
             TriggerEvent::LeaseRenew => "lease-renew",
             TriggerEvent::RedisSetNxExpire => "redis-set-nx-expire",
+            TriggerEvent::Declared(point) => point.name,
         }
     }
 
+    /// A built-in event or point by its name (a declared point is its recipe's: `RecipeSpec::points`).
     pub fn parse(name: &str) -> Option<TriggerEvent> {
         TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS).find(|e| e.name() == name)
     }
@@ -345,6 +359,7 @@ impl TriggerEvent {
             TriggerEvent::RedisSetNxExpire => {
                 "redis.set-nx-expire: SET NX took the key; its PEXPIRE is the next command"
             }
+            TriggerEvent::Declared(point) => point.doc,
         }
     }
 }

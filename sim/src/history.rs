@@ -153,9 +153,30 @@ struct EventLine<'a> {
     kind: &'a EventKind,
 }
 
+/// What joins a client's name and a worker's number in the worker's name: `client-0/w1` is the second
+/// worker of `client-0` (`[workload] workers`); the first records as `client-0` itself.
+pub const WORKER_MARK: &str = "/w";
+
 impl History {
     pub fn name(&self, node: NodeIx) -> &str {
         &self.nodes[node.0 as usize]
+    }
+
+    /// The node `node` runs on: itself, or for a worker (`client-0/w1`) its client node, whose faults
+    /// (a crash, a pause, a cut) are the worker's too.
+    pub fn host(&self, node: NodeIx) -> NodeIx {
+        let Some((client, _)) = self.name(node).rsplit_once(WORKER_MARK) else { return node };
+        self.nodes.iter().position(|n| n == client).map_or(node, |i| NodeIx(i as u32))
+    }
+
+    /// `node` and the workers that run on it.
+    pub fn residents(&self, node: NodeIx) -> Vec<NodeIx> {
+        (0..self.nodes.len() as u32).map(NodeIx).filter(|n| *n == node || self.host(*n) == node).collect()
+    }
+
+    /// [`History::host`] of every node, by index: for checkers that ask it of every event.
+    pub fn hosts(&self) -> Vec<NodeIx> {
+        (0..self.nodes.len() as u32).map(|n| self.host(NodeIx(n))).collect()
     }
 
     /// The history as JSON lines: one event per line, node names spelled out.
@@ -225,6 +246,8 @@ struct RecorderState {
     /// Fired triggers the supervisor has not taken yet, in recording order, and who is told.
     fired: Vec<Fired>,
     fire: Arc<tokio::sync::Notify>,
+    /// Each worker's client node (`[workload] workers`): the node its faults and leases are of.
+    hosts: std::collections::BTreeMap<NodeIx, NodeIx>,
 }
 
 /// An aimed fault's trigger, waiting for its event ([`Recorder::arm`]).
@@ -249,7 +272,14 @@ pub struct Fired {
 }
 
 impl RecorderState {
+    /// The node `node` runs on: itself, or a worker's client node.
+    fn host(&self, node: NodeIx) -> NodeIx {
+        self.hosts.get(&node).copied().unwrap_or(node)
+    }
+
+    /// A trigger fires on the node the event's client runs on: faults hit nodes, not workers.
     fn fire_triggers(&mut self, t: u64, node: NodeIx, event: TriggerEvent) {
+        let node = self.host(node);
         let mut fired = false;
         for a in &mut self.armed {
             if a.event == event && t >= a.from_ns && a.node.is_none_or(|n| n == node) {
@@ -379,13 +409,27 @@ impl Recorder {
         exhausted.notified().await
     }
 
-    /// A node that crashed believes and waits for nothing any more.
+    /// `worker` is a worker of the client node `host` (`[workload] workers`): its events are its own,
+    /// its faults and leases `host`'s.
+    pub fn add_worker(&self, worker: NodeIx, host: NodeIx) {
+        self.0.lock().expect("recorder lock").hosts.insert(worker, host);
+    }
+
+    /// The workers of `host` beyond its first (which records as `host` itself), in order.
+    pub fn workers_of(&self, host: NodeIx) -> Vec<NodeIx> {
+        let s = self.0.lock().expect("recorder lock");
+        s.hosts.iter().filter(|(_, h)| **h == host).map(|(w, _)| *w).collect()
+    }
+
+    /// A node that crashed believes and waits for nothing any more, nor do its workers.
     pub fn forget(&self, node: NodeIx) {
         let mut s = self.0.lock().expect("recorder lock");
-        s.holders.remove(&node);
-        s.waiters.remove(&node);
-        s.lease_ended_in_hold.remove(&node);
-        s.lease_ended_in_wait.remove(&node);
+        let hosts = s.hosts.clone();
+        let elsewhere = |n: &NodeIx| hosts.get(n).copied().unwrap_or(*n) != node;
+        s.holders.retain(elsewhere);
+        s.waiters.retain(elsewhere);
+        s.lease_ended_in_hold.retain(elsewhere);
+        s.lease_ended_in_wait.retain(elsewhere);
     }
 
     /// Count one `hazard` reached.
@@ -401,11 +445,17 @@ impl Recorder {
         if s.newest_lease.get(&node) != Some(&lease) {
             return;
         }
-        if s.holders.contains(&node) {
+        // The node's workers share its leases' fate when they share a session; with sessions of their
+        // own, which worker's lease ended is not told, and every worker of the node counts.
+        let on_node = |set: &std::collections::BTreeSet<NodeIx>| -> Vec<NodeIx> {
+            set.iter().copied().filter(|n| s.host(*n) == node).collect()
+        };
+        let (holding, waiting) = (on_node(&s.holders), on_node(&s.waiters));
+        if !holding.is_empty() {
             s.count(Hazard::LeaseExpiredWhileHeld);
-            s.lease_ended_in_hold.insert(node);
-        } else if s.waiters.contains(&node) {
-            s.lease_ended_in_wait.insert(node);
+            s.lease_ended_in_hold.extend(holding);
+        } else {
+            s.lease_ended_in_wait.extend(waiting);
         }
     }
 
@@ -414,7 +464,7 @@ impl Recorder {
     /// counts.
     pub fn took_over(&self, node: NodeIx) {
         let mut s = self.0.lock().expect("recorder lock");
-        let stale: Vec<NodeIx> = s.holders.iter().copied().filter(|h| *h != node).collect();
+        let stale: Vec<NodeIx> = s.holders.iter().copied().filter(|h| s.host(*h) != node).collect();
         for holder in stale {
             s.count(Hazard::LeaseExpiredWhileHeld);
             s.lease_ended_in_hold.insert(holder);
@@ -425,7 +475,8 @@ impl Recorder {
     /// session.
     pub fn lease_started(&self, node: NodeIx, lease: u64) {
         let mut s = self.0.lock().expect("recorder lock");
-        s.lease_ended_in_wait.remove(&node);
+        let hosts = s.hosts.clone();
+        s.lease_ended_in_wait.retain(|n| hosts.get(n).copied().unwrap_or(*n) != node);
         s.newest_lease.insert(node, lease);
     }
 
@@ -433,7 +484,7 @@ impl Recorder {
     /// server ended its lease during the hold.
     pub fn resumed(&self, node: NodeIx) {
         let mut s = self.0.lock().expect("recorder lock");
-        if s.holders.contains(&node) && s.lease_ended_in_hold.contains(&node) {
+        if s.holders.iter().any(|h| s.host(*h) == node && s.lease_ended_in_hold.contains(h)) {
             s.count(Hazard::StaleHolderResumed);
         }
     }
@@ -443,14 +494,16 @@ impl Recorder {
         self.0.lock().expect("recorder lock").hazards.clone()
     }
 
-    /// The nodes that believe they hold the lock now, in node order.
+    /// The nodes that believe they hold the lock now (through any of their workers), in node order.
     pub fn holders(&self) -> Vec<NodeIx> {
-        self.0.lock().expect("recorder lock").holders.iter().copied().collect()
+        let s = self.0.lock().expect("recorder lock");
+        s.holders.iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     }
 
-    /// The nodes waiting inside `acquire` now, in node order.
+    /// The nodes waiting inside `acquire` now (through any of their workers), in node order.
     pub fn waiters(&self) -> Vec<NodeIx> {
-        self.0.lock().expect("recorder lock").waiters.iter().copied().collect()
+        let s = self.0.lock().expect("recorder lock");
+        s.waiters.iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     }
 
     /// The history so far, ending now.

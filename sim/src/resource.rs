@@ -36,6 +36,8 @@ pub enum ResourceRequest {
     Get { token: Option<u64>, key: String },
     /// The store: let `key` hold `value`. Answers `Written`.
     Put { token: Option<u64>, key: String, value: String },
+    /// `request` from one of the caller's workers (`[workload] workers`): recorded as `worker`'s.
+    For { worker: NodeIx, request: Box<ResourceRequest> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +111,13 @@ impl Backend for ResourceState {
     type Reply = ResourceReply;
 
     fn apply(&mut self, _now: Now, from: NodeIx, request: ResourceRequest, out: &mut Out) -> ResourceReply {
+        // A worker's request is recorded as the worker's.
+        let (from, request) = match request {
+            ResourceRequest::For { worker, request } => (worker, *request),
+            request => (from, request),
+        };
         match request {
+            ResourceRequest::For { .. } => unreachable!("a worker's request is not a worker's again"),
             ResourceRequest::Read { token, shared } => {
                 let admitted = self.admit(token, shared);
                 let accepted = admitted.is_ok();
@@ -159,6 +167,14 @@ impl Backend for ResourceState {
     }
 }
 
+/// `request` as `worker`'s, if it is a worker's ([`ResourceRequest::For`]).
+pub fn on_behalf(worker: Option<NodeIx>, request: ResourceRequest) -> ResourceRequest {
+    match worker {
+        Some(worker) => ResourceRequest::For { worker, request: Box::new(request) },
+        None => request,
+    }
+}
+
 /// How long a store access waits for the resource to answer.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -189,12 +205,20 @@ pub struct Store {
     rpc: Rc<Rpc>,
     resource: NodeIx,
     token: Option<u64>,
+    /// The worker whose section this is, when it is not its client's first.
+    worker: Option<NodeIx>,
 }
 
 impl Store {
     /// The store at `resource`, reached with `rpc`, for a holder with `token`.
     pub fn new(rpc: Rc<Rpc>, resource: NodeIx, token: Option<u64>) -> Store {
-        Store { rpc, resource, token }
+        Store { rpc, resource, token, worker: None }
+    }
+
+    /// The same store for the worker `worker` of the caller's node (`[workload] workers`), whose
+    /// accesses are recorded as its own.
+    pub fn for_worker(self, worker: Option<NodeIx>) -> Store {
+        Store { worker, ..self }
     }
 
     /// The token this holder's accesses carry.
@@ -220,6 +244,7 @@ impl Store {
     }
 
     async fn call(&self, request: ResourceRequest) -> Result<ResourceReply, StoreError> {
+        let request = on_behalf(self.worker, request);
         let reply = self.rpc.call::<_, ResourceReply>(self.resource, request, STORE_TIMEOUT).await;
         // A plain call opens a fresh connection, so its only failure is no answer.
         match reply.map_err(|_: CallError| StoreError::Unknown)? {

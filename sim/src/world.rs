@@ -7,7 +7,7 @@
 
 use crate::clock::{Clock, TimeCache};
 use crate::fault::{Action, Fault, Target};
-use crate::history::{Armed, EventKind, NodeIx, Recorder};
+use crate::history::{Armed, EventKind, NodeIx, Recorder, WORKER_MARK};
 use crate::net::Net;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
@@ -52,6 +52,9 @@ pub struct World {
     net: Net,
     recorder: Recorder,
     nodes: Vec<WorldNode>,
+    /// The names of the workers beyond each client's first (`[workload] workers`): history nodes after
+    /// the world's, with no program of their own (they run inside their client's).
+    workers: Vec<String>,
     /// Overlapping pauses of one node: it resumes when the last one ends.
     pauses: BTreeMap<NodeIx, u32>,
     /// Nodes crashed by a fault that has not restarted them yet.
@@ -83,6 +86,7 @@ impl World {
             net: Net::new(seed),
             recorder: Recorder::default(),
             nodes: Vec::new(),
+            workers: Vec::new(),
             pauses: BTreeMap::new(),
             down: BTreeSet::new(),
             failover: None,
@@ -98,8 +102,19 @@ impl World {
         &self.recorder
     }
 
+    /// The history's nodes: the world's, then the workers.
     pub fn names(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.name.clone()).collect()
+        self.nodes.iter().map(|n| n.name.clone()).chain(self.workers.iter().cloned()).collect()
+    }
+
+    /// Give the client node `host` `count` more workers, named `<host>/w1`, `<host>/w2`, …: history
+    /// nodes of their own, whose faults are `host`'s. Added after every node, before the run.
+    pub fn add_workers(&mut self, host: NodeIx, count: u32) {
+        for w in 1..=count {
+            let worker = NodeIx((self.nodes.len() + self.workers.len()) as u32);
+            self.workers.push(format!("{}{WORKER_MARK}{w}", self.nodes[host.0 as usize].name));
+            self.recorder.add_worker(worker, host);
+        }
     }
 
     pub fn index(&self, name: &str) -> Option<NodeIx> {
@@ -117,6 +132,7 @@ impl World {
 
     /// Add a node running `program`; it starts at once.
     pub fn add_node(&mut self, name: &str, program: Program) -> NodeIx {
+        assert!(self.workers.is_empty(), "workers are added after every node");
         let me = self.next_index();
         let clock = Clock::default();
         let env = NodeEnv {

@@ -32,6 +32,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
+    points: &[],
     validate: whole_seconds,
     build,
 };

@@ -31,6 +31,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: whole_seconds,
     build: build_fail_fast,
 };

@@ -30,6 +30,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: super::one_master,
     build,
 };

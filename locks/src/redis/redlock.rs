@@ -50,6 +50,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: at_least_three_masters,
     build,
 };

@@ -27,6 +27,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
+    points: &[],
     validate: crate::no_constraints,
     build,
 };

@@ -31,6 +31,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: crate::no_constraints,
     build,
 };

@@ -26,6 +26,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: super::positive_session,
     build,
 };

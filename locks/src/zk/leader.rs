@@ -51,6 +51,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
+    points: &[],
     validate: super::positive_session,
     build,
 };

@@ -31,6 +31,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: true,
     guard: crate::Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: super::positive_session,
     build,
 };

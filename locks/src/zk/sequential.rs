@@ -43,6 +43,7 @@ pub const PROTECTED: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
+    points: &[],
     validate: super::positive_session,
     build: build_protected,
 };

@@ -37,7 +37,7 @@ pub fn list(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
         workloads(&mut out, registry);
     }
     if all || args.what == Some(What::Faults) {
-        faults(&mut out);
+        faults(&mut out, registry);
     }
     if all || args.what == Some(What::Hazards) {
         hazards(&mut out);
@@ -84,7 +84,7 @@ fn workloads(out: &mut String, registry: &Registry) {
     out.push('\n');
 }
 
-fn faults(out: &mut String) {
+fn faults(out: &mut String, registry: &Registry) {
     let _ =
         writeln!(out, "Fault kinds ([[faults.schedule]] kind = ..., with at and target; or [faults.random] kinds):");
     for k in FaultKind::ALL {
@@ -99,7 +99,9 @@ fn faults(out: &mut String) {
         out,
         "Events that start an aimed fault (on = ..., with nth = N and client = \"client-N\"; at arms it):"
     );
-    for e in TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS) {
+    // The built-in events and points, then those your recipes declare.
+    let declared = registry.recipes().iter().flat_map(|r| r.points).map(TriggerEvent::Declared);
+    for e in TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS).chain(declared) {
         let _ = writeln!(out, "  {:<20} {}", e.name(), e.describe());
     }
     out.push('\n');

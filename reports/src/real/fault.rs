@@ -49,6 +49,14 @@ use std::sync::MutexGuard;
 
 /// Refuse, naming the fault, what real mode cannot do; `server` is the server's node name.
 pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<()> {
+    if scenario.workload.workers > 1 {
+        anyhow::bail!(
+            "{}: [workload] workers = {} runs in simulation only: a real client process drives one lock (run \
+             more clients instead)",
+            scenario.path,
+            scenario.workload.workers
+        );
+    }
     if scenario.random.is_some() {
         anyhow::bail!("{}: [faults.random] does not run with --real yet; write the faults out", scenario.path);
     }

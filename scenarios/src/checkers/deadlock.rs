@@ -80,7 +80,13 @@ fn wants(h: &History) -> Vec<Want> {
             EventKind::Notify { .. } => {
                 notified.insert(e.node, e.t);
             }
-            k if kills(k) => end(notified.get(&e.node).is_some_and(|n| e.t - n <= GRANT_IN_FLIGHT_NS)),
+            k if kills(k) => {
+                // A notification reaches the node; any of its workers may have been granted.
+                let maybe_granted = notified.get(&e.node).is_some_and(|n| e.t - n <= GRANT_IN_FLIGHT_NS);
+                for client in h.residents(e.node) {
+                    out.extend(since.remove(&client).map(|from| Want { client, from, to: e.t, maybe_granted }));
+                }
+            }
             _ => {}
         }
     }

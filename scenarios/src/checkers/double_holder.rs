@@ -35,6 +35,7 @@ mod tests {
     use super::super::test_history::{crash, history, ok};
     use super::*;
     use locksim_sim::history::EventKind::*;
+    use locksim_sim::history::NodeIx;
 
     #[test]
     fn overlapping_holds_of_two_clients_are_found() {
@@ -42,6 +43,27 @@ mod tests {
         let found = check(&holds(&h));
         assert_eq!(found.len(), 1);
         assert_eq!((found[0].from, found[0].to), (2_000_000_000, 3_000_000_000));
+    }
+
+    #[test]
+    fn workers_of_one_client_are_holders_of_their_own_and_die_with_their_client() {
+        let mut h = history(
+            10.0,
+            vec![
+                (1.0, 0, ok(1)),
+                (1.5, 4, ok(2)),
+                (2.0, 0, crash("client-0")),
+                (3.0, 1, ok(3)),
+                (4.0, 1, ReleaseInvoke),
+            ],
+        );
+        h.nodes.push("client-0/w1".into());
+        let found = check(&holds(&h));
+        // Two workers of client-0 held together; its crash ended both holds, so client-1's is alone.
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].clients, [NodeIx(0), NodeIx(4)]);
+        assert_eq!((found[0].from, found[0].to), (1_500_000_000, 2_000_000_000));
+        assert_eq!((h.host(NodeIx(4)), h.residents(NodeIx(0))), (NodeIx(0), vec![NodeIx(0), NodeIx(4)]));
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub struct Hold {
     pub shared: bool,
 }
 
-/// Does this event end every belief the node had (a crash or restart of it)?
+/// Does this event end every belief the node had (a crash or restart of it), and its workers'?
 pub fn kills(kind: &EventKind) -> bool {
     matches!(kind, EventKind::FaultStart { fault: FaultKind::Crash | FaultKind::Restart | FaultKind::Failover, .. })
 }
@@ -38,7 +38,7 @@ pub fn holds(h: &History) -> Vec<Hold> {
                 open.insert(e.node, (e.t, *token, *shared));
             }
             EventKind::ReleaseInvoke | EventKind::LockLost { .. } => close(&mut open, e.node, e.t),
-            k if kills(k) => close(&mut open, e.node, e.t),
+            k if kills(k) => h.residents(e.node).into_iter().for_each(|n| close(&mut open, n, e.t)),
             _ => {}
         }
     }

@@ -63,7 +63,11 @@ pub fn measure(h: &History, messages: u64, call_timeouts: u64) -> Measurements {
             EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
                 holding.remove(&e.node);
             }
-            k if kills(k) && holding.remove(&e.node) => crashed_holders.push((e.node, e.t)),
+            k if kills(k) => {
+                for client in h.residents(e.node).into_iter().filter(|c| holding.remove(c)) {
+                    crashed_holders.push((client, e.t));
+                }
+            }
             _ => {}
         }
     }

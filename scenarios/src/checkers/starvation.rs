@@ -167,8 +167,11 @@ impl Disturbances {
 
 /// Every want of the run, in order of their ends, with their undisturbed stretches.
 pub fn wants(h: &History) -> Vec<Want> {
+    // Faults and session changes are of a node; a worker's wants are disturbed by its node's.
+    let hosts = h.hosts();
+    let host = |n: NodeIx| hosts[n.0 as usize];
     let clients: BTreeSet<NodeIx> =
-        h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| e.node).collect();
+        h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| host(e.node)).collect();
     let scope = |n: NodeIx| if clients.contains(&n) { n } else { EVERYONE };
     let mut dist = Disturbances::default();
     let mut open: BTreeMap<NodeIx, Open> = BTreeMap::new();
@@ -183,7 +186,7 @@ pub fn wants(h: &History) -> Vec<Want> {
         let t = e.t;
         match &e.kind {
             EventKind::AcquireInvoke => {
-                let resume_from = dist.quiet_from(e.node, t);
+                let resume_from = dist.quiet_from(host(e.node), t);
                 let w = open.entry(e.node).or_insert(Open { from: t, done: vec![], current: None, resume_from });
                 w.attempt(t);
             }
@@ -199,15 +202,22 @@ pub fn wants(h: &History) -> Vec<Want> {
                 }
                 finish(&mut open, e.node, t, &mut done);
             }
-            EventKind::AcquireUnknown { .. } | EventKind::Session { .. } => {
+            EventKind::AcquireUnknown { .. } => {
                 if let Some(w) = open.get_mut(&e.node) {
-                    w.cut(t, dist.quiet_from(e.node, t));
+                    w.cut(t, dist.quiet_from(host(e.node), t));
+                }
+            }
+            EventKind::Session { .. } => {
+                for (c, w) in open.iter_mut().filter(|(c, _)| host(**c) == e.node) {
+                    w.cut(t, dist.quiet_from(host(*c), t));
                 }
             }
             EventKind::FaultStart { id, fault, .. } => {
                 let whom = scope(e.node);
                 if kills(&e.kind) {
-                    finish(&mut open, e.node, t, &mut done);
+                    for client in h.residents(e.node) {
+                        finish(&mut open, client, t, &mut done);
+                    }
                 }
                 if *fault == FaultKind::Restart {
                     // A restart brings back what a crash without `duration` left down: that crash ends.
@@ -222,14 +232,14 @@ pub fn wants(h: &History) -> Vec<Want> {
                 if !matches!(fault, FaultKind::Restart | FaultKind::Failover) {
                     dist.active.insert(*id, (whom, e.node, *fault, t));
                 }
-                for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || **c == whom) {
-                    w.cut(t, dist.quiet_from(*c, t));
+                for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || host(**c) == whom) {
+                    w.cut(t, dist.quiet_from(host(*c), t));
                 }
             }
             EventKind::FaultEnd { id } => {
                 let Some(whom) = dist.end(*id, t) else { continue };
-                for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || **c == whom) {
-                    w.resume_from = dist.quiet_from(*c, t);
+                for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || host(**c) == whom) {
+                    w.resume_from = dist.quiet_from(host(*c), t);
                 }
             }
             _ => {}

@@ -46,8 +46,11 @@ fn waits(h: &History) -> Vec<Wait> {
     let mut lingering: BTreeMap<NodeIx, u64> = BTreeMap::new();
     // Where each node's current stretch of overlapping faults began.
     let mut cut_since: BTreeMap<NodeIx, u64> = BTreeMap::new();
+    // Faults and session changes are of a node; a worker's waits are disturbed by its node's.
+    let hosts = h.hosts();
+    let host = |n: NodeIx| hosts[n.0 as usize];
     let clients: BTreeSet<NodeIx> =
-        h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| e.node).collect();
+        h.events.iter().filter(|e| matches!(e.kind, EventKind::AcquireInvoke)).map(|e| host(e.node)).collect();
     // A fault on a server concerns every client: it is kept under this node.
     let everyone = |n: NodeIx| if clients.contains(&n) { n } else { EVERYONE };
     let mut done = Vec::new();
@@ -57,8 +60,9 @@ fn waits(h: &History) -> Vec<Wait> {
                 // Until a release is known to have gone through, the old node or key may still
                 // stand, and every attempt may reuse it (a failed one leaves it too).
                 let kept_place = unsure.contains(&e.node);
-                let disturbed = active.values().any(|n| *n == e.node || *n == EVERYONE)
-                    || [e.node, EVERYONE].iter().any(|n| lingering.get(n).is_some_and(|until| *until > e.t));
+                let node = host(e.node);
+                let disturbed = active.values().any(|n| *n == node || *n == EVERYONE)
+                    || [node, EVERYONE].iter().any(|n| lingering.get(n).is_some_and(|until| *until > e.t));
                 open.insert(e.node, Wait { client: e.node, asked: e.t, granted: 0, disturbed, kept_place });
             }
             EventKind::FaultEnd { id } => {
@@ -94,7 +98,7 @@ fn waits(h: &History) -> Vec<Wait> {
                     active.insert(*id, node);
                     cut_since.entry(node).or_insert(e.t);
                 }
-                for wait in open.values_mut().filter(|w| node == EVERYONE || w.client == node) {
+                for wait in open.values_mut().filter(|w| node == EVERYONE || host(w.client) == node) {
                     wait.disturbed = true;
                 }
             }

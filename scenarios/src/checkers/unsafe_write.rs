@@ -27,7 +27,9 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
                 hold_start.remove(&e.node);
             }
             k if super::holds::kills(k) => {
-                hold_start.remove(&e.node);
+                for client in h.residents(e.node) {
+                    hold_start.remove(&client);
+                }
             }
             EventKind::Read { accepted: true, .. } | EventKind::Get { accepted: true, .. } => {
                 if let Some(start) = hold_start.get(&e.node) {

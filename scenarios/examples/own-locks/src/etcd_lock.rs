@@ -23,6 +23,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: locksim_locks::etcd::whole_seconds,
     build,
 };

@@ -36,6 +36,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: locksim_locks::no_constraints,
     build,
 };

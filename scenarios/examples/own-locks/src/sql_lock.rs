@@ -31,6 +31,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     guard: Guard::Lock,
     // PostgreSQL queues a row's waiters in order, but not this lock's first use: see `schema_ready`.
     promises_fifo: false,
+    points: &[],
     validate: no_constraints,
     build,
 };

@@ -25,6 +25,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: locksim_locks::zk::positive_session,
     build,
 };

@@ -15,6 +15,11 @@
 //! prefix finds the node a lost create made. With `find_by_session = false` (a copy that skips the
 //! lookup) a lost create leaves an orphan node ahead of everyone for as long as its session lives:
 //! `zk-write-lock-orphan.toml` finds that `deadlock`.
+//!
+//! With `shared_session = true` and two workers per client (`zk-write-lock-shared-session.toml`), two
+//! lock objects live on one session, as in an application with one `ZooKeeper` handle: the second finds
+//! the first's node by the session's prefix, takes it for its own, and both hold the lock —
+//! `double-holder`. The prefix names a session, not a lock object.
 
 use locksim_locks::params::{ParamKind, ParamSpec, ParamValue, Params};
 use locksim_locks::zk::{ensure_path, words, ZkApi, ZkSession, FAMILY, SESSION_TIMEOUT};
@@ -37,11 +42,19 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
             default: ParamValue::Bool(true),
             doc: "look for a node of our session's prefix before creating one (false: a copy without the lookup)",
         },
+        ParamSpec {
+            name: "shared_session",
+            kind: ParamKind::Bool,
+            default: ParamValue::Bool(false),
+            doc: "every lock object of a client on one ZooKeeper handle (an application's one `ZooKeeper`), \
+                  as `[workload] workers` drives them; false: a handle of its own per lock",
+        },
     ],
     offers_token: true,
     offers_shared: false,
     guard: Guard::Lock,
     promises_fifo: false,
+    points: &[],
     validate: locksim_locks::zk::positive_session,
     build,
 };
@@ -62,7 +75,9 @@ struct WriteLock {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let session = ZkSession::new(&ctx, servers, params.duration("session_timeout"));
+    let open = || ZkSession::new(&ctx, servers, params.duration("session_timeout"));
+    // One handle per client process, whichever lock object asks first (clones share its session).
+    let session = if params.bool("shared_session") { (*ctx.node_wide(open)).clone() } else { open() };
     let find_by_session = params.bool("find_by_session");
     Box::new(WriteLock { ctx, session, id: None, find_by_session, holding: false })
 }
