@@ -108,6 +108,8 @@ fn two_write_locks_on_one_session_both_hold_and_the_workers_are_named_in_the_his
     assert!(result.as_expected, "{:?}", result.reasons);
     assert_eq!(result.unsafe_seeds, 20, "the second lock takes the first's node for its own in every seed");
     let run = run_seed(&shared, 0).unwrap();
+    // Two lock objects wait on one session's state: woken in a fixed order, the run replays exactly.
+    assert_eq!(run.history.to_jsonl(), run_seed(&shared, 0).unwrap().history.to_jsonl());
     assert!(run.history.nodes.iter().any(|n| n == "client-1/w1"), "{:?}", run.history.nodes);
     let w1 = run.history.nodes.iter().position(|n| n == "client-0/w1").unwrap() as u32;
     let w1_holds =

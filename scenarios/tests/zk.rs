@@ -242,3 +242,42 @@ fn the_semaphore_removes_its_watchers_so_a_grant_costs_two_wake_ups_not_three() 
     let per_grant = notified as f64 / acquired as f64;
     assert!(per_grant < 2.1, "{per_grant} wake-ups per grant");
 }
+
+/// Two clients of `recipe`: the first to take the lock holds it 20 s while the other waits; ZooKeeper
+/// restarts at 5 s, resetting both connections (sessions and watches survive on the server).
+fn waiter_across_a_restart(recipe: &str) -> locksim_scenarios::Scenario {
+    let text = format!(
+        "name = \"t\"\n[recipe]\nid = \"{recipe}\"\nsession_timeout = \"6s\"\n[workload]\nkind = \"counter\"\n\
+         clients = 2\nduration = \"40s\"\nhold = [\"20s\", \"20s\"]\nthink = [\"0ms\", \"0ms\"]\n\
+         [[faults.schedule]]\nat = \"5s\"\nkind = \"crash\"\ntarget = \"zk-0\"\nduration = \"1s\"\n\
+         [check]\ndeadlock = false\n"
+    );
+    locksim_scenarios::Scenario::parse("t.toml", &text, &locksim_locks::Registry::builtin()).unwrap()
+}
+
+#[test]
+fn a_go_zookeeper_waiter_keeps_its_watch_through_a_disconnection() {
+    for seed in 0..10 {
+        let run = run_seed(&waiter_across_a_restart("zk.leader-election"), seed).unwrap();
+        let h = &run.history;
+        let holder = h.events.iter().find(|e| matches!(e.kind, EventKind::AcquireOk { .. })).unwrap().node;
+        let waiter = if h.name(holder) == "client-0" { "client-1" } else { "client-0" };
+        let of_waiter = |e: &&locksim_sim::history::Event| h.name(e.node) == waiter;
+        let disconnected = h
+            .events
+            .iter()
+            .filter(of_waiter)
+            .any(|e| matches!(&e.kind, EventKind::Session { state } if state == "disconnected"));
+        assert!(disconnected, "seed {seed}: the restart reset the waiter's connection");
+        // go-zookeeper closes a watch only when the session expires: the candidate waits on, and leads
+        // once the holder resigns, without ever stopping (it used to stop, its node left queued).
+        let stopped = h.events.iter().filter(of_waiter).any(|e| matches!(e.kind, EventKind::AcquireFail { .. }));
+        assert!(!stopped, "seed {seed}: the waiter gave up on a disconnection");
+        let led = h
+            .events
+            .iter()
+            .filter(of_waiter)
+            .any(|e| e.t > 20_000_000_000 && matches!(e.kind, EventKind::AcquireOk { .. }));
+        assert!(led, "seed {seed}: the waiter leads after the holder resigns");
+    }
+}

@@ -30,6 +30,7 @@ pub mod history;
 pub mod net;
 pub mod resource;
 pub mod rng;
+pub mod signal;
 pub mod world;
 
 pub use std::time::Duration;

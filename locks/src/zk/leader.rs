@@ -30,7 +30,7 @@ use super::sequential::{sequence, Driver, Queue, Sequential};
 use super::{words, ZkApi, SESSION_TIMEOUT};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::zk::client::{ClientError, ConnState, ZkClient};
+use locksim_sim::backend::zk::client::{ClientError, Library, ZkClient};
 use locksim_sim::backend::zk::{EventType, ZkError};
 use locksim_sim::ctx::Ctx;
 
@@ -75,7 +75,9 @@ struct Led {
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
     let name = ctx.name();
-    Box::new(Candidate { core: Sequential::new(params, ctx, servers, true), led: None, name })
+    let mut core = Sequential::new(params, ctx, servers, true);
+    core.session = core.session.clone().speaking(Library::Go);
+    Box::new(Candidate { core, led: None, name })
 }
 
 /// Step 2: `LockWithData`'s loop, with no timeout; any error is returned as it is.
@@ -88,9 +90,10 @@ async fn wait_for_turn(zk: &ZkClient, ours: &str) -> Result<(), ClientError> {
         let Some(before) = index.checked_sub(1) else { return Ok(()) };
         match zk.get_data_watch(&format!("{}/{}", ELECTION.dir, children[before])).await {
             Ok(watch) => {
-                // go-zookeeper hands a watcher the disconnection as an event with an error.
+                // go-zookeeper's watch outlives a disconnection; the session's expiry closes it with
+                // `ErrSessionExpired`, which `Lock` returns.
                 if watch.fired().await.is_none() {
-                    return Err(ClientError::ConnectionLoss);
+                    return Err(ClientError::Zk(ZkError::SessionExpired));
                 }
             }
             Err(ClientError::Zk(ZkError::NoNode)) => {}
@@ -109,16 +112,8 @@ async fn watch_key(zk: &ZkClient) -> String {
         match watch.fired().await {
             Some(event) if event.event == EventType::NodeDataChanged => return "another leader wrote the key".into(),
             Some(_) => {}
-            None if zk.expired() => return "session expired".into(),
-            None => {
-                // Disconnected: go-zookeeper keeps the watch and sets it again once reconnected.
-                let mut state = zk.state();
-                while *state.borrow_and_update() == ConnState::Disconnected {
-                    if state.changed().await.is_err() {
-                        return std::future::pending().await;
-                    }
-                }
-            }
+            // go-zookeeper keeps the watch across a disconnection: only the session's expiry ends it.
+            None => return "session expired".into(),
         }
     }
 }

@@ -22,7 +22,7 @@ mod sequential;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Servers};
-use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Router, Watch, ZkClient};
+use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Library, Router, Watch, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
@@ -248,6 +248,8 @@ pub fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
 pub struct ZkSession {
     host: Host,
     requested: Duration,
+    /// The client library its sessions behave as (the Java client's, unless [`ZkSession::speaking`]).
+    library: Library,
     /// Held across a connect, so that two users of one handle never open two sessions.
     client: Rc<AsyncMutex<Option<ZkClient>>>,
 }
@@ -274,7 +276,13 @@ impl ZkSession {
                 })
             }
         };
-        ZkSession { host, requested: session_timeout, client: Rc::default() }
+        ZkSession { host, requested: session_timeout, library: Library::Java, client: Rc::default() }
+    }
+
+    /// The same handle, its sessions behaving as `library` (go-zookeeper's keep their watches across a
+    /// disconnection).
+    pub fn speaking(self, library: Library) -> ZkSession {
+        ZkSession { library, ..self }
     }
 
     /// A live session: the current one, or a new one if there is none or it has expired (`None`: the
@@ -283,7 +291,7 @@ impl ZkSession {
     pub async fn live(&self) -> Option<ZkClient> {
         let mut client = self.client.lock().await;
         if client.as_ref().is_none_or(ZkClient::expired) {
-            *client = ZkClient::connect(self.host.clone(), self.requested).await;
+            *client = ZkClient::connect_as(self.host.clone(), self.requested, self.library).await;
         }
         client.clone()
     }

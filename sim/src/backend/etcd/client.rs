@@ -26,12 +26,13 @@ use crate::ctx::Background;
 use crate::fault::TriggerEvent;
 use crate::history::{EventKind, NodeIx};
 use crate::net::{CallError, Rpc};
+use crate::signal;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Where a client lives and whom it talks to; its router is the node's etcd watch stream.
 pub type ClientEnv = crate::backend::ClientEnv<Router>;
@@ -263,14 +264,14 @@ impl Drop for Watcher {
 /// A lease kept alive in the background; dropping it stops the keep-alive (the lease then expires
 /// unless revoked).
 pub struct KeepAlive {
-    done: watch::Receiver<Option<String>>,
+    done: signal::Receiver<Option<String>>,
     _task: Background,
 }
 
 impl KeepAlive {
     /// Keep `lease` (granted for `ttl`) alive on `lessor` in the background.
     pub fn start(lessor: impl Lessor, lease: LeaseId, ttl: Duration) -> KeepAlive {
-        let (tx, done) = watch::channel(None);
+        let (tx, done) = signal::channel(None);
         let task = lessor.spawn(keep_alive_loop(lessor.clone(), lease, ttl, tx));
         KeepAlive { done, _task: task }
     }
@@ -296,7 +297,7 @@ impl KeepAlive {
 /// The end of one lease's keep-alive, said once.
 struct Ending<L> {
     lease: LeaseId,
-    done: watch::Sender<Option<String>>,
+    done: signal::Sender<Option<String>>,
     lessor: L,
 }
 
@@ -315,7 +316,7 @@ impl<L: Lessor> Ending<L> {
 
 /// clientv3's `sendKeepAliveLoop`, `recvKeepAlive` and `deadlineLoop` for one lease, on the node's
 /// monotonic clock.
-async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, done: watch::Sender<Option<String>>) {
+async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, done: signal::Sender<Option<String>>) {
     const SEND_EVERY: Duration = Duration::from_millis(500);
     // (next keep-alive due, deadline): due at once, and the first answer must come within a TTL.
     let now = lessor.monotonic_ms();

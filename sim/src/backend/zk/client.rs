@@ -12,9 +12,15 @@
 //! - It learns that its session `Expired` (Curator: LOST) only when a re-attach is refused: a client cut
 //!   off from the server believes its session alive for as long as the cut lasts.
 //! - A request unanswered within 2/3·T fails with `ConnectionLoss`: it may or may not have been applied.
-//! - Watch notifications are handed to the watcher registered for that session and path. A change of
-//!   connection state (disconnected, expired) reaches every watcher too, as the real client delivers
-//!   state events to all of them: here their watch ends, and a recipe waiting on one looks again.
+//!   Every request still waiting when the connection is declared lost fails then, at once
+//!   (`ClientCnxn.cleanup`; go-zookeeper's `flushRequests(ErrConnectionClosed)`).
+//! - Anything from the server counts as hearing from it: a reply, and a watch notification too (the
+//!   read timeout is on the socket, whatever arrives).
+//! - Watch notifications are handed to the watcher registered for that session and path. With the Java
+//!   client ([`Library::Java`]) a change of connection state (disconnected, expired) reaches every
+//!   watcher too, as `ClientCnxn` delivers state events to all of them: here their watch ends, and a
+//!   recipe waiting on one looks again. go-zookeeper ([`Library::Go`]) ends its watches only when the
+//!   session expires, and sets them again on the new connection.
 //! - Notifications travel as stream messages, which a short partition delays rather than loses (the
 //!   real client's TCP connection; a reconnect would replay missed ones with SetWatches).
 //! - Its timers run on the client's node: a paused client neither pings nor notices it is disconnected
@@ -34,13 +40,27 @@ use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
 use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
+use crate::signal;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
+
+/// The client library a session behaves as, where the libraries differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Library {
+    /// ZooKeeper's Java client (`ClientCnxn`, 3.8; Curator's): a disconnection is an event every watcher
+    /// gets (`Watcher.process` with `KeeperState.Disconnected`), which ends the wait of a recipe.
+    #[default]
+    Java,
+    /// go-zookeeper (`zk/conn.go`): a watch channel is closed only when the session expires
+    /// (`invalidateWatches` after `authenticate` returns `ErrSessionExpired`); across a disconnection it
+    /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting.
+    Go,
+}
 
 /// The connection state of a session, as the client sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +197,8 @@ pub struct Router {
     /// Sessions their client believes disconnected or expired, and where to mark a notification that
     /// reaches one (hazard `watch-fired-while-disconnected`).
     disconnected: RefCell<std::collections::BTreeSet<SessionId>>,
+    /// Each session's client, which a notification tells it heard from the server.
+    clients: RefCell<BTreeMap<SessionId, std::rc::Weak<Shared>>>,
     recorder: RefCell<Option<crate::history::Recorder>>,
 }
 
@@ -195,6 +217,10 @@ impl Router {
         {
             recorder.mark(crate::hazard::Hazard::WatchFiredWhileDisconnected);
         }
+        let client = self.clients.borrow().get(&event.session).and_then(std::rc::Weak::upgrade);
+        if let Some(client) = client {
+            client.last_heard_ms.set(client.host.monotonic_ms());
+        }
         let fired = self.watchers.borrow_mut().remove(&(event.session, event.path.clone())).unwrap_or_default();
         for watcher in fired {
             let _ = watcher.send(event.clone());
@@ -209,6 +235,7 @@ impl Router {
 
 struct Shared {
     host: Host,
+    library: Library,
     session: SessionId,
     timeout: Duration,
     /// When the client last heard from the server, and last sent to it (monotonic ms).
@@ -216,7 +243,11 @@ struct Shared {
     last_sent_ms: Cell<i64>,
     /// The life of the server the current connection was opened to (`None`: none open).
     conn: Cell<Option<u32>>,
-    state: watch::Sender<ConnState>,
+    state: signal::Sender<ConnState>,
+    /// Counts the connections lost: a request waiting when it changes fails at once.
+    losses: signal::Sender<u64>,
+    /// Counts the re-attaches that failed (go-zookeeper: a connect cycle that found no server).
+    failed_reattaches: signal::Sender<u64>,
 }
 
 /// A session with the ZooKeeper server. Clones share it; its pinger stops when the last clone is
@@ -228,8 +259,13 @@ pub struct ZkClient {
 }
 
 impl ZkClient {
-    /// Open a session; `None` if the server did not answer within `requested`.
+    /// Open a session as the Java client; `None` if the server did not answer within `requested`.
     pub async fn connect(host: Host, requested: Duration) -> Option<ZkClient> {
+        ZkClient::connect_as(host, requested, Library::Java).await
+    }
+
+    /// Open a session as `library` behaves.
+    pub async fn connect_as(host: Host, requested: Duration, library: Library) -> Option<ZkClient> {
         let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
         let (session, timeout_ms, life) = match host.call_on(None, request, requested).await {
             Ok((ZkReply::Connected { session, timeout_ms }, life)) => (session, timeout_ms, life),
@@ -238,13 +274,17 @@ impl ZkClient {
         let now = host.monotonic_ms();
         let shared = Rc::new(Shared {
             host,
+            library,
             session,
             timeout: Duration::from_millis(timeout_ms as u64),
             last_heard_ms: Cell::new(now),
             last_sent_ms: Cell::new(now),
             conn: Cell::new(Some(life)),
-            state: watch::channel(ConnState::Connected).0,
+            state: signal::channel(ConnState::Connected).0,
+            losses: signal::channel(0).0,
+            failed_reattaches: signal::channel(0).0,
         });
+        shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
         shared.host.record("connected");
         if let Host::Sim(env) = &shared.host {
             env.router.start(&env.rpc, &env.recorder);
@@ -268,7 +308,7 @@ impl ZkClient {
     }
 
     /// The connection state, and its changes.
-    pub fn state(&self) -> watch::Receiver<ConnState> {
+    pub fn state(&self) -> signal::Receiver<ConnState> {
         self.shared.state.subscribe()
     }
 
@@ -317,8 +357,11 @@ impl Shared {
             ConnState::Expired => "expired",
         });
         if state != ConnState::Connected {
-            // Every watcher hears of the state change: its watch ends.
-            self.host.router().end_watches(self.session);
+            self.losses.send_modify(|n| *n += 1);
+            if state == ConnState::Expired || self.library == Library::Java {
+                // Every watcher hears of the state change: its watch ends.
+                self.host.router().end_watches(self.session);
+            }
             self.host.router().disconnected.borrow_mut().insert(self.session);
         } else {
             self.host.router().disconnected.borrow_mut().remove(&self.session);
@@ -338,9 +381,20 @@ impl Shared {
     /// Send a request on the connection within the read timeout; any answer shows the connection is
     /// alive. A reset (the server restarted) drops the connection and re-attaches the session at once.
     async fn request(self: &Rc<Self>, request: ZkRequest) -> Result<ZkReply, CallError> {
+        if self.library == Library::Go && !matches!(request, ZkRequest::Connect { .. }) {
+            self.until_connected().await?;
+        }
         self.last_sent_ms.set(self.host.monotonic_ms());
         let conn = self.conn.get();
-        match self.host.call_on(conn, request, self.read_timeout()).await {
+        let mut losses = self.losses.subscribe();
+        losses.borrow_and_update();
+        let reply = tokio::select! {
+            biased;
+            reply = self.host.call_on(conn, request, self.read_timeout()) => reply,
+            // The connection was declared lost meanwhile: the request fails now, applied or not.
+            _ = losses.changed() => return Err(CallError::Timeout),
+        };
+        match reply {
             Ok((reply, life)) => {
                 self.conn.set(Some(life));
                 self.last_heard_ms.set(self.host.monotonic_ms());
@@ -361,6 +415,22 @@ impl Shared {
         }
     }
 
+    /// go-zookeeper queues a request made while disconnected (`sendChan`) and sends it once a new
+    /// connection has its session; each connect cycle that finds no server first fails what is queued,
+    /// unsent (`flushUnsentRequests(ErrNoServer)`): the request was never applied.
+    async fn until_connected(&self) -> Result<(), CallError> {
+        let (mut state, mut failed) = (self.state.subscribe(), self.failed_reattaches.subscribe());
+        failed.borrow_and_update();
+        while *state.borrow_and_update() == ConnState::Disconnected {
+            tokio::select! {
+                biased;
+                changed = state.changed() => changed.map_err(|_| CallError::Reset)?,
+                _ = failed.changed() => return Err(CallError::Reset),
+            }
+        }
+        Ok(())
+    }
+
     fn reattach_request(&self) -> ZkRequest {
         ZkRequest::Connect { requested_ms: self.timeout.as_millis() as i64, session: Some(self.session) }
     }
@@ -369,7 +439,9 @@ impl Shared {
 /// Re-attach the session on a new connection.
 async fn reattach(shared: Rc<Shared>) {
     let request = shared.reattach_request();
-    let _ = shared.request(request).await;
+    if shared.request(request).await.is_err() {
+        shared.failed_reattaches.send_modify(|n| *n += 1);
+    }
 }
 
 /// Most time between pings (`MAX_SEND_PING_INTERVAL`).
