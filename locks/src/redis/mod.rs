@@ -308,7 +308,12 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         0,
         "replicas per master, fed by asynchronous replication; `failover` promotes one",
     ),
-    ParamSpec::duration("replication_lag", 100, "how long a write waits before the master ships it to its replica"),
+    ParamSpec::duration(
+        "replication_lag",
+        0,
+        "a slow replica: how long each write waits in the master's output buffer before it goes on the \
+         replica link (0: with the reply, as Redis does); what waits there is lost if the master fails over",
+    ),
     ParamSpec {
         name: "persist",
         kind: ParamKind::Bool,
@@ -365,11 +370,14 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         }
     }
     let shards = Shards::new(masters);
-    let (directory, recorder) = (shards.clone(), world.recorder().clone());
+    let (directory, recorder, net) = (shards.clone(), world.recorder().clone(), world.net().clone());
     world.set_failover(Box::new(move |master| {
         let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
         let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
         directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
+        let Some((_, m, r)) = states.iter().find(|(n, _, _)| *n == master) else { unreachable!("a master") };
+        let in_flight = m.lock().expect("redis lock").on_the_wire(net.held_since(master, replica));
+        r.lock().expect("redis lock").promote(in_flight);
         mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));
