@@ -359,12 +359,12 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         // The replica is added right after its master, so its index is known before either starts.
         let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
         let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
-        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica };
+        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica, master: None };
         let master_state = node.state.clone();
         let master = world.add_node(&master_name(shard), redis_program(node));
         masters.push(master);
         if with_replica {
-            let node = RedisNode { state: Arc::default(), persist, replica: None };
+            let node = RedisNode { state: Arc::default(), persist, replica: None, master: Some(master) };
             states.push((master, master_state, node.state.clone()));
             replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
         }

@@ -34,6 +34,8 @@ pub(super) struct Data {
     following: Option<(u32, u64)>,
     /// A replica promoted to master: it follows no stream any more (`REPLICAOF NO ONE`).
     pub(super) promoted: bool,
+    /// As a master: the replica asked for a full resynchronisation, or this master restarted.
+    pub(super) resync: bool,
     /// The nodes subscribed to each channel (one pub/sub connection per client node).
     subscribers: BTreeMap<String, BTreeSet<NodeIx>>,
     /// Who last set each key (by its lease name, [`fnv1a`] of the key) by SET, HSET or HINCRBY (hazard
@@ -58,6 +60,16 @@ impl Data {
     pub(super) fn synced(&self, client: NodeIx) -> i64 {
         let has_replica = self.backlog.is_some();
         i64::from(has_replica && self.replica_acked >= self.written.get(&client).copied().unwrap_or(0))
+    }
+
+    /// The whole dataset as a full resynchronisation sends it: empty the replica, then every key.
+    pub(super) fn snapshot(&self) -> Vec<ReplOp> {
+        let set = |(k, e): (&String, &Entry)| ReplOp::Set {
+            key: k.clone(),
+            value: e.value.clone(),
+            expires_at_ms: e.expires_at_ms,
+        };
+        std::iter::once(ReplOp::Reset).chain(self.keys.iter().map(set)).collect()
     }
 
     /// Keys with an expiry here that `other` lacks or holds another value of.
@@ -240,6 +252,10 @@ impl Data {
                 self.shipped.retain(|b| b.offset > offset);
                 Ok
             }
+            RedisRequest::ReplSync => {
+                self.resync = self.backlog.is_some();
+                Ok
+            }
             RedisRequest::Wait { .. } => Int(self.synced(from)),
             RedisRequest::InfoReplicas => Int(i64::from(self.backlog.is_some())),
             RedisRequest::Eval { .. } | RedisRequest::EvalSha { .. } | RedisRequest::ScriptLoad { .. } => {
@@ -336,6 +352,7 @@ impl Data {
                 ReplOp::Del { key } => {
                     self.keys.remove(&key);
                 }
+                ReplOp::Reset => self.keys.clear(),
             }
         }
     }

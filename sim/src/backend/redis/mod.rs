@@ -32,7 +32,9 @@
 //!   on a healthy link the batch arrives one network delay after it was sent, like the reply. Lag is
 //!   modelled only where it is real: a cut replica link holds the stream (TCP retransmits it after the
 //!   heal), and `replication_lag` (default 0) keeps each write that long in the master's output buffer
-//!   — a slow replica; what waits there dies with the master.
+//!   — a slow replica; what waits there dies with the master. A restarted replica asks for a full
+//!   resynchronisation, and a restarted master sends one: the replica empties its dataset and loads the
+//!   master's (a master restarted without persistence empties its replica, as the replication docs warn).
 //! - A failover (Sentinel) promotes the replica at the instant the master dies, first delivering what
 //!   the master had put on the wire to it (see [`RedisState::promote`]): writes held on a cut link or
 //!   waiting in a slow link's buffer are lost, as the Redis replication docs warn; the promoted server
@@ -177,6 +179,9 @@ pub enum RedisRequest {
     ReplAck {
         offset: u64,
     },
+    /// A restarted replica asks its master for the stream (`PSYNC`): the master answers with a full
+    /// resynchronisation, its whole dataset, on the replica link.
+    ReplSync,
 }
 
 /// RESP2 replies.
@@ -209,8 +214,18 @@ impl From<&str> for Value {
 /// The effect of a write, as shipped to the replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplOp {
-    Set { key: String, value: Value, expires_at_ms: Option<i64> },
-    Del { key: String },
+    Set {
+        key: String,
+        value: Value,
+        expires_at_ms: Option<i64>,
+    },
+    Del {
+        key: String,
+    },
+    /// A full resynchronisation begins: the replica empties its dataset, then loads the master's (the
+    /// `Set`s that follow), as it does with the RDB a full sync sends (`replicaofCommand` → `PSYNC`,
+    /// `readSyncBulkPayload` → `emptyData`, `replication.c`, 7.0).
+    Reset,
 }
 
 /// A batch a master wrote to its replica link: when (simulated ns), in which of its streams, up to
@@ -323,6 +338,9 @@ impl Backend for RedisState {
             self.data.written.insert(from, self.data.offset);
             self.shipper.notify_one();
         }
+        if self.data.resync {
+            self.shipper.notify_one();
+        }
         reply
     }
 
@@ -382,6 +400,8 @@ pub struct RedisNode {
     /// The replica this master writes its stream to, and how long each write first waits in the
     /// master's output buffer (a slow replica; zero: written with the reply).
     pub replica: Option<(NodeIx, Duration)>,
+    /// The master this replica follows: a restarted replica asks it for a full resynchronisation.
+    pub master: Option<NodeIx>,
 }
 
 impl RedisNode {
@@ -397,13 +417,26 @@ impl RedisNode {
             }
         }
         let rpc = std::rc::Rc::new(Rpc::bind(&env));
+        if let (Some(master), true) = (self.master, env.incarnation > 0) {
+            // A restarted replica reconnects and asks for the stream; a restarted master (below) sends
+            // its dataset on its own, as a replica's PSYNC after the master's restart finds a new
+            // replication ID and gets a full sync.
+            rpc.tell(master, RedisRequest::ReplSync);
+        }
         if let Some((replica, lag)) = self.replica {
+            if env.incarnation > 0 {
+                self.state.lock().expect("redis lock").data.resync = true;
+            }
             let (state, rpc, stream) = (self.state.clone(), rpc.clone(), env.incarnation);
             madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag, stream).await });
         }
         super::serve(self.state, &rpc, &env.clock, &env.recorder).await
     }
 }
+
+/// How long a batch written to the replica link is remembered unacknowledged: longer than Linux keeps
+/// retransmitting (`tcp_retries2`, about 924 s).
+const SHIPPED_KEPT_NS: u64 = 1_000_000_000_000;
 
 /// The replica link's writer: each write's effects go out `lag` after the write (at once by default,
 /// the same instant as the reply), in order, and are kept until the replica acknowledges them. What
@@ -416,7 +449,12 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
         let now = sim_now_ns();
         {
             let mut s = state.lock().expect("redis lock");
-            let ops = std::mem::take(s.data.backlog.get_or_insert_with(Vec::new));
+            let mut ops = std::mem::take(s.data.backlog.get_or_insert_with(Vec::new));
+            if std::mem::take(&mut s.data.resync) {
+                // A full sync carries the dataset as it is now: what waited to be written is in it.
+                waiting.clear();
+                ops = s.data.snapshot();
+            }
             if !ops.is_empty() {
                 waiting.push_back((now + lag.as_nanos() as u64, ops, s.data.offset));
             }
@@ -425,7 +463,12 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
             Some((due, ..)) if *due <= now => {
                 let (_, ops, offset) = waiting.pop_front().expect("just looked");
                 let batch = Shipped { sent_ns: now, stream, offset, ops: ops.clone() };
-                state.lock().expect("redis lock").data.shipped.push(batch);
+                let mut s = state.lock().expect("redis lock");
+                // Older batches were delivered or died with their link (TCP gives up after ~924 s):
+                // forget them, so a replica that never acknowledges cannot grow the log without bound.
+                s.data.shipped.retain(|b| b.sent_ns + SHIPPED_KEPT_NS > now);
+                s.data.shipped.push(batch);
+                drop(s);
                 rpc.tell(replica, RedisRequest::Replicate { ops, offset, stream });
             }
             Some((due, ..)) => {

@@ -438,7 +438,7 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
     let (got2, answers2) = (got.clone(), answers.clone());
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
         let mut world = World::new(1);
-        let node = RedisNode { state: Arc::default(), persist: true, replica: None };
+        let node = RedisNode { state: Arc::default(), persist: true, replica: None, master: None };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(node.clone().run(env))));
         let subscriber: Program = Arc::new(move |env| {
             let got = got2.clone();
@@ -576,9 +576,10 @@ fn replica_has_key_at(lag: Duration) -> Option<u64> {
             state: Arc::new(Mutex::new(RedisState::with_replica())),
             persist: true,
             replica: Some((replica_ix, lag)),
+            master: None,
         };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
-        let replica = RedisNode { state: replica_state, persist: true, replica: None };
+        let replica = RedisNode { state: replica_state, persist: true, replica: None, master: Some(server) };
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             let (watch, seen) = (watch.clone(), seen2.clone());
@@ -612,4 +613,65 @@ fn a_healthy_replica_link_carries_each_write_at_once_and_a_slow_one_after_its_la
     assert!((1_002..=1_021).contains(&at), "{at} ms");
     let slow = replica_has_key_at(Duration::from_millis(500)).expect("replicated");
     assert!((1_502..=1_521).contains(&slow), "{slow} ms");
+}
+
+/// A master (keeping its dataset across a restart or not) and a replica that forgets its own; a client
+/// sets a key at 1 s, then `crashed` crashes at 2 s for 1 s: whether the replica has the key at 5 s.
+fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
+    use crate::fault::{Action, Fault, Target};
+    use crate::net::Rpc;
+    use crate::world::{Program, World};
+    use std::sync::{Arc, Mutex};
+    let replica_state: Arc<Mutex<RedisState>> = Arc::default();
+    let watch = replica_state.clone();
+    let crash = Fault {
+        at: Duration::from_secs(2),
+        target: Target::Node(crashed.into()),
+        action: Action::Crash { restart_after: Some(Duration::from_secs(1)) },
+        on: None,
+    };
+    madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(1);
+        let state = Arc::new(Mutex::new(RedisState::with_replica()));
+        let lag = Duration::ZERO;
+        let master = RedisNode { state, persist: master_persists, replica: Some((NodeIx(1), lag)), master: None };
+        let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
+        let replica = RedisNode { state: replica_state, persist: false, replica: None, master: Some(server) };
+        world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
+        let client: Program = Arc::new(move |env| {
+            Box::pin(async move {
+                let rpc = Rpc::bind(&env);
+                madsim::time::sleep(Duration::from_secs(1)).await;
+                let set = set("lock", "a", SetCondition::Nx, Some(100_000));
+                let _: RedisReply = rpc.call(server, set, Duration::from_secs(1)).await.unwrap();
+            })
+        });
+        world.add_node("client-0", client);
+        world.run(&[crash], Duration::from_secs(5)).await;
+    });
+    let mut out = Out::default();
+    let get = RedisRequest::Get { key: key("lock") };
+    let has = watch.lock().unwrap().apply(Now::at(5_000), NodeIx(9), get, &mut out) != Nil;
+    has
+}
+
+#[test]
+fn a_restarted_replica_catches_up_by_a_full_resync_and_an_empty_master_empties_it() {
+    assert!(replica_has_key_after_restart("redis-0", true), "the master's dataset survives: no loss");
+    assert!(replica_has_key_after_restart("redis-0-replica", false), "the replica restarted empty, then resynced");
+    // The replication docs' warning: a master restarted without persistence syncs its replica empty.
+    assert!(!replica_has_key_after_restart("redis-0", false), "the replica loaded the master's empty dataset");
+}
+
+#[test]
+fn a_full_resync_replaces_the_replicas_dataset() {
+    let mut master = RedisState::with_replica();
+    let mut out = Out::default();
+    master.apply(Now::at(0), NodeIx(1), set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
+    let mut replica = RedisState::default();
+    replica.apply(Now::at(0), NodeIx(1), set("stale", "x", SetCondition::Always, None), &mut out);
+    let replicate = RedisRequest::Replicate { ops: master.data.snapshot(), offset: 1, stream: 1 };
+    replica.apply(Now::at(1), NodeIx(0), replicate, &mut out);
+    table(&mut replica, vec![(2, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
+    table(&mut replica, vec![(2, RedisRequest::Exists { keys: vec![key("stale")] }, Int(0))]);
 }
