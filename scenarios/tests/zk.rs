@@ -281,3 +281,21 @@ fn a_go_zookeeper_waiter_keeps_its_watch_through_a_disconnection() {
         assert!(led, "seed {seed}: the waiter leads after the holder resigns");
     }
 }
+
+#[test]
+fn each_seed_draws_the_phase_of_the_session_trackers_ticks() {
+    // ZooKeeper expires sessions on the multiples of tickTime (2 s) of the host's monotonic clock, which
+    // counts from its boot: before, every seed's buckets fell on the multiples of 2 s from t = 0.
+    let scenario = catalog("zk-ephemeral-gc-pause");
+    let expired: Vec<u64> = (0..24)
+        .filter_map(|seed| {
+            let run = run_seed(&scenario, seed).unwrap();
+            let by_server =
+                |k: &EventKind| matches!(k, EventKind::Session { state } if state == "expired by the server");
+            run.history.events.iter().find(|e| by_server(&e.kind)).map(|e| e.t / 1_000_000)
+        })
+        .collect();
+    assert!(expired.len() >= 20, "the paused holder's session expires in most seeds: {expired:?}");
+    let phases: std::collections::BTreeSet<u64> = expired.iter().map(|ms| ms % 2_000 / 200).collect();
+    assert!(phases.len() >= 6, "expiries spread over the 2 s between ticks: {expired:?}");
+}

@@ -219,6 +219,15 @@ impl ClockState {
 }
 
 impl Clock {
+    /// The clock of a host booted `uptime` before the run: its monotonic clock reads `uptime` at
+    /// simulated time 0, as Linux's `CLOCK_MONOTONIC` counts from boot (and Java's `System.nanoTime`,
+    /// which ZooKeeper's session tracker rounds to ticks of, reads it). Wall time is unchanged.
+    pub fn booted_ago(uptime: Duration) -> Clock {
+        let clock = Clock::default();
+        clock.0.lock().expect("clock lock").mono_at_anchor_ns = uptime.as_nanos() as i64;
+        clock
+    }
+
     /// Wall time in milliseconds (may go backwards after a negative jump).
     pub fn now_ms(&self) -> i64 {
         self.wall_ns_at(sim_now_ns()).div_euclid(1_000_000)
@@ -306,6 +315,15 @@ mod tests {
             c.set_rate(1.0);
             madsim::time::sleep(Duration::from_secs(1)).await;
             assert_eq!(c.now_ms(), 3000);
+        });
+    }
+
+    #[test]
+    fn a_host_booted_earlier_reads_its_uptime_on_the_monotonic_clock_only() {
+        in_world(async {
+            let c = Clock::booted_ago(Duration::from_millis(1234));
+            madsim::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(c.readings_ms(), (1000, 2234));
         });
     }
 

@@ -277,6 +277,13 @@ impl Net {
         }
     }
 
+    /// When the oldest message now held on the cut link `from → to` was sent, if one is held: what was
+    /// sent from then on is in the sender's kernel and dies with it; what was sent before is on the wire
+    /// (a Redis failover asks, to know what its replica would still receive).
+    pub fn held_since(&self, from: NodeIx, to: NodeIx) -> Option<u64> {
+        self.state().held.get(&(from, to)).map(|h| h.first_ns)
+    }
+
     /// Extra latency on every message to or from `node` (`None` clears it).
     pub fn set_delay(&self, node: NodeIx, latency: Option<Duration>) {
         set_or_clear(&mut self.state().delay, node, latency);

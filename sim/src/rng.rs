@@ -22,6 +22,10 @@ pub enum Stream {
     Network,
     /// A conformance script: operations and server faults checked against a real server.
     Conformance,
+    /// When a server host's clocks tick: its uptime at the run's start (the origin of its monotonic
+    /// clock) and, per life, when its periodic timers start ([`crate::world::NodeEnv::timer_start`]).
+    /// Last in the list, so adding it changed no other stream.
+    TickPhase,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.
@@ -43,6 +47,14 @@ mod tests {
         assert_ne!(x, stream(7, Stream::Workload, 2).next_u64());
         assert_ne!(x, stream(7, Stream::Recipe, 1).next_u64());
         assert_ne!(x, stream(8, Stream::Workload, 1).next_u64());
+    }
+
+    #[test]
+    fn existing_streams_keep_their_numbers() {
+        // A stream's number keys its generator: renumbering one would change every seed's meaning.
+        let numbers = [Stream::Nemesis, Stream::Workload, Stream::Recipe, Stream::Network, Stream::Conformance];
+        assert_eq!(numbers.map(|s| s as u64), [0, 1, 2, 3, 4]);
+        assert_eq!(Stream::TickPhase as u64, 5);
     }
 
     #[test]

@@ -32,6 +32,29 @@ pub struct NodeEnv {
     pub incarnation: u32,
 }
 
+/// A server host's uptime at the run's start is drawn below this (see [`World::add_server`]): a multiple
+/// of every tick interval a server uses, so each phase is equally likely.
+const UPTIME_MAX_MS: u64 = 1_000_000;
+
+/// The [`Stream::TickPhase`] generator of `node`'s life `life` (life 0 also draws the host's uptime).
+fn tick_index(node: NodeIx, life: u32) -> u64 {
+    (u64::from(node.0) << 32) | u64::from(life)
+}
+
+impl NodeEnv {
+    /// When this life's periodic timer of period `every` first fires, after the program starts: drawn
+    /// from the seed ([`Stream::TickPhase`], per node and life), uniform over the whole milliseconds of `[0, every)`. A timer a
+    /// server starts with its process — etcd's lessor loop (`lessor.runLoop`: revoke, then
+    /// `time.After(500ms)`, 3.5) — has the phase of the process's start, which no two real runs share.
+    pub fn timer_start(&self, every: Duration) -> Duration {
+        let mut rng = stream(self.seed, Stream::TickPhase, tick_index(self.me, self.incarnation));
+        if self.incarnation == 0 {
+            rng.gen_range(0..UPTIME_MAX_MS); // life 0's first draw is the host's uptime
+        }
+        Duration::from_millis(rng.gen_range(0..(every.as_millis() as u64).max(1)))
+    }
+}
+
 /// A node's program, run on start and on every restart.
 pub type Program = Arc<dyn Fn(NodeEnv) -> Pin<Box<dyn Future<Output = ()>>> + Send + Sync>;
 
@@ -132,9 +155,23 @@ impl World {
 
     /// Add a node running `program`; it starts at once.
     pub fn add_node(&mut self, name: &str, program: Program) -> NodeIx {
+        self.add_host(name, program, Clock::default())
+    }
+
+    /// Add a server node running `program`, on a host booted a while before the run: its monotonic
+    /// clock starts at an uptime drawn from the seed ([`Stream::TickPhase`], per node), uniform over
+    /// 1,000 s. Real servers do not tick in step: ZooKeeper's session tracker expires sessions on the
+    /// multiples of `tickTime` of `System.nanoTime` (`ExpiryQueue.roundToNextInterval`, 3.8), which
+    /// counts from the host's boot, so the phase of its ticks is the host's uptime modulo the tick.
+    pub fn add_server(&mut self, name: &str, program: Program) -> NodeIx {
+        let me = self.next_index();
+        let uptime_ms = stream(self.seed, Stream::TickPhase, tick_index(me, 0)).gen_range(0..UPTIME_MAX_MS);
+        self.add_host(name, program, Clock::booted_ago(Duration::from_millis(uptime_ms)))
+    }
+
+    fn add_host(&mut self, name: &str, program: Program, clock: Clock) -> NodeIx {
         assert!(self.workers.is_empty(), "workers are added after every node");
         let me = self.next_index();
-        let clock = Clock::default();
         let env = NodeEnv {
             me,
             clock: clock.clone(),

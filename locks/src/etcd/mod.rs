@@ -23,6 +23,7 @@ use crate::{async_trait, Family, Outcome, Servers};
 use locksim_sim::backend::etcd::client::{ClientEnv, EtcdClient, KeepAlive, Router, Watcher};
 use locksim_sim::backend::etcd::{
     Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, EventType, KeyValue, LeaseId, Op, OpResult, Range,
+    EXPIRY_CHECK,
 };
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
@@ -68,15 +69,20 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
     let state = Arc::new(Mutex::new(EtcdState::default()));
     let program: Program = Arc::new(move |env| {
         let state = state.clone();
-        if env.incarnation > 0 {
-            state.lock().expect("etcd lock").recover(env.clock.monotonic_ms());
+        {
+            let mut etcd = state.lock().expect("etcd lock");
+            let now_ms = env.clock.monotonic_ms();
+            if env.incarnation > 0 {
+                etcd.recover(now_ms);
+            }
+            etcd.start_lessor(now_ms + env.timer_start(EXPIRY_CHECK).as_millis() as i64);
         }
         Box::pin(async move {
             let rpc = Rpc::bind(&env);
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
-    let server = world.add_node("etcd-0", program);
+    let server = world.add_server("etcd-0", program);
     Servers::Etcd(EtcdServers { server, recorder: world.recorder().clone() })
 }
 

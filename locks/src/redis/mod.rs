@@ -308,7 +308,12 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         0,
         "replicas per master, fed by asynchronous replication; `failover` promotes one",
     ),
-    ParamSpec::duration("replication_lag", 100, "how long a write waits before the master ships it to its replica"),
+    ParamSpec::duration(
+        "replication_lag",
+        0,
+        "a slow replica: how long each write waits in the master's output buffer before it goes on the \
+         replica link (0: with the reply, as Redis does); what waits there is lost if the master fails over",
+    ),
     ParamSpec {
         name: "persist",
         kind: ParamKind::Bool,
@@ -354,22 +359,25 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         // The replica is added right after its master, so its index is known before either starts.
         let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
         let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
-        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica };
+        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica, master: None };
         let master_state = node.state.clone();
         let master = world.add_node(&master_name(shard), redis_program(node));
         masters.push(master);
         if with_replica {
-            let node = RedisNode { state: Arc::default(), persist, replica: None };
+            let node = RedisNode { state: Arc::default(), persist, replica: None, master: Some(master) };
             states.push((master, master_state, node.state.clone()));
             replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
         }
     }
     let shards = Shards::new(masters);
-    let (directory, recorder) = (shards.clone(), world.recorder().clone());
+    let (directory, recorder, net) = (shards.clone(), world.recorder().clone(), world.net().clone());
     world.set_failover(Box::new(move |master| {
         let replica = replica_of.iter().find(|(m, _)| *m == master).map(|(_, r)| *r);
         let replica = replica.ok_or_else(|| "not a master with a replica".to_string())?;
         directory.promote(master, replica).ok_or_else(|| "already failed over".to_string())?;
+        let Some((_, m, r)) = states.iter().find(|(n, _, _)| *n == master) else { unreachable!("a master") };
+        let in_flight = m.lock().expect("redis lock").on_the_wire(net.held_since(master, replica));
+        r.lock().expect("redis lock").promote(in_flight);
         mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));

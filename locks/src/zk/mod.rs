@@ -94,7 +94,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
-    let server = world.add_node("zk-0", program);
+    let server = world.add_server("zk-0", program);
     Servers::Zk(ZkServers { server, recorder: world.recorder().clone() })
 }
 

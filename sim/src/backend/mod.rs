@@ -105,10 +105,21 @@ pub trait Backend: Send + 'static {
     /// Apply one request at `now` by the server's own clocks.
     fn apply(&mut self, now: Now, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
 
-    /// How often the server's clock ticks (`None`: this backend has no timers). Ticks fall on the
-    /// multiples of the interval on the server's monotonic clock, as ZooKeeper's session tracker wakes
-    /// at each expiry bucket's boundary — after a restart or a pause too.
+    /// How often the server's clock ticks (`None`: this backend has no timers). Unless
+    /// [`Backend::ticks_from`] says otherwise, ticks fall on the multiples of the interval on the
+    /// server's monotonic clock, as ZooKeeper's session tracker wakes at each expiry bucket's boundary
+    /// (`ExpiryQueue`) — after a restart or a pause too. A server host's monotonic clock starts at an
+    /// uptime drawn per seed ([`crate::world::World::add_server`]), so the boundaries' phase differs
+    /// from seed to seed, as real servers' do.
     fn tick_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// `Some(start_ms)`: the first tick of this life falls at `start_ms` on the monotonic clock and each
+    /// later one an interval after the previous, as a loop that sleeps between rounds does (etcd's
+    /// `lessor.runLoop`, `time.After(500ms)`): a pause pushes every later tick back. Read when the
+    /// shell starts serving.
+    fn ticks_from(&self) -> Option<i64> {
         None
     }
 
@@ -138,17 +149,27 @@ struct Parked<Q> {
 
 /// Serve `state` on this node until the node dies.
 pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, recorder: &Recorder) {
-    if let Some(every) = state.lock().expect("backend lock").tick_interval() {
+    let (every, from) = {
+        let s = state.lock().expect("backend lock");
+        (s.tick_interval(), s.ticks_from())
+    };
+    if let Some(every) = every {
         // The ticker lives on the server's node: it stops with it, and runs late when it is paused.
         let (state, clock, recorder, rpc) = (state.clone(), clock.clone(), recorder.clone(), rpc.clone());
         madsim::task::spawn_local(async move {
             let mut out = Out::default();
             let every_ms = every.as_millis() as i64;
+            let next_boundary = |now_ms: i64| (now_ms.div_euclid(every_ms) + 1) * every_ms;
+            let mut next_ms = from.unwrap_or_else(|| next_boundary(clock.monotonic_ms()));
             loop {
-                let to_boundary = every_ms - clock.monotonic_ms().rem_euclid(every_ms);
-                clock.sleep(Duration::from_millis(to_boundary as u64)).await;
+                let now_ms = clock.monotonic_ms();
+                if now_ms < next_ms {
+                    clock.sleep(Duration::from_millis((next_ms - now_ms) as u64)).await;
+                    continue;
+                }
                 state.lock().expect("backend lock").tick(Now::of(&clock), &mut out);
                 out.flush(&rpc, &recorder);
+                next_ms = if from.is_some() { now_ms + every_ms } else { next_boundary(now_ms) };
             }
         });
     }
@@ -255,10 +276,15 @@ pub fn listen<M: Any + Send, T: 'static>(rpc: &Rpc, to: &Rc<T>, deliver: fn(&T, 
 mod tests {
     use super::*;
     use crate::world::{Program, World};
+    use std::collections::BTreeSet;
 
-    /// A server that only notes when its clock ticks (monotonic ms).
+    /// A server that only notes when its clock ticks (simulated and monotonic ms); `from`: its
+    /// [`Backend::ticks_from`].
     #[derive(Default)]
-    struct Ticks(Vec<i64>);
+    struct Ticks {
+        seen: Vec<(i64, i64)>,
+        from: Option<i64>,
+    }
 
     impl Backend for Ticks {
         type Request = ();
@@ -270,8 +296,12 @@ mod tests {
             Some(Duration::from_secs(1))
         }
 
+        fn ticks_from(&self) -> Option<i64> {
+            self.from
+        }
+
         fn tick(&mut self, now: Now, _: &mut Out) {
-            self.0.push(now.mono_ms);
+            self.seen.push(((sim_now_ns() / 1_000_000) as i64, now.mono_ms));
         }
     }
 
@@ -294,6 +324,49 @@ mod tests {
             world.run(&[], Duration::from_millis(3_500)).await;
         });
         // ZooKeeper's session tracker wakes at each bucket boundary, not a full interval after it started.
-        assert_eq!(ticks.lock().unwrap().0, vec![1000, 2000, 3000]);
+        assert_eq!(ticks.lock().unwrap().seen, vec![(1000, 1000), (2000, 2000), (3000, 3000)]);
+    }
+
+    /// The ticks of a server added with [`World::add_server`] in world `seed`, as (simulated ms, its
+    /// monotonic ms), over 3.5 s; `start_after`: it ticks from that long after its program starts.
+    fn server_ticks(seed: u64, start_after: Option<i64>) -> Vec<(i64, i64)> {
+        let ticks = Arc::new(Mutex::new(Ticks::default()));
+        let state = ticks.clone();
+        madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
+            let mut world = World::new(seed);
+            let program: Program = Arc::new(move |env| {
+                let state = state.clone();
+                state.lock().unwrap().from = start_after.map(|ms| env.clock.monotonic_ms() + ms);
+                Box::pin(async move {
+                    let rpc = Rpc::bind(&env);
+                    serve(state, &rpc, &env.clock, &env.recorder).await
+                })
+            });
+            world.add_server("server", program);
+            world.run(&[], Duration::from_millis(3_500)).await;
+        });
+        let ticks = ticks.lock().unwrap().seen.clone();
+        ticks
+    }
+
+    #[test]
+    fn each_seed_draws_a_servers_tick_phase_and_keeps_it() {
+        let phases: BTreeSet<i64> = (0..8)
+            .map(|seed| {
+                let ticks = server_ticks(seed, None);
+                assert_eq!(ticks, server_ticks(seed, None), "the phase is the seed's");
+                assert!(ticks.iter().all(|(_, mono)| mono % 1000 == 0), "on the host clock's boundaries: {ticks:?}");
+                assert!(ticks.windows(2).all(|w| w[1].0 - w[0].0 == 1000), "one interval apart: {ticks:?}");
+                ticks[0].0
+            })
+            .collect();
+        // Before, every seed ticked at 1000, 2000, 3000 ms of simulated time.
+        assert!(phases.len() >= 6, "eight seeds, eight phases (or nearly): {phases:?}");
+    }
+
+    #[test]
+    fn ticks_from_a_start_fall_an_interval_after_the_previous_one() {
+        let ticks = server_ticks(3, Some(250));
+        assert_eq!(ticks.iter().map(|(sim, _)| *sim).collect::<Vec<_>>(), vec![250, 1250, 2250, 3250]);
     }
 }

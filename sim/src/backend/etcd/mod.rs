@@ -13,8 +13,9 @@
 //!   naming a lease that does not exist fails the whole transaction (`LeaseNotFound`).
 //! - Leases: granted with a TTL of at least 2 s (3/2 of the default election timeout), renewed to their
 //!   full TTL by a keep-alive (whose answer carries the TTL; 0 for a lease that is gone), revoked on
-//!   request or when the server's clock passes their expiry (checked every 500 ms): either way every key
-//!   attached to them is deleted in one revision.
+//!   request or when the server's clock passes their expiry: either way every key attached to them is
+//!   deleted in one revision. The lessor looks for expired leases every 500 ms after its previous look
+//!   (`lessor.runLoop`), from a start whose phase each life draws from the seed (`start_lessor`).
 //! - Watches on a key or a prefix from a start revision (past revisions are replayed; a future one
 //!   holds back every change before it); each change's events go to every matching watcher in revision
 //!   order, and each one delivered is recorded in the history as `Notify` (the herd count).
@@ -232,10 +233,14 @@ pub struct EtcdState {
     /// Who granted each lease (for the history).
     owners: std::collections::BTreeMap<LeaseId, NodeIx>,
     watchers: watch::Watchers,
+    /// When this life's lessor loop first looks for expired leases (monotonic ms): see
+    /// [`EtcdState::start_lessor`].
+    lessor_start_ms: Option<i64>,
 }
 
-/// How often the lessor looks for expired leases.
-const EXPIRY_CHECK: Duration = Duration::from_millis(500);
+/// How often the lessor looks for expired leases: `lessor.runLoop` (3.5) revokes what has expired,
+/// then waits `time.After(500 * time.Millisecond)` — 500 ms after the previous round, not on a grid.
+pub const EXPIRY_CHECK: Duration = Duration::from_millis(500);
 
 /// etcd's default `--election-timeout`, which a new leader adds to every lease.
 const ELECTION_TIMEOUT_MS: i64 = 1000;
@@ -246,6 +251,15 @@ impl EtcdState {
     /// `lessor.Promote(ElectionTimeout())`: every lease gets its TTL plus the election timeout (1 s by
     /// default) from then. Watches lived in the old process's memory: they are gone, and clients
     /// resume them.
+    /// This life's lessor loop starts at `at_ms` on the server's monotonic clock: it looks for expired
+    /// leases then and every [`EXPIRY_CHECK`] after each look (`lessor.runLoop`). The loop starts with
+    /// the process (`NewLessor`), so its phase is the process's start: the node program draws it per
+    /// seed and life ([`crate::world::NodeEnv::timer_start`]). Unset, the loop ticks on the multiples
+    /// of 500 ms.
+    pub fn start_lessor(&mut self, at_ms: i64) {
+        self.lessor_start_ms = Some(at_ms);
+    }
+
     pub fn recover(&mut self, now_ms: i64) {
         self.leases.renew_all(now_ms + ELECTION_TIMEOUT_MS);
         self.watchers = watch::Watchers::default();
@@ -408,6 +422,10 @@ impl Backend for EtcdState {
 
     fn tick_interval(&self) -> Option<Duration> {
         Some(EXPIRY_CHECK)
+    }
+
+    fn ticks_from(&self) -> Option<i64> {
+        self.lessor_start_ms
     }
 
     fn tick(&mut self, now: Now, out: &mut Out) {

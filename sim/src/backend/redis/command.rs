@@ -262,7 +262,7 @@ impl RedisRequest {
             }
             RedisRequest::InfoReplicas => push(&["INFO", "replication"]),
             RedisRequest::Command { args } => args.iter().for_each(|a| push(&[a])),
-            RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. } => {
+            RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. } | RedisRequest::ReplSync => {
                 unreachable!("replication traffic is not a client command")
             }
         }

@@ -3,7 +3,7 @@
 //! scripting ones — for clients and for a script's `redis.call` alike.
 
 use super::command::{parse, parse_int, Caller, NOT_AN_INTEGER};
-use super::{PubSubMessage, RedisReply, RedisRequest, ReplOp, SetCondition, Value};
+use super::{PubSubMessage, RedisReply, RedisRequest, ReplOp, SetCondition, Shipped, Value};
 use crate::backend::Out;
 use crate::history::{fnv1a, EventKind, NodeIx};
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,6 +28,14 @@ pub(super) struct Data {
     replica_acked: u64,
     /// The replication offset after each client's last write (what its `WAIT` waits for).
     pub(super) written: BTreeMap<NodeIx, u64>,
+    /// As a master: the batches written to the replica link and not yet acknowledged.
+    pub(super) shipped: Vec<Shipped>,
+    /// As a replica: the master's stream it follows (the master's life) and the offset applied in it.
+    following: Option<(u32, u64)>,
+    /// A replica promoted to master: it follows no stream any more (`REPLICAOF NO ONE`).
+    pub(super) promoted: bool,
+    /// As a master: the replica asked for a full resynchronisation, or this master restarted.
+    pub(super) resync: bool,
     /// The nodes subscribed to each channel (one pub/sub connection per client node).
     subscribers: BTreeMap<String, BTreeSet<NodeIx>>,
     /// Who last set each key (by its lease name, [`fnv1a`] of the key) by SET, HSET or HINCRBY (hazard
@@ -52,6 +60,16 @@ impl Data {
     pub(super) fn synced(&self, client: NodeIx) -> i64 {
         let has_replica = self.backlog.is_some();
         i64::from(has_replica && self.replica_acked >= self.written.get(&client).copied().unwrap_or(0))
+    }
+
+    /// The whole dataset as a full resynchronisation sends it: empty the replica, then every key.
+    pub(super) fn snapshot(&self) -> Vec<ReplOp> {
+        let set = |(k, e): (&String, &Entry)| ReplOp::Set {
+            key: k.clone(),
+            value: e.value.clone(),
+            expires_at_ms: e.expires_at_ms,
+        };
+        std::iter::once(ReplOp::Reset).chain(self.keys.iter().map(set)).collect()
     }
 
     /// Keys with an expiry here that `other` lacks or holds another value of.
@@ -223,13 +241,19 @@ impl Data {
                 RedisRequest::Command { .. } => unreachable!("a command line never parses to a command line"),
                 request => self.run(now_ms, from, request, out)?,
             },
-            RedisRequest::Replicate { ops, offset } => {
-                self.replicate(ops);
-                out.push(from, RedisRequest::ReplAck { offset });
+            RedisRequest::Replicate { ops, offset, stream } => {
+                if self.follow(stream, offset, ops) {
+                    out.push(from, RedisRequest::ReplAck { offset });
+                }
                 Ok
             }
             RedisRequest::ReplAck { offset } => {
                 self.replica_acked = self.replica_acked.max(offset);
+                self.shipped.retain(|b| b.offset > offset);
+                Ok
+            }
+            RedisRequest::ReplSync => {
+                self.resync = self.backlog.is_some();
                 Ok
             }
             RedisRequest::Wait { .. } => Int(self.synced(from)),
@@ -307,6 +331,20 @@ impl Data {
         RedisReply::Array(vec![RedisReply::Bulk(kind.into()), RedisReply::Bulk(channel), RedisReply::Int(count as i64)])
     }
 
+    /// As a replica: apply the batch of the master's stream `stream` (its life) up to `offset`, unless
+    /// it has it already (delivered when it was promoted) or was promoted; whether it is this
+    /// replica's to acknowledge.
+    pub(super) fn follow(&mut self, stream: u32, offset: u64, ops: Vec<ReplOp>) -> bool {
+        if self.promoted {
+            return false;
+        }
+        if !self.following.is_some_and(|(s, applied)| s == stream && offset <= applied) {
+            self.replicate(ops);
+            self.following = Some((stream, offset));
+        }
+        true
+    }
+
     fn replicate(&mut self, ops: Vec<ReplOp>) {
         for op in ops {
             match op {
@@ -314,6 +352,7 @@ impl Data {
                 ReplOp::Del { key } => {
                     self.keys.remove(&key);
                 }
+                ReplOp::Reset => self.keys.clear(),
             }
         }
     }

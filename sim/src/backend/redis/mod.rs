@@ -23,10 +23,22 @@
 //!   partition delays it; a subscriber that crashes loses it), and replies how many there were.
 //!   `SUBSCRIBE`/`UNSUBSCRIBE` reply `[kind, channel, count]`. The model keeps one pub/sub connection
 //!   per client node.
-//! - Replication is asynchronous: the master acknowledges a write before the replica has it, and ships its
-//!   effects (the key's new value with an absolute expiry, or its deletion) after a lag — a script's
-//!   effects too, never the script. A failover promotes the replica with whatever it has: writes not yet
-//!   shipped are lost, as the Redis replication docs warn.
+//! - Replication is asynchronous: the master acknowledges a write before the replica has it. It writes
+//!   the write's effects (the key's new value with an absolute expiry, or its deletion — a script's
+//!   effects too, never the script) to the replica link in the same event-loop pass as the client's
+//!   reply: Redis 7.0's `call()` propagates the command (`propagatePendingCommands` →
+//!   `replicationFeedSlaves`, `server.c`/`replication.c`) into the replica's output buffer before the
+//!   reply is written, and `beforeSleep` → `handleClientsWithPendingWritesUsingThreads` writes both. So
+//!   on a healthy link the batch arrives one network delay after it was sent, like the reply. Lag is
+//!   modelled only where it is real: a cut replica link holds the stream (TCP retransmits it after the
+//!   heal), and `replication_lag` (default 0) keeps each write that long in the master's output buffer
+//!   — a slow replica; what waits there dies with the master. A restarted replica asks for a full
+//!   resynchronisation, and a restarted master sends one: the replica empties its dataset and loads the
+//!   master's (a master restarted without persistence empties its replica, as the replication docs warn).
+//! - A failover (Sentinel) promotes the replica at the instant the master dies, first delivering what
+//!   the master had put on the wire to it (see [`RedisState::promote`]): writes held on a cut link or
+//!   waiting in a slow link's buffer are lost, as the Redis replication docs warn; the promoted server
+//!   ignores the old master's stream from then on (`REPLICAOF NO ONE`).
 //! - `WAIT numreplicas timeout` blocks until the replica has acknowledged every write this client made so
 //!   far, or the timeout (ms; 0 = forever) passes, and replies how many replicas acknowledged (0 or 1).
 //!   The replica acknowledges each batch it applies by its replication offset (`REPLCONF ACK`).
@@ -44,6 +56,7 @@ pub use command::{parse, parse_int, Caller};
 pub use lua::{format_g17, sha1_hex, INSTRUCTION_BUDGET};
 
 use super::{Backend, Now, Out};
+use crate::clock::sim_now_ns;
 use crate::history::NodeIx;
 use crate::net::Rpc;
 use crate::world::NodeEnv;
@@ -155,16 +168,20 @@ pub enum RedisRequest {
         numreplicas: i64,
         timeout_ms: i64,
     },
-    /// Replication stream from the master, up to the master's replication offset `offset` (never sent
-    /// by clients).
+    /// Replication stream from the master, up to the master's replication offset `offset` in its
+    /// stream `stream` (its life: a restarted master starts a new one), never sent by clients.
     Replicate {
         ops: Vec<ReplOp>,
         offset: u64,
+        stream: u32,
     },
     /// The replica's acknowledgement: it has applied everything up to `offset` (`REPLCONF ACK`).
     ReplAck {
         offset: u64,
     },
+    /// A restarted replica asks its master for the stream (`PSYNC`): the master answers with a full
+    /// resynchronisation, its whole dataset, on the replica link.
+    ReplSync,
 }
 
 /// RESP2 replies.
@@ -197,8 +214,28 @@ impl From<&str> for Value {
 /// The effect of a write, as shipped to the replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplOp {
-    Set { key: String, value: Value, expires_at_ms: Option<i64> },
-    Del { key: String },
+    Set {
+        key: String,
+        value: Value,
+        expires_at_ms: Option<i64>,
+    },
+    Del {
+        key: String,
+    },
+    /// A full resynchronisation begins: the replica empties its dataset, then loads the master's (the
+    /// `Set`s that follow), as it does with the RDB a full sync sends (`replicaofCommand` → `PSYNC`,
+    /// `readSyncBulkPayload` → `emptyData`, `replication.c`, 7.0).
+    Reset,
+}
+
+/// A batch a master wrote to its replica link: when (simulated ns), in which of its streams, up to
+/// which offset, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shipped {
+    pub sent_ns: u64,
+    pub stream: u32,
+    pub offset: u64,
+    pub ops: Vec<ReplOp>,
 }
 
 /// A message pushed to a subscribed node (RESP's `message` push).
@@ -233,10 +270,37 @@ impl RedisState {
     }
 
     /// The server process restarted with its dataset (AOF): what lives only in the process is gone —
-    /// the script cache and the subscriptions.
+    /// the script cache, the subscriptions and the replica link's buffers.
     pub fn restart(&mut self) {
         self.scripting = None;
         self.data.forget_subscribers();
+        self.data.shipped.clear();
+    }
+
+    /// What this master has written to its replica link and the replica has not acknowledged, but for
+    /// what is held on the cut link since `held_since` (simulated ns, [`crate::net::Net::held_since`]):
+    /// what the replica still receives if this master dies now — its kernel has put it on the wire.
+    pub fn on_the_wire(&self, held_since: Option<u64>) -> Vec<Shipped> {
+        let sent = |b: &&Shipped| held_since.is_none_or(|first| b.sent_ns < first);
+        self.data.shipped.iter().filter(sent).cloned().collect()
+    }
+
+    /// Promote this replica to master (Sentinel's `REPLICAOF NO ONE`), after applying `in_flight`, what
+    /// its old master had put on the wire to it ([`RedisState::on_the_wire`]); from then on it ignores
+    /// the old master's stream.
+    ///
+    /// Promotion is instant: the model promotes at the moment the master dies. Real Sentinel first
+    /// waits `down-after-milliseconds` (30 s by default) of silence, agrees on the failover (quorum,
+    /// leader election) and picks the replica (`sentinelFailoverSelectSlave`, `sentinel.c`, 7.0) — by
+    /// then everything on the wire has arrived, which is why `in_flight` is applied first; clients
+    /// meanwhile reach no master. That wait, and the windows it opens and closes, are a later Sentinel
+    /// issue; an instant promotion that dropped what was on the wire would open a window the real
+    /// system lacks.
+    pub fn promote(&mut self, in_flight: Vec<Shipped>) {
+        for b in in_flight {
+            self.data.follow(b.stream, b.offset, b.ops);
+        }
+        self.data.promoted = true;
     }
 
     fn command(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
@@ -272,6 +336,9 @@ impl Backend for RedisState {
         let reply = self.command(now.wall_ms, from, request, out);
         if self.data.offset > offset {
             self.data.written.insert(from, self.data.offset);
+            self.shipper.notify_one();
+        }
+        if self.data.resync {
             self.shipper.notify_one();
         }
         reply
@@ -330,8 +397,11 @@ pub struct RedisNode {
     pub state: Arc<Mutex<RedisState>>,
     /// Restart with the dataset (AOF with fsync always) or empty.
     pub persist: bool,
-    /// The replica this master ships its writes to, and after how long.
+    /// The replica this master writes its stream to, and how long each write first waits in the
+    /// master's output buffer (a slow replica; zero: written with the reply).
     pub replica: Option<(NodeIx, Duration)>,
+    /// The master this replica follows: a restarted replica asks it for a full resynchronisation.
+    pub master: Option<NodeIx>,
 }
 
 impl RedisNode {
@@ -347,24 +417,69 @@ impl RedisNode {
             }
         }
         let rpc = std::rc::Rc::new(Rpc::bind(&env));
+        if let (Some(master), true) = (self.master, env.incarnation > 0) {
+            // A restarted replica reconnects and asks for the stream; a restarted master (below) sends
+            // its dataset on its own, as a replica's PSYNC after the master's restart finds a new
+            // replication ID and gets a full sync.
+            rpc.tell(master, RedisRequest::ReplSync);
+        }
         if let Some((replica, lag)) = self.replica {
-            let (state, rpc) = (self.state.clone(), rpc.clone());
-            madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag).await });
+            if env.incarnation > 0 {
+                self.state.lock().expect("redis lock").data.resync = true;
+            }
+            let (state, rpc, stream) = (self.state.clone(), rpc.clone(), env.incarnation);
+            madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag, stream).await });
         }
         super::serve(self.state, &rpc, &env.clock, &env.recorder).await
     }
 }
 
-async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Duration) {
+/// How long a batch written to the replica link is remembered unacknowledged: longer than Linux keeps
+/// retransmitting (`tcp_retries2`, about 924 s).
+const SHIPPED_KEPT_NS: u64 = 1_000_000_000_000;
+
+/// The replica link's writer: each write's effects go out `lag` after the write (at once by default,
+/// the same instant as the reply), in order, and are kept until the replica acknowledges them. What
+/// waits in `waiting` lives in the process and dies with it.
+async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Duration, stream: u32) {
     let shipper = state.lock().expect("redis lock").shipper.clone();
+    // (due, ops, offset after them), in the order written.
+    let mut waiting: std::collections::VecDeque<(u64, Vec<ReplOp>, u64)> = Default::default();
     loop {
-        shipper.notified().await;
-        crate::clock::sleep(lag).await;
-        let mut s = state.lock().expect("redis lock");
-        let (ops, offset) = (std::mem::take(s.data.backlog.get_or_insert_with(Vec::new)), s.data.offset);
-        drop(s);
-        if !ops.is_empty() {
-            rpc.tell(replica, RedisRequest::Replicate { ops, offset });
+        let now = sim_now_ns();
+        {
+            let mut s = state.lock().expect("redis lock");
+            let mut ops = std::mem::take(s.data.backlog.get_or_insert_with(Vec::new));
+            if std::mem::take(&mut s.data.resync) {
+                // A full sync carries the dataset as it is now: what waited to be written is in it.
+                waiting.clear();
+                ops = s.data.snapshot();
+            }
+            if !ops.is_empty() {
+                waiting.push_back((now + lag.as_nanos() as u64, ops, s.data.offset));
+            }
+        }
+        match waiting.front() {
+            Some((due, ..)) if *due <= now => {
+                let (_, ops, offset) = waiting.pop_front().expect("just looked");
+                let batch = Shipped { sent_ns: now, stream, offset, ops: ops.clone() };
+                let mut s = state.lock().expect("redis lock");
+                // Older batches were delivered or died with their link (TCP gives up after ~924 s):
+                // forget them, so a replica that never acknowledges cannot grow the log without bound.
+                s.data.shipped.retain(|b| b.sent_ns + SHIPPED_KEPT_NS > now);
+                s.data.shipped.push(batch);
+                drop(s);
+                rpc.tell(replica, RedisRequest::Replicate { ops, offset, stream });
+            }
+            Some((due, ..)) => {
+                let wait = crate::clock::sleep(Duration::from_nanos(due - now));
+                tokio::select! {
+                    biased;
+                    _ = shipper.notified() => {}
+                    _ = wait => {}
+                }
+            }
+            None => shipper.notified().await,
         }
     }
 }

@@ -123,7 +123,7 @@ fn writes_are_shipped_as_effects_and_a_replica_applies_them() {
         ]
     );
     let mut replica = RedisState::default();
-    table(&mut replica, vec![(60, RedisRequest::Replicate { ops: ops[..2].to_vec(), offset: 2 }, Ok)]);
+    table(&mut replica, vec![(60, RedisRequest::Replicate { ops: ops[..2].to_vec(), offset: 2, stream: 0 }, Ok)]);
     table(&mut replica, vec![(60, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
 }
 
@@ -159,7 +159,7 @@ fn a_replica_acknowledges_each_batch_by_its_offset() {
     let mut replica = RedisState::default();
     let mut out = Out::default();
     let ops = vec![ReplOp::Set { key: key("lock"), value: "a".into(), expires_at_ms: None }];
-    replica.apply(Now::at(0), NodeIx(0), RedisRequest::Replicate { ops, offset: 7 }, &mut out);
+    replica.apply(Now::at(0), NodeIx(0), RedisRequest::Replicate { ops, offset: 7, stream: 0 }, &mut out);
     let ack = out.pushes.pop().expect("an ack").1.downcast::<RedisRequest>().unwrap();
     assert_eq!(*ack, RedisRequest::ReplAck { offset: 7 });
 }
@@ -438,7 +438,7 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
     let (got2, answers2) = (got.clone(), answers.clone());
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
         let mut world = World::new(1);
-        let node = RedisNode { state: Arc::default(), persist: true, replica: None };
+        let node = RedisNode { state: Arc::default(), persist: true, replica: None, master: None };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(node.clone().run(env))));
         let subscriber: Program = Arc::new(move |env| {
             let got = got2.clone();
@@ -516,4 +516,162 @@ fn a_replica_missing_a_lock_key_is_what_a_failover_would_lose() {
     assert_eq!(master.lock_keys_missing_from(&replica), 0, "the fence has no expiry: not a lock key");
     master.apply(Now::at(0), NodeIx(1), set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
     assert_eq!(master.lock_keys_missing_from(&replica), 1);
+}
+
+fn batch(sent_ns: u64, offset: u64, key_name: &str) -> Shipped {
+    let ops = vec![ReplOp::Set { key: key(key_name), value: "v".into(), expires_at_ms: Some(10_000) }];
+    Shipped { sent_ns, stream: 0, offset, ops }
+}
+
+#[test]
+fn a_replica_applies_each_batch_once_and_a_promoted_one_follows_no_stream() {
+    let mut replica = RedisState::default();
+    let mut out = Out::default();
+    let b = batch(0, 1, "a");
+    let replicate = |b: &Shipped| RedisRequest::Replicate { ops: b.ops.clone(), offset: b.offset, stream: b.stream };
+    replica.promote(vec![b.clone()]);
+    table(&mut replica, vec![(1, RedisRequest::Get { key: key("a") }, Bulk("v".into()))]);
+    table(&mut replica, vec![(2, RedisRequest::Del { keys: vec![key("a")] }, Int(1))]);
+    // The same batch arrives after the promotion: the old master's stream no longer counts.
+    replica.apply(Now::at(3), NodeIx(0), replicate(&b), &mut out);
+    replica.apply(Now::at(3), NodeIx(0), replicate(&batch(0, 2, "b")), &mut out);
+    table(&mut replica, vec![(4, RedisRequest::Exists { keys: vec![key("a"), key("b")] }, Int(0))]);
+    assert!(out.pushes.is_empty(), "a promoted server acknowledges nothing");
+
+    let mut follower = RedisState::default();
+    follower.apply(Now::at(0), NodeIx(0), replicate(&batch(0, 2, "c")), &mut out);
+    table(&mut follower, vec![(1, RedisRequest::Del { keys: vec![key("c")] }, Int(1))]);
+    follower.apply(Now::at(2), NodeIx(0), replicate(&batch(0, 2, "c")), &mut out);
+    table(&mut follower, vec![(3, RedisRequest::Exists { keys: vec![key("c")] }, Int(0))]);
+    let restarted = Shipped { stream: 1, ..batch(0, 1, "c") };
+    follower.apply(Now::at(4), NodeIx(0), replicate(&restarted), &mut out);
+    table(&mut follower, vec![(5, RedisRequest::Exists { keys: vec![key("c")] }, Int(1))]);
+}
+
+#[test]
+fn what_was_on_the_wire_reaches_the_promoted_replica_and_what_a_cut_held_does_not() {
+    let mut master = RedisState::with_replica();
+    master.data.shipped = vec![batch(1_000, 1, "before-the-cut"), batch(5_000, 2, "during-the-cut")];
+    let mut out = Out::default();
+    assert_eq!(master.on_the_wire(None).len(), 2, "a healthy link: everything sent is on its way");
+    assert_eq!(master.on_the_wire(Some(5_000)), vec![batch(1_000, 1, "before-the-cut")]);
+    master.apply(Now::at(0), NodeIx(9), RedisRequest::ReplAck { offset: 1 }, &mut out);
+    assert_eq!(master.on_the_wire(None), vec![batch(5_000, 2, "during-the-cut")], "acknowledged: delivered");
+}
+
+/// A master and its replica with `lag`, and a client that sets a key at 1 s: when the replica has it
+/// (ms), if by 3 s.
+fn replica_has_key_at(lag: Duration) -> Option<u64> {
+    use crate::clock::sim_now_ns;
+    use crate::net::Rpc;
+    use crate::world::{Program, World};
+    use std::sync::{Arc, Mutex};
+    let replica_state: Arc<Mutex<RedisState>> = Arc::default();
+    let seen = Arc::new(Mutex::new(None));
+    let (watch, seen2) = (replica_state.clone(), seen.clone());
+    madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(1);
+        let replica_ix = NodeIx(1);
+        let master = RedisNode {
+            state: Arc::new(Mutex::new(RedisState::with_replica())),
+            persist: true,
+            replica: Some((replica_ix, lag)),
+            master: None,
+        };
+        let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
+        let replica = RedisNode { state: replica_state, persist: true, replica: None, master: Some(server) };
+        world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
+        let client: Program = Arc::new(move |env| {
+            let (watch, seen) = (watch.clone(), seen2.clone());
+            Box::pin(async move {
+                let rpc = Rpc::bind(&env);
+                madsim::time::sleep(Duration::from_secs(1)).await;
+                let set = set("lock", "a", SetCondition::Nx, Some(10_000));
+                let _: RedisReply = rpc.call(server, set, Duration::from_secs(1)).await.unwrap();
+                loop {
+                    let mut out = Out::default();
+                    let get = RedisRequest::Get { key: key("lock") };
+                    if watch.lock().unwrap().apply(Now::at(1_000), NodeIx(9), get, &mut out) != Nil {
+                        seen.lock().unwrap().get_or_insert(sim_now_ns() / 1_000_000);
+                        return;
+                    }
+                    madsim::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        });
+        world.add_node("client-0", client);
+        world.run(&[], Duration::from_secs(3)).await;
+    });
+    let at = *seen.lock().unwrap();
+    at
+}
+
+#[test]
+fn a_healthy_replica_link_carries_each_write_at_once_and_a_slow_one_after_its_lag() {
+    let at = replica_has_key_at(Duration::ZERO).expect("replicated");
+    // Sent with the reply: one network delay (1–10 ms) after the master applied it at 1 s + 1–10 ms.
+    assert!((1_002..=1_021).contains(&at), "{at} ms");
+    let slow = replica_has_key_at(Duration::from_millis(500)).expect("replicated");
+    assert!((1_502..=1_521).contains(&slow), "{slow} ms");
+}
+
+/// A master (keeping its dataset across a restart or not) and a replica that forgets its own; a client
+/// sets a key at 1 s, then `crashed` crashes at 2 s for 1 s: whether the replica has the key at 5 s.
+fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
+    use crate::fault::{Action, Fault, Target};
+    use crate::net::Rpc;
+    use crate::world::{Program, World};
+    use std::sync::{Arc, Mutex};
+    let replica_state: Arc<Mutex<RedisState>> = Arc::default();
+    let watch = replica_state.clone();
+    let crash = Fault {
+        at: Duration::from_secs(2),
+        target: Target::Node(crashed.into()),
+        action: Action::Crash { restart_after: Some(Duration::from_secs(1)) },
+        on: None,
+    };
+    madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(1);
+        let state = Arc::new(Mutex::new(RedisState::with_replica()));
+        let lag = Duration::ZERO;
+        let master = RedisNode { state, persist: master_persists, replica: Some((NodeIx(1), lag)), master: None };
+        let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
+        let replica = RedisNode { state: replica_state, persist: false, replica: None, master: Some(server) };
+        world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
+        let client: Program = Arc::new(move |env| {
+            Box::pin(async move {
+                let rpc = Rpc::bind(&env);
+                madsim::time::sleep(Duration::from_secs(1)).await;
+                let set = set("lock", "a", SetCondition::Nx, Some(100_000));
+                let _: RedisReply = rpc.call(server, set, Duration::from_secs(1)).await.unwrap();
+            })
+        });
+        world.add_node("client-0", client);
+        world.run(&[crash], Duration::from_secs(5)).await;
+    });
+    let mut out = Out::default();
+    let get = RedisRequest::Get { key: key("lock") };
+    let has = watch.lock().unwrap().apply(Now::at(5_000), NodeIx(9), get, &mut out) != Nil;
+    has
+}
+
+#[test]
+fn a_restarted_replica_catches_up_by_a_full_resync_and_an_empty_master_empties_it() {
+    assert!(replica_has_key_after_restart("redis-0", true), "the master's dataset survives: no loss");
+    assert!(replica_has_key_after_restart("redis-0-replica", false), "the replica restarted empty, then resynced");
+    // The replication docs' warning: a master restarted without persistence syncs its replica empty.
+    assert!(!replica_has_key_after_restart("redis-0", false), "the replica loaded the master's empty dataset");
+}
+
+#[test]
+fn a_full_resync_replaces_the_replicas_dataset() {
+    let mut master = RedisState::with_replica();
+    let mut out = Out::default();
+    master.apply(Now::at(0), NodeIx(1), set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
+    let mut replica = RedisState::default();
+    replica.apply(Now::at(0), NodeIx(1), set("stale", "x", SetCondition::Always, None), &mut out);
+    let replicate = RedisRequest::Replicate { ops: master.data.snapshot(), offset: 1, stream: 1 };
+    replica.apply(Now::at(1), NodeIx(0), replicate, &mut out);
+    table(&mut replica, vec![(2, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
+    table(&mut replica, vec![(2, RedisRequest::Exists { keys: vec![key("stale")] }, Int(0))]);
 }

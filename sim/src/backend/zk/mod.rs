@@ -20,6 +20,9 @@
 //!   applied, which it always is.
 //! - Sessions: timeouts negotiated into [2, 20] × tickTime; each request or ping renews one; the server
 //!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches.
+//!   Buckets are the multiples of tickTime on the host's monotonic clock (`ExpiryQueue` over
+//!   `Time.currentElapsedTime()`, i.e. `System.nanoTime`, which counts from the host's boot): their
+//!   phase is the host's uptime, drawn per seed (`World::add_server`) and kept across restarts.
 //!   A request on an expired session fails with SessionExpired — which is how a client learns of it.
 //! - Durability: every transaction is logged to disk before it is acknowledged, so a restarted server
 //!   recovers its tree and its sessions, and gives each session a fresh timeout to reconnect in
