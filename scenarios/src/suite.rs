@@ -172,7 +172,7 @@ fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
         Hazard::WatchFiredWhileDisconnected => family_is(&["zk"]),
         Hazard::LockKeyLostInFailover => family_is(&["redis"]).or_else(|| needs(&[FaultKind::Failover])),
         Hazard::ClockJumpDuringHold => needs(&[FaultKind::ClockJump]),
-        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::Restart]),
+        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::HostCrash, FaultKind::Restart]),
     }
 }
 

@@ -22,6 +22,10 @@ pub enum Stream {
     Network,
     /// A conformance script: operations and server faults checked against a real server.
     Conformance,
+    /// What a host's kernel sends on its own when a process dies: the latency of each closed
+    /// connection's FIN or RST. Numbered apart from the others so that streams added later in another
+    /// order keep their numbers.
+    Kernel = 16,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.
