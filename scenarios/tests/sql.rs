@@ -137,3 +137,18 @@ fn a_killed_holder_process_frees_its_advisory_lock_at_once_and_a_dead_host_keeps
     assert!(found(&silent, FindingKind::Deadlock) >= 15, "{:?}", silent.reasons);
     assert_as_expected("sql-advisory-process-crash", 0..20);
 }
+
+#[test]
+fn a_link_that_heals_after_the_last_keepalive_probe_still_loses_the_session() {
+    // Linux resets the connection at the check after the count-th probe without probing again, so
+    // the holder cut off for 7.5 s (idle 5 s, 3 probes 1 s apart) loses its session at 8 s though the
+    // link came back at 7.5 s: the row goes to a waiter while the holder still holds it. The old model
+    // sent a fourth probe, found the link up, and kept the session (0 of 200 seeds unsafe).
+    let r = assert_as_expected("sql-for-update-keepalive-last-probe", 0..20);
+    assert!(found(&r, FindingKind::DoubleHolder) >= 18, "{:?}", r.reasons);
+    // Healed before the third probe (at 6.5 s): the probe at 7 s is answered, the session lives.
+    let path = common::catalog_dir().join("sql-for-update-keepalive-last-probe.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace("duration = \"7500ms\"", "duration = \"6500ms\"");
+    let healed = run(&Scenario::parse("healed.toml", &text, &Registry::builtin()).unwrap(), 0..20);
+    assert_eq!(found(&healed, FindingKind::DoubleHolder), 0, "{:?}", healed.reasons);
+}
