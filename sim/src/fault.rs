@@ -615,6 +615,26 @@ mod tests {
     }
 
     #[test]
+    fn the_nemesis_draws_process_and_host_crashes_apart() {
+        let nemesis = RandomFaults {
+            kinds: vec![FaultKind::Crash, FaultKind::HostCrash],
+            every: (Duration::from_secs(1), Duration::from_secs(1)),
+            duration: (Duration::from_secs(1), Duration::from_secs(1)),
+            target: None,
+            aim: false,
+        };
+        let faults = nemesis.draw(&mut stream(2, Stream::Nemesis, 0), Duration::from_secs(40), &topo());
+        let kinds: std::collections::BTreeSet<FaultKind> = faults.iter().map(|f| f.action.kind()).collect();
+        assert_eq!(kinds, [FaultKind::Crash, FaultKind::HostCrash].into(), "{faults:?}");
+        for f in &faults {
+            let host = f.action.kind() == FaultKind::HostCrash;
+            assert_eq!(f.action, Action::Crash { restart_after: Some(Duration::from_secs(1)), host });
+            assert!(f.action.kind().is_crash());
+        }
+        assert_eq!(FaultKind::parse("host-crash"), Some(FaultKind::HostCrash));
+    }
+
+    #[test]
     fn failover_is_not_drawn_without_a_replica() {
         let nemesis = RandomFaults {
             kinds: vec![FaultKind::Failover],
