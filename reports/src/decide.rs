@@ -200,6 +200,7 @@ fn in_words(label: &str) -> String {
     let word = |kind| match kind {
         "pause" => "pauses",
         "crash" => "crashes",
+        "host-crash" => "host crashes",
         "restart" => "restarts",
         "partition" => "partitions",
         "clog" => "one-way cuts",

@@ -80,7 +80,7 @@ fn spans(h: &History, lanes: &BTreeMap<NodeIx, usize>, lease: Option<Duration>) 
                 }
             }
             EventKind::FaultStart { id, fault, .. } => {
-                if *fault == FaultKind::Crash {
+                if fault.is_crash() {
                     // A dead process neither waits nor holds.
                     if let Some(from) = waiting.remove(&e.node) {
                         out.push(Span { lane, from, to: t, what: Bar::Waiting });
@@ -166,7 +166,7 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
         // Faults behind, then waits and holds, then the lease line, then the findings on top.
         let faults = spans.iter().filter_map(|s| match s.what {
             Bar::Fault(FaultKind::Pause) => Some(bar(s, 0.05, 0.95, PAUSED.mix(0.35).filled())),
-            Bar::Fault(FaultKind::Crash) => Some(bar(s, 0.05, 0.95, DOWN.mix(0.6).filled())),
+            Bar::Fault(FaultKind::Crash | FaultKind::HostCrash) => Some(bar(s, 0.05, 0.95, DOWN.mix(0.6).filled())),
             Bar::Fault(FaultKind::Partition | FaultKind::Clog) => Some(bar(s, 0.05, 0.95, CUT.mix(0.45).filled())),
             Bar::Fault(_) => Some(bar(s, 0.05, 0.95, CUT.mix(0.2).filled())),
             _ => None,

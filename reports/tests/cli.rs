@@ -103,7 +103,7 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "restart-a-running-node.toml",
             "kind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"",
             "kind = \"restart\"\ntarget = \"redis-0\"",
-            ":9:1: a `restart` brings back a node left down by an earlier `crash` without `duration`; redis-0 is not down",
+            ":9:1: a `restart` brings back a node left down by an earlier `crash` or `host-crash` without `duration`; redis-0 is not down",
         ),
         (
             "missing-duration.toml",

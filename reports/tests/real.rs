@@ -123,6 +123,11 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
         ),
         ("kind = \"drop-reply\"\ntarget = \"client-0\"", "aim drop-reply at redis-0 (a client sends none)"),
         ("kind = \"crash\"\ntarget = \"resource\"", "--real cannot fault the resource"),
+        (
+            "kind = \"host-crash\"\ntarget = \"client-0\"",
+            "fault `at 1s host-crash client-0 stays down`: --real cannot crash a host",
+        ),
+        ("kind = \"host-crash\"\ntarget = \"redis-0\"\nduration = \"1s\"", "--real cannot crash a host"),
         ("kind = \"pause\"\ntarget = \"resource\"\nduration = \"1s\"", "--real cannot fault the resource"),
         (
             "on = \"acquire-ok\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"",
@@ -361,6 +366,9 @@ fn builtin_sql_recipes_on_real_postgresql_are_caught_where_the_simulator_catches
             "expected unsafe [double-holder, unsafe-write]",
         ),
         ("builtin-sql-advisory-pause", "sql.advisory", "expected safe"),
+        // A killed holder's kernel closes its connection: the session and its lock end at once, with
+        // no deadlock, in real runs as in the simulator's process crash.
+        ("builtin-sql-advisory-crash", "sql.advisory", "expected safe"),
         (
             "builtin-sql-unique-insert-expiry-pause",
             "sql.unique-insert-expiry",

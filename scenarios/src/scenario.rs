@@ -661,13 +661,13 @@ fn check_restarts(src: &Source, tables: &[Spanned<Table>], schedule: &[Fault]) -
         );
         match (&fault.action, node) {
             // An aimed crash may fire late or never: a timed `restart` cannot count on it.
-            (Action::Crash { restart_after: None }, Some(n)) if fault.on.is_none() => {
+            (Action::Crash { restart_after: None, .. }, Some(n)) if fault.on.is_none() => {
                 down.insert(n);
             }
             (Action::Restart, Some(n)) if down.remove(n) => {}
             (Action::Restart, _) => {
                 let m = format!(
-                    "a `restart` brings back a node left down by an earlier `crash` without `duration`; {} is not down at {}",
+                    "a `restart` brings back a node left down by an earlier `crash` or `host-crash` without `duration`; {} is not down at {}",
                     node.unwrap_or("its target"),
                     locksim_sim::fault::fmt_duration(fault.at)
                 );
@@ -753,7 +753,8 @@ fn fault(
             let v = s.require("duration", "how long the node stays paused")?;
             (Action::Pause { duration: s.duration("duration", &v, false)?.1 }, &["duration"])
         }
-        FaultKind::Crash => (Action::Crash { restart_after: duration(&mut s)? }, &["duration"]),
+        FaultKind::Crash => (Action::Crash { restart_after: duration(&mut s)?, host: false }, &["duration"]),
+        FaultKind::HostCrash => (Action::Crash { restart_after: duration(&mut s)?, host: true }, &["duration"]),
         FaultKind::Restart => (Action::Restart, &[]),
         FaultKind::Partition => {
             (Action::Partition { peers: peers(&mut s)?, duration: duration(&mut s)? }, &["duration", "peers"])

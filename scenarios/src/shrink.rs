@@ -58,7 +58,7 @@ impl Search<'_> {
 /// How long a fault lasts, if it has a length to shorten.
 fn length(action: &mut Action) -> Option<&mut Duration> {
     match action {
-        Action::Pause { duration } | Action::Crash { restart_after: Some(duration) } => Some(duration),
+        Action::Pause { duration } | Action::Crash { restart_after: Some(duration), .. } => Some(duration),
         Action::Partition { duration: Some(d), .. }
         | Action::Clog { duration: Some(d), .. }
         | Action::Delay { duration: Some(d), .. }
@@ -181,7 +181,7 @@ fn fault_table(f: &Fault) -> toml::Table {
     let mut put = |k: &str, v: toml::Value| t.insert(k.into(), v);
     match &f.action {
         Action::Pause { duration } => drop(put("duration", d(duration))),
-        Action::Crash { restart_after } => drop(restart_after.as_ref().map(|r| put("duration", d(r)))),
+        Action::Crash { restart_after, .. } => drop(restart_after.as_ref().map(|r| put("duration", d(r)))),
         Action::Restart | Action::Failover => {}
         Action::Partition { peers: p, duration } | Action::Clog { peers: p, duration } => {
             if !p.is_empty() {

@@ -161,7 +161,11 @@ fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
     let needs = |kinds: &[FaultKind]| {
         (!kinds.iter().any(|k| has(*k))).then(|| {
             let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
-            format!("it needs a {} fault, and the scenario has none", names.join(" or "))
+            let names = match names.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                _ => names.join(""),
+            };
+            format!("it needs a {names} fault, and the scenario has none")
         })
     };
     let leased = ["redis", "zk", "etcd", "sql"];
@@ -172,7 +176,7 @@ fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
         Hazard::WatchFiredWhileDisconnected => family_is(&["zk"]),
         Hazard::LockKeyLostInFailover => family_is(&["redis"]).or_else(|| needs(&[FaultKind::Failover])),
         Hazard::ClockJumpDuringHold => needs(&[FaultKind::ClockJump]),
-        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::Restart]),
+        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::HostCrash, FaultKind::Restart]),
     }
 }
 

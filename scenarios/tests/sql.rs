@@ -110,3 +110,45 @@ fn bad_flash_sale_parameters_are_errors_with_their_line() {
         assert_eq!(parse(workload).as_deref(), Some(expected), "{workload}");
     }
 }
+
+/// A scenario file of `sql.advisory` whose holder is crashed at 10 s by `kind`, with the server's
+/// keep-alive at the operating system's defaults (2 h idle) and a 20 s liveness window.
+fn advisory_holder(kind: &str) -> Scenario {
+    let text = format!(
+        "name = \"advisory-{kind}\"\n[recipe]\nid = \"sql.advisory\"\n[workload]\nkind = \"counter\"\nclients = 3\n\
+         duration = \"60s\"\n[[faults.schedule]]\nat = \"10s\"\nkind = \"{kind}\"\ntarget = \"holder\"\n\
+         [check]\nliveness = \"20s\"\n"
+    );
+    Scenario::parse("advisory.toml", &text, &Registry::builtin()).unwrap()
+}
+
+#[test]
+fn a_killed_holder_process_frees_its_advisory_lock_at_once_and_a_dead_host_keeps_it_until_keepalive() {
+    // The kernel of a killed process closes its connection: PostgreSQL reads EOF and ends the session
+    // one network delay later (a real server recovered in 3–31 ms; the old model, in which a crash
+    // silenced the host, gave `deadlock` in 192 of 200 seeds).
+    let killed = run(&advisory_holder("crash"), 0..20);
+    assert_eq!(found(&killed, FindingKind::Deadlock), 0, "{:?}", killed.reasons);
+    let recoveries: Vec<f64> = killed.results.iter().flat_map(|s| s.measurements.recovery_ms.clone()).collect();
+    assert!(recoveries.len() >= 15, "the holder was crashed in most seeds: {recoveries:?}");
+    assert!(recoveries.iter().all(|ms| *ms < 50.0), "granted within a network delay or two: {recoveries:?}");
+    // A dead host closes nothing: the lock stays until keep-alive (2 h by default) ends the session.
+    let silent = run(&advisory_holder("host-crash"), 0..20);
+    assert!(found(&silent, FindingKind::Deadlock) >= 15, "{:?}", silent.reasons);
+    assert_as_expected("sql-advisory-process-crash", 0..20);
+}
+
+#[test]
+fn a_link_that_heals_after_the_last_keepalive_probe_still_loses_the_session() {
+    // Linux resets the connection at the check after the count-th probe without probing again, so
+    // the holder cut off for 7.5 s (idle 5 s, 3 probes 1 s apart) loses its session at 8 s though the
+    // link came back at 7.5 s: the row goes to a waiter while the holder still holds it. The old model
+    // sent a fourth probe, found the link up, and kept the session (0 of 200 seeds unsafe).
+    let r = assert_as_expected("sql-for-update-keepalive-last-probe", 0..20);
+    assert!(found(&r, FindingKind::DoubleHolder) >= 18, "{:?}", r.reasons);
+    // Healed before the third probe (at 6.5 s): the probe at 7 s is answered, the session lives.
+    let path = common::catalog_dir().join("sql-for-update-keepalive-last-probe.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace("duration = \"7500ms\"", "duration = \"6500ms\"");
+    let healed = run(&Scenario::parse("healed.toml", &text, &Registry::builtin()).unwrap(), 0..20);
+    assert_eq!(found(&healed, FindingKind::DoubleHolder), 0, "{:?}", healed.reasons);
+}

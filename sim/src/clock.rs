@@ -248,6 +248,14 @@ impl Clock {
         (s.wall_ns(sim_ns).div_euclid(1_000_000), mono_ns.div_euclid(1_000_000))
     }
 
+    /// The monotonic clock in milliseconds at simulated instant `sim_ns` (earlier ones at the current
+    /// rate: close enough for the few milliseconds a kernel's timestamps look back).
+    pub fn monotonic_ms_at(&self, sim_ns: u64) -> i64 {
+        let s = self.0.lock().expect("clock lock");
+        let since_anchor = (sim_ns as i64 - s.anchor_ns as i64) as f64 * s.rate;
+        (s.mono_at_anchor_ns + since_anchor as i64).div_euclid(1_000_000)
+    }
+
     /// Wall time in nanoseconds at a given simulated instant.
     pub fn wall_ns_at(&self, sim_ns: u64) -> i64 {
         self.0.lock().expect("clock lock").wall_ns(sim_ns)

@@ -19,6 +19,7 @@ use std::time::Duration;
 pub enum FaultKind {
     Pause,
     Crash,
+    HostCrash,
     Restart,
     Partition,
     Clog,
@@ -31,9 +32,10 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Pause,
         FaultKind::Crash,
+        FaultKind::HostCrash,
         FaultKind::Restart,
         FaultKind::Partition,
         FaultKind::Clog,
@@ -49,6 +51,7 @@ impl FaultKind {
         match self {
             FaultKind::Pause => "pause",
             FaultKind::Crash => "crash",
+            FaultKind::HostCrash => "host-crash",
             FaultKind::Restart => "restart",
             FaultKind::Partition => "partition",
             FaultKind::Clog => "clog",
@@ -65,6 +68,12 @@ impl FaultKind {
         FaultKind::ALL.into_iter().find(|k| k.name() == name)
     }
 
+    /// Whether the fault kills the node (its process, or its whole host): its holds end, its volatile
+    /// state is lost, and it comes back (if at all) as a new life.
+    pub fn is_crash(self) -> bool {
+        matches!(self, FaultKind::Crash | FaultKind::HostCrash)
+    }
+
     /// One line for `locksim list faults`: what it does and the keys it takes beside `at` and `target`.
     pub fn describe(self) -> &'static str {
         match self {
@@ -72,7 +81,12 @@ impl FaultKind {
                 "stop-the-world pause (GC): every task of the node freezes, timers fire late; keys: duration"
             }
             FaultKind::Crash => {
-                "kill the node (volatile state lost); keys: duration (restart after it; omit to stay down)"
+                "kill the node's process (OOM, deploy, segfault): its kernel closes its connections at once, peers \
+                 see them reset; volatile state lost; keys: duration (restart after it; omit to stay down)"
+            }
+            FaultKind::HostCrash => {
+                "the node's host dies (power loss, kernel panic): silence, peers learn only by their timeouts and \
+                 keep-alive; volatile state lost; keys: duration (restart after it; omit to stay down)"
             }
             FaultKind::Restart => "restart a crashed node",
             FaultKind::Partition => {
@@ -125,16 +139,43 @@ impl std::fmt::Display for Target {
 /// What a fault does, with its parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    Pause { duration: Duration },
-    Crash { restart_after: Option<Duration> },
+    Pause {
+        duration: Duration,
+    },
+    /// `host`: the whole host dies (`host-crash`: silence) rather than the process (`crash`: its
+    /// kernel closes its connections, so every peer sees them closed one network delay later).
+    Crash {
+        restart_after: Option<Duration>,
+        host: bool,
+    },
     Restart,
-    Partition { peers: Vec<String>, duration: Option<Duration> },
-    Clog { peers: Vec<String>, duration: Option<Duration> },
-    Delay { latency: Duration, duration: Option<Duration> },
-    Loss { rate: f64, duration: Option<Duration> },
-    DropReply { rate: f64, duration: Option<Duration> },
-    ClockJump { delta_ms: i64 },
-    ClockDrift { rate: f64, duration: Option<Duration> },
+    Partition {
+        peers: Vec<String>,
+        duration: Option<Duration>,
+    },
+    Clog {
+        peers: Vec<String>,
+        duration: Option<Duration>,
+    },
+    Delay {
+        latency: Duration,
+        duration: Option<Duration>,
+    },
+    Loss {
+        rate: f64,
+        duration: Option<Duration>,
+    },
+    DropReply {
+        rate: f64,
+        duration: Option<Duration>,
+    },
+    ClockJump {
+        delta_ms: i64,
+    },
+    ClockDrift {
+        rate: f64,
+        duration: Option<Duration>,
+    },
     Failover,
 }
 
@@ -142,7 +183,8 @@ impl Action {
     pub fn kind(&self) -> FaultKind {
         match self {
             Action::Pause { .. } => FaultKind::Pause,
-            Action::Crash { .. } => FaultKind::Crash,
+            Action::Crash { host: false, .. } => FaultKind::Crash,
+            Action::Crash { host: true, .. } => FaultKind::HostCrash,
             Action::Restart => FaultKind::Restart,
             Action::Partition { .. } => FaultKind::Partition,
             Action::Clog { .. } => FaultKind::Clog,
@@ -159,7 +201,7 @@ impl Action {
     pub fn duration(&self) -> Option<Duration> {
         match self {
             Action::Pause { duration } => Some(*duration),
-            Action::Crash { restart_after } => *restart_after,
+            Action::Crash { restart_after, .. } => *restart_after,
             Action::Partition { duration, .. }
             | Action::Clog { duration, .. }
             | Action::Delay { duration, .. }
@@ -182,8 +224,8 @@ impl Action {
         };
         match self {
             Action::Pause { duration } => format!("for {}", fmt_duration(*duration)),
-            Action::Crash { restart_after: Some(d) } => format!("restart after {}", fmt_duration(*d)),
-            Action::Crash { restart_after: None } => "stays down".into(),
+            Action::Crash { restart_after: Some(d), .. } => format!("restart after {}", fmt_duration(*d)),
+            Action::Crash { restart_after: None, .. } => "stays down".into(),
             Action::Restart => String::new(),
             Action::Partition { peers: p, duration } => {
                 format!("from {} {}", peers(p), dur(duration))
@@ -503,7 +545,8 @@ impl RandomFaults {
             // Half of the pauses hit the holder: a pause matters most where the lock is held.
             FaultKind::Pause if rng.gen_bool(0.5) => (Target::Holder, Action::Pause { duration }),
             FaultKind::Pause => (any_node(rng), Action::Pause { duration }),
-            FaultKind::Crash => (any_node(rng), Action::Crash { restart_after: d }),
+            FaultKind::Crash => (any_node(rng), Action::Crash { restart_after: d, host: false }),
+            FaultKind::HostCrash => (any_node(rng), Action::Crash { restart_after: d, host: true }),
             FaultKind::Restart => return None,
             FaultKind::Partition => (any_node(rng), Action::Partition { peers: vec![], duration: d }),
             FaultKind::Clog => (any_node(rng), Action::Clog { peers: vec![], duration: d }),
@@ -584,6 +627,26 @@ mod tests {
         assert!(faults.len() >= 5, "60 s at most 10 s apart gives at least 5 faults, got {}", faults.len());
         assert!(faults.windows(2).all(|w| w[0].at < w[1].at));
         assert!(faults.iter().all(|f| f.at < Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn the_nemesis_draws_process_and_host_crashes_apart() {
+        let nemesis = RandomFaults {
+            kinds: vec![FaultKind::Crash, FaultKind::HostCrash],
+            every: (Duration::from_secs(1), Duration::from_secs(1)),
+            duration: (Duration::from_secs(1), Duration::from_secs(1)),
+            target: None,
+            aim: false,
+        };
+        let faults = nemesis.draw(&mut stream(2, Stream::Nemesis, 0), Duration::from_secs(40), &topo());
+        let kinds: std::collections::BTreeSet<FaultKind> = faults.iter().map(|f| f.action.kind()).collect();
+        assert_eq!(kinds, [FaultKind::Crash, FaultKind::HostCrash].into(), "{faults:?}");
+        for f in &faults {
+            let host = f.action.kind() == FaultKind::HostCrash;
+            assert_eq!(f.action, Action::Crash { restart_after: Some(Duration::from_secs(1)), host });
+            assert!(f.action.kind().is_crash());
+        }
+        assert_eq!(FaultKind::parse("host-crash"), Some(FaultKind::HostCrash));
     }
 
     #[test]

@@ -21,7 +21,20 @@
 //! already on the wire when a cut starts still arrives (the cut acts at send time).
 //!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
-//! or may not have been applied. That is the only failure a caller sees, as with a real socket timeout.
+//! or may not have been applied, as with a real socket timeout.
+//!
+//! Two ways to die ([`Net::kill_process`], [`Net::unbind`]):
+//! - A killed *process* (OOM, a deploy, a segfault — `crash`) leaves its host's kernel running. Linux
+//!   closes every socket of a dying process (`do_exit` → `exit_files` → `tcp_close`): a FIN, or an RST
+//!   when unread data was left in the socket (`tcp_close`: "data was unread"). Every peer it had a
+//!   connection with sees it closed one network delay later, behind what was already on the link
+//!   (a cut link holds the FIN as it holds data); its calls still waiting on the dead process end as
+//!   [`CallError::Reset`]; a server is told through [`Input::Closed`]. Until a new process starts, the
+//!   kernel answers what arrives with an RST (no socket listens: `tcp_v4_send_reset`), so calls are
+//!   refused at once and keep-alive probes are reset. Data it had sent on a cut link is still
+//!   retransmitted: the kernel's buffers outlive the process.
+//! - A dead *host* (power loss, a kernel panic — `host-crash`) says nothing: its peers learn only
+//!   by their own timeouts and keep-alive, and what it held dies with it.
 
 use crate::clock::{sim_now_ns, wake_at, Clock, WakeSlot};
 use crate::history::NodeIx;
@@ -67,8 +80,9 @@ type Payload = Box<dyn Any + Send>;
 pub enum CallError {
     /// No reply within the timeout: the request may or may not have been applied.
     Timeout,
-    /// The call went on a connection to an earlier life of the peer, whose host has restarted since:
-    /// its kernel answered with a reset, so the request was not applied (see [`Rpc::call_on`]).
+    /// The connection was reset and the request was not applied: it went on a connection to an
+    /// earlier life of the peer, whose host has restarted since (see [`Rpc::call_on`]), or the peer's
+    /// process was killed, and its kernel closed the connection (see [`Net::kill_process`]).
     Reset,
 }
 
@@ -89,6 +103,12 @@ struct NetState {
     /// Messages sent on a cut link, waiting to be retransmitted once it heals.
     held: BTreeMap<(NodeIx, NodeIx), Held>,
     rng: ChaCha8Rng,
+    /// The latencies of what kernels send on their own (a dead process's FINs): a stream of its own,
+    /// so that runs without a process crash draw exactly what they drew before.
+    kernel_rng: ChaCha8Rng,
+    /// The last data each link delivered, with the life of its receiver: when its receiver's kernel
+    /// acknowledged it (see [`Rpc::acked_ns`]).
+    acked: BTreeMap<(NodeIx, NodeIx), (u32, u64)>,
     messages: u64,
     /// Calls that ended without a reply.
     call_timeouts: u64,
@@ -133,6 +153,8 @@ type Reply = (u64, u32, Option<Payload>);
 /// A call waiting for its reply: the reply once it is on its way, the caller's waker, and when the
 /// caller gives up (sim ns).
 struct Waiting {
+    /// Whom the call went to: a reset of its connection by that node's kernel ends it.
+    peer: NodeIx,
     reply: Option<Reply>,
     caller: Option<Waker>,
     deadline_ns: u64,
@@ -141,6 +163,11 @@ struct Waiting {
 struct Inbox {
     /// Which life of the node this inbox belongs to.
     incarnation: u32,
+    /// The node's process was killed and its host still runs ([`Net::kill_process`]): its kernel
+    /// resets what arrives, and the node sends nothing.
+    process_dead: bool,
+    /// Connections peers' kernels closed (a killed process's): when the close arrives, who, which life.
+    closed: Vec<(u64, NodeIx, u32)>,
     /// Requests by arrival time, then by send order.
     requests: BinaryHeap<Queued>,
     /// The node's reader of requests ([`Rpc::next_request`]), woken at each request's arrival time.
@@ -221,8 +248,20 @@ impl Wake for Callers {
 /// `conn` of the receiver (`None`: to whatever life it runs), or a reply to a call's tag from life
 /// `life` of its sender (`body` `None`: a reset).
 enum Message {
-    Request { reply_tag: u64, body: Payload, conn: Option<u32> },
-    Reply { tag: u64, body: Option<Payload>, life: u32 },
+    Request {
+        reply_tag: u64,
+        body: Payload,
+        conn: Option<u32>,
+    },
+    Reply {
+        tag: u64,
+        body: Option<Payload>,
+        life: u32,
+    },
+    /// The sender's kernel closed its connections: life `life` of its process died.
+    Closed {
+        life: u32,
+    },
 }
 
 /// The unacknowledged data of a cut link: when the first of it was sent (the retransmission timer
@@ -243,6 +282,8 @@ impl Net {
             link_clear_ns: BTreeMap::new(),
             held: BTreeMap::new(),
             rng: stream(seed, Stream::Network, 0),
+            kernel_rng: stream(seed, Stream::Kernel, 0),
+            acked: BTreeMap::new(),
             messages: 0,
             call_timeouts: 0,
             deliveries: 0,
@@ -307,6 +348,8 @@ impl Net {
         let callers = |deadline| Arc::new(Callers { net: Arc::downgrade(&self.0), me: node, incarnation, deadline });
         let inbox = Inbox {
             incarnation,
+            process_dead: false,
+            closed: Vec::new(),
             requests: BinaryHeap::new(),
             reader: WakeSlot::new(),
             waiting: Vec::new(),
@@ -318,9 +361,40 @@ impl Net {
         assert!(old.is_none_or(|o| o.incarnation < incarnation), "one endpoint per node life");
     }
 
-    /// A crashed node's endpoint is gone: messages on their way to it are lost.
+    /// A crashed host's endpoint is gone: messages on their way to it are lost, and its peers hear
+    /// nothing (a power loss, a kernel panic).
     pub fn unbind(&self, node: NodeIx) {
         self.state().inboxes.remove(&node);
+    }
+
+    /// `node`'s process was killed; its host runs on. Its kernel closes every connection the process
+    /// had (Linux `do_exit` → `exit_files` → `tcp_close`: FIN, or RST over unread data): each peer
+    /// it has a link with sees the close one network delay later, behind the link's earlier data, and
+    /// a cut link holds it as it holds data. What arrives afterwards is reset by the kernel, until
+    /// the host starts a new life ([`Net::bind_host`]). Nothing is drawn from the `Network` stream.
+    pub fn kill_process(&self, node: NodeIx) {
+        let mut s = self.state();
+        let Some(inbox) = s.inboxes.get_mut(&node).filter(|i| !i.process_dead) else { return };
+        inbox.process_dead = true;
+        inbox.requests.clear();
+        inbox.waiting.clear();
+        inbox.closed.clear();
+        let life = inbox.incarnation;
+        let peers: std::collections::BTreeSet<NodeIx> = s
+            .link_clear_ns
+            .keys()
+            .filter_map(|&(a, b)| (a == node).then_some(b).or((b == node).then_some(a)))
+            .collect();
+        let now = sim_now_ns();
+        for peer in peers {
+            if s.cuts.contains_key(&(node, peer)) {
+                let Some(to_life) = s.inboxes.get(&peer).map(|i| i.incarnation) else { continue };
+                let held = s.held.entry((node, peer)).or_insert_with(|| Held { first_ns: now, messages: Vec::new() });
+                held.messages.push((life, to_life, Message::Closed { life }));
+            } else {
+                s.deliver(node, peer, Message::Closed { life }, now);
+            }
+        }
     }
 
     /// Messages sent so far (requests, replies and one-way messages, lost ones included).
@@ -345,7 +419,10 @@ impl NetState {
     fn send(&mut self, from: NodeIx, to: NodeIx, msg: Message, now_ns: u64) {
         // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
         // tasks are dropped) dies with it.
-        let Some(from_life) = self.inboxes.get(&from).map(|i| i.incarnation) else { return };
+        // A killed process sends nothing either (its kernel's own FINs go by `Net::kill_process`).
+        let Some(from_life) = self.inboxes.get(&from).filter(|i| !i.process_dead).map(|i| i.incarnation) else {
+            return;
+        };
         self.messages += 1;
         if self.cuts.contains_key(&(from, to)) {
             // A host that is down cannot take the retransmissions; one restarted later resets them.
@@ -359,17 +436,46 @@ impl NetState {
 
     /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless it is lost.
     fn deliver(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
-        let Some(arrive_ns) = self.route(from, to, matches!(msg, Message::Reply { .. }), sent_ns) else { return };
+        let arrive_ns = match msg {
+            Message::Closed { .. } => self.route_kernel(from, to, sent_ns),
+            Message::Reply { .. } => self.route(from, to, true, sent_ns),
+            Message::Request { .. } => self.route(from, to, false, sent_ns),
+        };
+        let Some(arrive_ns) = arrive_ns else { return };
         self.deliveries += 1;
         let seq = self.deliveries;
         // A receiver that is gone (its node died, its call timed out) loses the message.
         let Some(inbox) = self.inboxes.get_mut(&to) else { return };
+        if !matches!(msg, Message::Closed { .. }) && !inbox.process_dead {
+            self.acked.insert((from, to), (inbox.incarnation, arrive_ns));
+        }
         match msg {
             Message::Request { reply_tag, conn: Some(life), .. } if life != inbox.incarnation => {
                 // A connection to an earlier life: the restarted host's kernel resets it.
                 let reset = Message::Reply { tag: reply_tag, body: None, life: inbox.incarnation };
                 if reply_tag != 0 {
                     self.deliver(to, from, reset, arrive_ns);
+                }
+            }
+            Message::Request { reply_tag, .. } if inbox.process_dead => {
+                // No process listens: the kernel resets the connection (`tcp_v4_send_reset`).
+                if reply_tag != 0 {
+                    let reset = Message::Reply { tag: reply_tag, body: None, life: inbox.incarnation };
+                    self.deliver_kernel(to, from, reset, arrive_ns);
+                }
+            }
+            Message::Reply { .. } | Message::Closed { .. } if inbox.process_dead => {}
+            Message::Closed { life } => {
+                inbox.closed.push((arrive_ns, from, life));
+                wake_at(arrive_ns, &inbox.reader);
+                // Calls still waiting on the dead process end with the reset of their connection.
+                let mut reset = false;
+                for (_, w) in inbox.waiting.iter_mut().filter(|(_, w)| w.peer == from) {
+                    reset |= w.reply.is_none();
+                    w.reply.get_or_insert((arrive_ns, life, None));
+                }
+                if reset {
+                    wake_at(arrive_ns, &inbox.replies);
                 }
             }
             // The receiver is woken when the message arrives, not before: a message costs one timer
@@ -385,6 +491,29 @@ impl NetState {
                 }
             }
         }
+    }
+
+    /// A kernel's reply on a link: routed as a message, its latency drawn from the kernel's stream.
+    fn deliver_kernel(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
+        let Some(arrive_ns) = self.route_kernel(from, to, sent_ns) else { return };
+        let Some(inbox) = self.inboxes.get_mut(&to) else { return };
+        if let Message::Reply { tag, body, life } = msg {
+            if let Some(waiting) = inbox.waiting(tag) {
+                waiting.reply.get_or_insert((arrive_ns, life, body));
+                wake_at(arrive_ns, &inbox.replies);
+            }
+        }
+    }
+
+    /// When what a kernel sends on its own (a FIN, an RST) from `from` to `to` at `sent_ns` arrives:
+    /// a latency from the kernel's stream, never before the link's earlier messages. Not lost.
+    fn route_kernel(&mut self, from: NodeIx, to: NodeIx, sent_ns: u64) -> Option<u64> {
+        let extra =
+            self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
+        let latency = self.kernel_rng.gen_range(LATENCY_NS.0..=LATENCY_NS.1) + extra.as_nanos() as u64;
+        let clear = self.link_clear_ns.entry((from, to)).or_default();
+        *clear = (sent_ns + latency).max(*clear);
+        Some(*clear)
     }
 
     /// When a message put on the wire at `sent_ns` from `from` to `to` arrives, or `None` if it is lost.
@@ -442,6 +571,14 @@ impl Drop for Pending<'_> {
     }
 }
 
+/// What reaches a node's reader ([`Rpc::next_input`]).
+pub enum Input<Q> {
+    /// A request or stream message, and where its answer goes.
+    Request(ReplyTo, Q),
+    /// Life `life` of `peer`'s process died and its kernel closed its connections to this node.
+    Closed { peer: NodeIx, life: u32 },
+}
+
 /// Where the answer to a received request goes (see [`Rpc::reply`]).
 pub struct ReplyTo {
     pub from: NodeIx,
@@ -497,9 +634,20 @@ impl Rpc {
         }
         match s.inboxes.get(&peer) {
             None => Probe::Unanswered,
-            Some(inbox) if inbox.incarnation != incarnation => Probe::Reset,
+            Some(inbox) if inbox.incarnation != incarnation || inbox.process_dead => Probe::Reset,
             Some(_) => Probe::Acked,
         }
+    }
+
+    /// When the data this node last sent to life `incarnation` of `peer` reached it, if it has by now
+    /// (sim ns): the peer's kernel acknowledged it then. Linux counts an ACK as hearing from the peer:
+    /// `tcp_ack` sets `rcv_tstamp` and clears `icsk_probes_out`, and `keepalive_time_elapsed` counts the
+    /// idle time from the later of the last data (`icsk_ack.lrcvtime`) and the last ACK received. (The
+    /// ACK's own way back, a few milliseconds, is not counted.)
+    pub fn acked_ns(&self, peer: NodeIx, incarnation: u32) -> Option<u64> {
+        let s = self.net.state();
+        let (life, at) = *s.acked.get(&(self.me, peer))?;
+        (life == incarnation && at <= sim_now_ns()).then_some(at)
     }
 
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
@@ -532,7 +680,7 @@ impl Rpc {
         // madsim's timers wait at least 1 ms.
         let now = sim_now_ns();
         let deadline_ns = now + self.clock.real_duration(timeout).max(Duration::from_millis(1)).as_nanos() as u64;
-        let waiting = Waiting { reply: None, caller: None, deadline_ns };
+        let waiting = Waiting { peer: to, reply: None, caller: None, deadline_ns };
         {
             let mut s = self.net.state();
             match s.inboxes.get_mut(&self.me) {
@@ -597,6 +745,35 @@ impl Rpc {
                     let (reply_to, body) = inbox.requests.pop().expect("just seen").request;
                     let body = body.downcast::<Q>().expect("a node receives only the requests it serves");
                     Poll::Ready((reply_to, *body))
+                }
+                _ => {
+                    inbox.reader.set(cx.waker());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// The next request for this node, or the next connection a peer's kernel closed (a killed
+    /// process's, see [`Net::kill_process`]), whichever arrives first; closes first at one instant.
+    /// One task per node reads its input, as with [`Rpc::next_request`].
+    pub async fn next_input<Q: Any + Send>(&self) -> Input<Q> {
+        std::future::poll_fn(|cx| {
+            let mut s = self.net.state();
+            let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
+            let now = sim_now_ns();
+            if let Some(i) =
+                (0..inbox.closed.len()).filter(|i| inbox.closed[*i].0 <= now).min_by_key(|i| inbox.closed[*i])
+            {
+                let (_, peer, life) = inbox.closed.remove(i);
+                return Poll::Ready(Input::Closed { peer, life });
+            }
+            match inbox.requests.peek() {
+                Some(Queued { at: (at, _), .. }) if *at <= now => {
+                    let (reply_to, body) = inbox.requests.pop().expect("just seen").request;
+                    let body = body.downcast::<Q>().expect("a node receives only the requests it serves");
+                    Poll::Ready(Input::Request(reply_to, *body))
                 }
                 _ => {
                     inbox.reader.set(cx.waker());
@@ -727,6 +904,72 @@ mod tests {
     }
 
     #[test]
+    fn a_killed_process_kernel_closes_its_connections_and_resets_what_comes_after() {
+        in_world(|net| {
+            tell(net, A, B, 0);
+            // B waits on a call to A when A's process dies.
+            let waiting = Waiting { peer: A, reply: None, caller: None, deadline_ns: u64::MAX };
+            net.state().inboxes.get_mut(&B).unwrap().waiting.push((5, waiting));
+            net.kill_process(A);
+            let mut s = net.state();
+            let closed = s.inboxes[&B].closed.clone();
+            assert_eq!(closed.len(), 1, "B had a connection with A: it sees the close");
+            let (at, peer, life) = closed[0];
+            assert_eq!((peer, life), (A, 0));
+            assert!(at >= s.link_clear_ns[&(A, B)] && at <= LATENCY_NS.1, "one network delay later");
+            let reply = s.inboxes.get_mut(&B).unwrap().waiting(5).unwrap().reply.take();
+            assert!(matches!(reply, Some((_, 0, None))), "its call ends with a reset");
+            drop(s);
+            // The host is up: a new call is refused at once, a probe is reset, the dead process sends nothing.
+            let waiting = Waiting { peer: A, reply: None, caller: None, deadline_ns: u64::MAX };
+            net.state().inboxes.get_mut(&B).unwrap().waiting.push((6, waiting));
+            net.send(B, A, Message::Request { reply_tag: 6, body: Box::new(()), conn: None });
+            assert!(net
+                .state()
+                .inboxes
+                .get_mut(&B)
+                .unwrap()
+                .waiting(6)
+                .unwrap()
+                .reply
+                .as_ref()
+                .is_some_and(|r| r.2.is_none()));
+            let rpc_b = Rpc {
+                me: B,
+                incarnation: 0,
+                net: net.clone(),
+                clock: Clock::default(),
+                next_tag: Rc::new(Cell::new(1)),
+            };
+            assert_eq!(rpc_b.probe(A, 0), Probe::Reset);
+            let before = net.messages();
+            tell(net, A, B, 1);
+            assert_eq!(net.messages(), before);
+        });
+    }
+
+    #[test]
+    fn a_dead_hosts_peers_hear_nothing() {
+        in_world(|net| {
+            tell(net, A, B, 0);
+            net.unbind(A);
+            assert!(net.state().inboxes[&B].closed.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_close_on_a_cut_link_waits_for_the_heal() {
+        in_world(|net| {
+            tell(net, A, B, 0);
+            net.cut(A, B, true);
+            net.kill_process(A);
+            assert!(net.state().inboxes[&B].closed.is_empty(), "held by the cut");
+            net.cut(A, B, false);
+            assert_eq!(net.state().inboxes[&B].closed.len(), 1, "retransmitted after the heal");
+        });
+    }
+
+    #[test]
     fn delay_adds_to_the_latency() {
         in_world(|net| {
             let mut s = net.state();
@@ -741,7 +984,7 @@ mod tests {
         in_world(|net| {
             net.unbind(B);
             net.bind_host(B, 1);
-            let waiting = Waiting { reply: None, caller: None, deadline_ns: u64::MAX };
+            let waiting = Waiting { peer: B, reply: None, caller: None, deadline_ns: u64::MAX };
             net.state().inboxes.get_mut(&A).unwrap().waiting.push((7, waiting));
             net.send(A, B, Message::Request { reply_tag: 7, body: Box::new(()), conn: Some(0) });
             assert!(queued(net, B).is_empty(), "not applied");

@@ -26,6 +26,10 @@ pub enum Stream {
     /// clock) and, per life, when its periodic timers start ([`crate::world::NodeEnv::timer_start`]).
     /// Last in the list, so adding it changed no other stream.
     TickPhase,
+    /// What a host's kernel sends on its own when a process dies: the latency of each closed
+    /// connection's FIN or RST. Numbered apart from the others so that streams added later in another
+    /// order keep their numbers.
+    Kernel = 16,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.
@@ -54,7 +58,7 @@ mod tests {
         // A stream's number keys its generator: renumbering one would change every seed's meaning.
         let numbers = [Stream::Nemesis, Stream::Workload, Stream::Recipe, Stream::Network, Stream::Conformance];
         assert_eq!(numbers.map(|s| s as u64), [0, 1, 2, 3, 4]);
-        assert_eq!(Stream::TickPhase as u64, 5);
+        assert_eq!((Stream::TickPhase as u64, Stream::Kernel as u64), (5, 16));
     }
 
     #[test]

@@ -345,8 +345,8 @@ impl World {
         let mut detail = fault.action.detail();
         match &fault.action {
             Action::Pause { .. } => self.pause(node),
-            Action::Crash { .. } => {
-                self.crash(node);
+            Action::Crash { host, .. } => {
+                self.crash(node, *host);
                 self.down.insert(node);
             }
             Action::Restart => {
@@ -376,7 +376,8 @@ impl World {
                 let promoted = self.failover.as_mut().map_or(Err("no replica to promote".to_string()), |f| f(node));
                 match promoted {
                     Ok(replica) => {
-                        self.crash(node);
+                        // Sentinel fails over a master it cannot reach: its host is silent.
+                        self.crash(node, true);
                         detail = format!("{} promoted", self.nodes[replica.0 as usize].name);
                     }
                     Err(reason) => {
@@ -456,12 +457,18 @@ impl World {
         }
     }
 
-    fn crash(&mut self, node: NodeIx) {
+    /// Kill the node: its process (`host` false: its kernel closes its connections, peers see them
+    /// closed; see [`Net::kill_process`]) or its whole host (silence).
+    fn crash(&mut self, node: NodeIx, host: bool) {
         if self.recorder.holders().contains(&node) {
             self.recorder.mark(crate::hazard::Hazard::HolderCrashed);
         }
-        // Unbound first: the host is gone before its tasks are dropped.
-        self.net.unbind(node);
+        // Before its tasks are dropped: what its dying code would say is not said, and a dead host's
+        // endpoint is gone.
+        match host {
+            true => self.net.unbind(node),
+            false => self.net.kill_process(node),
+        }
         self.handle.kill(self.nodes[node.0 as usize].id);
         self.pauses.remove(&node);
         self.recorder.forget(node);
@@ -469,7 +476,8 @@ impl World {
 
     /// Start the node's program afresh (after killing it, if it still runs).
     fn restart(&mut self, node: NodeIx) {
-        self.crash(node);
+        // A process crash left its host up; the new life comes with a new endpoint either way.
+        self.crash(node, true);
         let n = &self.nodes[node.0 as usize];
         let life = n.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
         self.net.bind_host(node, life);

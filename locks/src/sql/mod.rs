@@ -112,7 +112,12 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
                     clock.sleep(PROBE_EVERY).await;
                     let now = locksim_sim::backend::Now::of(&clock);
                     locksim_sim::backend::act(&prober_state, &prober_rpc, &recorder, |db, out| {
-                        db.keepalive(now, |node, life| prober_rpc.probe(node, life), out)
+                        db.keepalive(
+                            now,
+                            |node, life| prober_rpc.probe(node, life),
+                            |node, life| prober_rpc.acked_ns(node, life).map(|ns| clock.monotonic_ms_at(ns)),
+                            out,
+                        )
                     });
                 }
             });

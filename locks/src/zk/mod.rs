@@ -514,7 +514,7 @@ mod tests {
                 on: None,
             };
             use locksim_sim::fault::Action;
-            let crash = Action::Crash { restart_after: Some(Duration::from_secs(1)) };
+            let crash = Action::Crash { restart_after: Some(Duration::from_secs(1)), host: true };
             let pause = Action::Pause { duration: Duration::from_secs(20) };
             world.run(&[fault(2, "zk-0", crash), fault(8, "client-0", pause)], Duration::from_secs(60)).await;
         });

@@ -30,6 +30,9 @@
 //!   message outright would take breaking the connection (`drop-reply` does that, `delay` the rest);
 //! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
 //! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
+//! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which
+//!   closes its sockets when it dies, and the loopback proxy's kernel would still answer the peer's
+//!   keep-alive probes and retransmissions: no signal or proxy makes a host fall silent;
 //! - any fault on the `resource`, which is locksim's own (in its process);
 //! - a client's `partition` or `clog` from anyone but the server (the only link it has here: the
 //!   resource is locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is
@@ -96,7 +99,11 @@ fn refusal(f: &Fault, server: &str) -> Option<String> {
         ),
     };
     Some(match &f.action {
-        Action::Pause { .. } | Action::Crash { .. } | Action::Delay { .. } => return None,
+        Action::Pause { .. } | Action::Crash { host: false, .. } | Action::Delay { .. } => return None,
+        Action::Crash { host: true, .. } => "cannot crash a host: a killed process's kernel closes its connections \
+                                             (that is `crash`), and the proxy's kernel would answer keep-alive \
+                                             probes that a dead host leaves unanswered"
+            .into(),
         Action::Partition { peers, .. } | Action::Clog { peers, .. } if peers_ok(peers) => return None,
         Action::Partition { .. } | Action::Clog { .. } => peers_why(),
         Action::DropReply { .. } if on_server => return None,
@@ -165,7 +172,7 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
             drop(s);
             run.recorder.record(node, EventKind::FaultEnd { id });
         }
-        Action::Crash { restart_after } => {
+        Action::Crash { restart_after, host: false } => {
             let restart_at = restart_after.map(|d| fault.at + d);
             {
                 let mut s = slot.lock().expect("slot lock");
@@ -220,7 +227,7 @@ fn server_fault(run: &Run, id: u32, fault: &Fault, start: EventKind) -> anyhow::
                 server.resume()?;
             }
         }
-        Action::Crash { restart_after } => {
+        Action::Crash { restart_after, host: false } => {
             server.crash()?;
             drop(server);
             let Some(at) = restart_after.map(|d| fault.at + d) else { return Ok(()) };

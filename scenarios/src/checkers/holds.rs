@@ -20,7 +20,13 @@ pub struct Hold {
 
 /// Does this event end every belief the node had (a crash or restart of it), and its workers'?
 pub fn kills(kind: &EventKind) -> bool {
-    matches!(kind, EventKind::FaultStart { fault: FaultKind::Crash | FaultKind::Restart | FaultKind::Failover, .. })
+    matches!(
+        kind,
+        EventKind::FaultStart {
+            fault: FaultKind::Crash | FaultKind::HostCrash | FaultKind::Restart | FaultKind::Failover,
+            ..
+        }
+    )
 }
 
 /// Every hold of the run, in order of start.

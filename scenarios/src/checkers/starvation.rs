@@ -222,7 +222,7 @@ pub fn wants(h: &History) -> Vec<Want> {
                 if *fault == FaultKind::Restart {
                     // A restart brings back what a crash without `duration` left down: that crash ends.
                     let crashes: Vec<u32> = (dist.active.iter())
-                        .filter(|(_, (_, n, k, _))| *n == e.node && *k == FaultKind::Crash)
+                        .filter(|(_, (_, n, k, _))| *n == e.node && k.is_crash())
                         .map(|(id, _)| *id)
                         .collect();
                     for id in crashes {

@@ -16,7 +16,7 @@ use crate::clock::sim_now_ns;
 use crate::clock::Clock;
 use crate::ctx::Background;
 use crate::history::{EventKind, NodeIx, Recorder};
-use crate::net::{ReplyTo, Rpc};
+use crate::net::{Input, ReplyTo, Rpc};
 use std::any::Any;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -126,6 +126,12 @@ pub trait Backend: Send + 'static {
     /// Let time pass to `now`: expire what has expired.
     fn tick(&mut self, _now: Now, _out: &mut Out) {}
 
+    /// Life `life` of `peer`'s process died, and its kernel closed its connections to this server
+    /// (see [`crate::net::Net::kill_process`]): the server reads the end of the stream (EOF, or a
+    /// reset). ZooKeeper and etcd keep a session or lease past its connection, until its timeout;
+    /// PostgreSQL ends the session.
+    fn connection_closed(&mut self, _now: Now, _peer: NodeIx, _life: u32, _out: &mut Out) {}
+
     /// Whether `request` waits before it is answered (Redis `WAIT`), and for at most how long by the
     /// server's clock. A waiting request is asked [`Backend::answer_parked`] after every request the
     /// server applies and once its time is up.
@@ -176,16 +182,24 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
     let mut out = Out::default();
     let mut parked: Vec<Parked<B::Request>> = Vec::new();
     loop {
-        let (reply_to, request) = match parked.iter().map(|p| p.deadline_ns).min() {
-            None => rpc.next_request::<B::Request>().await,
+        let input = match parked.iter().map(|p| p.deadline_ns).min() {
+            None => rpc.next_input::<B::Request>().await,
             Some(next) => tokio::select! {
                 biased;
-                got = rpc.next_request::<B::Request>() => got,
+                got = rpc.next_input::<B::Request>() => got,
                 _ = sleep_until_ns(next) => {
                     answer_parked(&state, rpc, &mut parked);
                     continue;
                 }
             },
+        };
+        let (reply_to, request) = match input {
+            Input::Request(reply_to, request) => (reply_to, request),
+            Input::Closed { peer, life } => {
+                state.lock().expect("backend lock").connection_closed(Now::of(clock), peer, life, &mut out);
+                out.flush(rpc, recorder);
+                continue;
+            }
         };
         let mut s = state.lock().expect("backend lock");
         match s.parks(&request) {
@@ -262,12 +276,26 @@ pub fn act<B: Backend>(state: &Mutex<B>, rpc: &Rpc, recorder: &Recorder, f: impl
 /// `deliver` on `to`, for as long as `to` lives (the ZooKeeper and etcd clients route watch
 /// notifications with it).
 pub fn listen<M: Any + Send, T: 'static>(rpc: &Rpc, to: &Rc<T>, deliver: fn(&T, M)) -> Background {
+    listen_closed(rpc, to, deliver, |_, _, _| {})
+}
+
+/// [`listen`], also handing `closed` each connection a peer's kernel closed (its process died): the
+/// library reads the end of its stream (a database client's connection breaks).
+pub fn listen_closed<M: Any + Send, T: 'static>(
+    rpc: &Rpc,
+    to: &Rc<T>,
+    deliver: fn(&T, M),
+    closed: fn(&T, NodeIx, u32),
+) -> Background {
     let (to, rpc) = (Rc::downgrade(to), rpc.clone());
     Background::spawn(async move {
         loop {
-            let (_, msg) = rpc.next_request::<M>().await;
+            let input = rpc.next_input::<M>().await;
             let Some(to) = to.upgrade() else { return };
-            deliver(&to, msg);
+            match input {
+                Input::Request(_, msg) => deliver(&to, msg),
+                Input::Closed { peer, life } => closed(&to, peer, life),
+            }
         }
     })
 }

@@ -10,7 +10,11 @@
 //! - Every call rides one connection to the server (gRPC's). A restarted server resets it: the call
 //!   fails unapplied (`Unavailable`), and the client reconnects and resumes each live watch from the
 //!   revision after the last event it delivered (`watchGrpcStream` resuming its substreams), so events
-//!   the old server never got to send are replayed by the new one.
+//!   the old server never got to send are replayed by the new one. A server process that dies resets
+//!   the calls in flight at once and refuses new ones until it is back (its kernel closes the
+//!   connection and resets what comes). One task resumes the watches, trying again every 500 ms
+//!   until each is back (`watchGrpcStream` opens its stream again once gRPC reconnects); a watch
+//!   resumed once since the last reset is not sent again (the server would replay its events twice).
 //! - Keep-alive (clientv3 `lessor`): every 500 ms the loop sends a keep-alive for a lease whose next
 //!   keep-alive is due — TTL/3 after the last answer, and at once until a first answer comes. An answer
 //!   with TTL 0 means the server has no such lease any more: the keep-alive stops. So does a lease that
@@ -52,6 +56,10 @@ pub struct Router {
     connection: u64,
     /// The life of the server the connection is open to (`None`: none open).
     server_life: Cell<Option<u32>>,
+    /// A task is resuming the watches.
+    resuming: Cell<bool>,
+    /// Watches resumed on the current connection since the last reset.
+    resumed: RefCell<std::collections::BTreeSet<WatchId>>,
     next_id: Cell<WatchId>,
     watchers: RefCell<BTreeMap<WatchId, Watched>>,
     thread: RefCell<Option<(Background, Rpc, NodeIx)>>,
@@ -63,6 +71,8 @@ impl Router {
         Router {
             connection,
             server_life: Cell::new(None),
+            resuming: Cell::new(false),
+            resumed: RefCell::default(),
             next_id: Cell::new(1),
             watchers: RefCell::default(),
             thread: RefCell::default(),
@@ -93,25 +103,48 @@ impl Router {
         }
     }
 
-    /// The connection was reset: open a new one and resume every live watch on it.
+    /// The connection was reset: open a new one and resume every live watch on it — one task at a
+    /// time, again every [`RESUME_RETRY`] while the server cannot be reached.
     async fn resume(self: Rc<Self>, client: EtcdClient) {
-        let watches: Vec<EtcdRequest> = self
-            .watchers
-            .borrow()
-            .iter()
-            .map(|(id, w)| EtcdRequest::Watch {
-                id: *id,
-                connection: self.connection,
-                key: w.key.clone(),
-                prefix: w.prefix,
-                start_revision: w.next_revision,
-            })
-            .collect();
-        for watch in watches {
-            let _ = client.request(watch).await;
+        if self.resuming.replace(true) {
+            return;
         }
+        loop {
+            let watches: Vec<EtcdRequest> = self
+                .watchers
+                .borrow()
+                .iter()
+                .filter(|(id, _)| !self.resumed.borrow().contains(id))
+                .map(|(id, w)| EtcdRequest::Watch {
+                    id: *id,
+                    connection: self.connection,
+                    key: w.key.clone(),
+                    prefix: w.prefix,
+                    start_revision: w.next_revision,
+                })
+                .collect();
+            let mut failed = false;
+            for watch in watches {
+                let EtcdRequest::Watch { id, .. } = watch else { unreachable!("only watches") };
+                match client.request(watch).await {
+                    Ok(_) => drop(self.resumed.borrow_mut().insert(id)),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if !failed {
+                break;
+            }
+            client.env.clock.sleep(RESUME_RETRY).await;
+        }
+        self.resuming.set(false);
     }
 }
+
+/// How often a client that cannot reach the server tries again to resume its watches.
+const RESUME_RETRY: Duration = Duration::from_millis(500);
 
 /// A client of the etcd server. Clones share the connection.
 #[derive(Clone)]
@@ -138,6 +171,7 @@ impl EtcdClient {
             }
             Err(CallError::Reset) => {
                 if router.server_life.replace(None).is_some() {
+                    router.resumed.borrow_mut().clear();
                     madsim::task::spawn_local(router.clone().resume(self.clone()));
                 }
                 Err(CallError::Reset)

@@ -627,7 +627,7 @@ fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
     let crash = Fault {
         at: Duration::from_secs(2),
         target: Target::Node(crashed.into()),
-        action: Action::Crash { restart_after: Some(Duration::from_secs(1)) },
+        action: Action::Crash { restart_after: Some(Duration::from_secs(1)), host: false },
         on: None,
     };
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {

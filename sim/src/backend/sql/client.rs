@@ -6,14 +6,18 @@
 //!   that hears nothing for that long gives up on the statement and closes the connection. The server may
 //!   still run what it sent, and learns of the close only when the close reaches it.
 //! - A connection the server has ended answers every statement with `Terminated`.
+//! - A server process that dies (its kernel closes the connection) breaks the connection at once:
+//!   the statement waiting for its result, and every later one, fail as closed (libpq: "server closed
+//!   the connection unexpectedly"; the connection is bad).
 
 use super::{ConnId, SqlError, SqlRequest, SqlResponse, SqlResult, Stmt};
 
 use crate::ctx::Background;
 
+use crate::history::NodeIx;
 use crate::net::Rpc;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -25,13 +29,17 @@ pub type ClientEnv = crate::backend::ClientEnv<Router>;
 #[derive(Default)]
 pub struct Router {
     waiting: RefCell<BTreeMap<(ConnId, u64), oneshot::Sender<SqlResult>>>,
+    /// Each open connection's server and the life of it that the connection was opened with.
+    servers: RefCell<BTreeMap<ConnId, (NodeIx, u32)>>,
+    /// Server lives whose process died: their kernel closed every connection to them.
+    closed: RefCell<BTreeSet<(NodeIx, u32)>>,
     thread: RefCell<Option<Background>>,
 }
 
 impl Router {
     fn start(self: &Rc<Self>, rpc: &Rpc) {
         if self.thread.borrow().is_none() {
-            *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
+            *self.thread.borrow_mut() = Some(super::super::listen_closed(rpc, self, Router::deliver, Router::closed));
         }
     }
 
@@ -39,6 +47,24 @@ impl Router {
         if let Some(waiter) = self.waiting.borrow_mut().remove(&(response.conn, response.seq)) {
             let _ = waiter.send(response.result);
         }
+    }
+
+    /// The server's process died: every connection to that life of it reads the end of its stream.
+    fn closed(&self, server: NodeIx, life: u32) {
+        self.closed.borrow_mut().insert((server, life));
+        let conns: BTreeSet<ConnId> =
+            self.servers.borrow().iter().filter(|(_, s)| **s == (server, life)).map(|(c, _)| *c).collect();
+        let broken: Vec<(ConnId, u64)> =
+            self.waiting.borrow().keys().filter(|(c, _)| conns.contains(c)).copied().collect();
+        for key in broken {
+            if let Some(waiter) = self.waiting.borrow_mut().remove(&key) {
+                let _ = waiter.send(SqlResult::Error(SqlError::Terminated));
+            }
+        }
+    }
+
+    fn is_closed(&self, conn: ConnId) -> bool {
+        self.servers.borrow().get(&conn).is_some_and(|s| self.closed.borrow().contains(s))
     }
 }
 
@@ -70,7 +96,8 @@ impl Connection {
     pub async fn open(env: ClientEnv, conn: ConnId, read_timeout: Duration) -> Option<Connection> {
         env.router.start(&env.rpc);
         let hello = SqlRequest::Connect { conn, incarnation: env.rpc.incarnation() };
-        env.rpc.call::<_, ()>(env.server, hello, CONNECT_TIMEOUT).await.ok()?;
+        let ((), life) = env.rpc.call_on::<_, ()>(env.server, None, hello, CONNECT_TIMEOUT).await.ok()?;
+        env.router.servers.borrow_mut().insert(conn, (env.server, life));
         Some(Connection { env, conn, next_seq: Cell::new(1), read_timeout, closed: Cell::new(false) })
     }
 
@@ -80,6 +107,9 @@ impl Connection {
 
     /// Run one statement and wait for its result.
     pub async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
+        if self.env.router.is_closed(self.conn) {
+            self.closed.set(true);
+        }
         if self.closed.get() {
             return Err(ClientError::Closed);
         }
@@ -121,5 +151,6 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
+        self.env.router.servers.borrow_mut().remove(&self.conn);
     }
 }

@@ -112,8 +112,8 @@ impl SqlState {
         self.respond(conn, seq, result, out);
         let session = self.sessions.get_mut(&conn).expect("finishing session");
         session.idle_since_ms = now.mono_ms;
-        if session.closing {
-            self.end_session(conn, "closed by the client", out);
+        if let Some(why) = session.closing {
+            self.end_session(conn, why, out);
         }
     }
 

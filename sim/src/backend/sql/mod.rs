@@ -34,11 +34,18 @@
 //!   conform sql`: a fencing token drawn inside the lock's transaction can be drawn again).
 //! - Session advisory locks: `pg_advisory_lock` waits, `pg_try_advisory_lock` does not; both count up
 //!   when the session already holds the key, and `pg_advisory_unlock` counts down.
-//! - Session death rolls back its transaction and frees its locks: the client closing its connection,
-//!   TCP keep-alive finding the peer dead (`tcp_keepalives_idle` of silence, then `tcp_keepalives_count`
-//!   probes `tcp_keepalives_interval` apart), or `idle_in_transaction_session_timeout`.
-//! - A statement that is waiting when its client goes away keeps waiting (the server notices only when
-//!   it answers): once it runs, an autocommit statement is committed and the session then ends.
+//! - Session death rolls back its transaction and frees its locks: the client closing its connection —
+//!   or its process dying, whose kernel closes the connection for it (`pq_getbyte` reads EOF or a
+//!   reset in `SocketBackend`: "unexpected EOF on client connection", and the backend exits) — TCP
+//!   keep-alive finding the peer dead (`tcp_keepalives_idle` of silence, then `tcp_keepalives_count`
+//!   probes `tcp_keepalives_interval` apart: [`SqlState::keepalive`]), or
+//!   `idle_in_transaction_session_timeout`.
+//! - A statement that is waiting on a lock when its connection ends keeps its place (the backend
+//!   sleeps in `ProcSleep` on its latch, not on the socket; `client_connection_check_interval` is 0 by
+//!   default): once granted it runs, an autocommit statement commits (`finish_xact_command` comes
+//!   before the result is flushed), sending the result fails (`internal_flush` sets
+//!   `ClientConnectionLost`), and the next `CHECK_FOR_INTERRUPTS` ends the session ("connection to
+//!   client lost"), rolling back an explicit transaction and freeing its locks.
 //!
 //! - `CREATE TABLE` and `CREATE SEQUENCE` (with `IF NOT EXISTS`) make a user's own lock table or token
 //!   sequence; a name taken is `duplicate_table`, a name unknown to a statement `undefined_table`.
@@ -339,8 +346,8 @@ struct Session {
     idle_since_ms: i64,
     /// The statement waiting on a lock, if any.
     waiting: bool,
-    /// The client has gone; end the session once its waiting statement finishes.
-    closing: bool,
+    /// The connection has ended (why); end the session once its waiting statement finishes.
+    closing: Option<&'static str>,
     /// Keep-alive probes sent since the peer was last heard (Linux `icsk_probes_out`).
     probes_out: u32,
     next_probe_ms: i64,
@@ -418,6 +425,9 @@ pub struct SqlState {
     sessions: BTreeMap<ConnId, Session>,
 }
 
+/// Why a session the client closed ended (no hazard: the client let go).
+const CLOSED_BY_CLIENT: &str = "closed by the client";
+
 /// How often the server looks at lock timeouts and idle sessions.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -478,38 +488,54 @@ impl SqlState {
         waits
     }
 
-    /// Run the kernel's keep-alive timer of every session (Linux `tcp_keepalive_timer`), asking
-    /// `probe` what a probe to the client's connection would find:
-    /// - once the connection has been silent for `tcp_keepalives_idle` (since the last data or ACK
-    ///   received), a probe goes out every `tcp_keepalives_interval`; an answered one counts as
-    ///   hearing from the peer, so the next comes a full idle period later (`rcv_tstamp`);
-    /// - when `tcp_keepalives_count` probes are out unanswered, the connection is reset: at idle +
-    ///   count × interval of silence;
-    /// - a restarted client host answers a probe with a reset;
-    /// - while results sent to the client are unacknowledged there are no probes: the retransmission
-    ///   timer decides, and ends the connection when it gives up.
-    pub fn keepalive(&mut self, now: Now, mut probe: impl FnMut(NodeIx, u32) -> Probe, out: &mut Out) {
+    /// Run the kernel's keep-alive timer of every session (Linux `tcp_keepalive_timer`,
+    /// net/ipv4/tcp_timer.c), asking `probe` what a probe to the client's connection would find now
+    /// and `acked` when (server monotonic ms) the client's kernel last acknowledged data the server
+    /// sent it:
+    /// - the connection is idle since the later of the last data received and the last ACK received
+    ///   (`keepalive_time_elapsed`: `icsk_ack.lrcvtime`, `rcv_tstamp`) — a result the client's kernel
+    ///   acknowledged counts as hearing from it, and clears the probes out (`tcp_ack`);
+    /// - once idle for `tcp_keepalives_idle`, a probe goes out every `tcp_keepalives_interval`; an
+    ///   answered one counts as hearing from the peer, so the next comes a full idle period later;
+    /// - the last check sends no probe: the timer that finds `icsk_probes_out` ≥ `tcp_keepalives_count`
+    ///   resets the connection (`tcp_write_err`), at idle + count × interval, even if the link has
+    ///   healed since the last probe went out unanswered — nothing arrives from an idle peer to clear
+    ///   the count;
+    /// - a client host that restarted, or whose process died, answers a probe with a reset;
+    /// - while results sent to the client are unacknowledged there are no probes (`packets_out`): the
+    ///   retransmission timer decides, and ends the connection when it gives up.
+    pub fn keepalive(
+        &mut self,
+        now: Now,
+        mut probe: impl FnMut(NodeIx, u32) -> Probe,
+        mut acked: impl FnMut(NodeIx, u32) -> Option<i64>,
+        out: &mut Out,
+    ) {
         let (idle, interval, count) = (
             self.settings.tcp_keepalives_idle.as_millis() as i64,
             self.settings.tcp_keepalives_interval.as_millis() as i64,
             self.settings.tcp_keepalives_count,
         );
         let mut dead = Vec::new();
-        for (conn, s) in &mut self.sessions {
+        for (conn, s) in self.sessions.iter_mut().filter(|(_, s)| s.closing.is_none()) {
+            let answer = probe(s.node, s.incarnation);
+            if let Some(at) = acked(s.node, s.incarnation).filter(|at| *at > s.heard_ms) {
+                s.heard_ms = at;
+                s.probes_out = 0;
+            }
             let due = now.mono_ms - s.heard_ms >= idle && now.mono_ms >= s.next_probe_ms;
-            match probe(s.node, s.incarnation) {
+            match answer {
                 Probe::Retransmitting { gave_up: true } => {
                     dead.push((*conn, "connection timed out: retransmissions unanswered"))
                 }
                 Probe::Retransmitting { gave_up: false } => {}
                 _ if !due => {}
-                Probe::Reset => dead.push((*conn, "connection reset by the restarted client host")),
+                // The last check: no probe, whatever the link is like now.
+                _ if s.probes_out >= count => dead.push((*conn, "connection dead: keep-alive probes unanswered")),
+                Probe::Reset => dead.push((*conn, "connection reset by the client's host")),
                 Probe::Acked => {
                     s.heard_ms = now.mono_ms;
                     s.probes_out = 0;
-                }
-                Probe::Unanswered if s.probes_out >= count => {
-                    dead.push((*conn, "connection dead: keep-alive probes unanswered"))
                 }
                 Probe::Unanswered => {
                     s.probes_out += 1;
@@ -518,10 +544,21 @@ impl SqlState {
             }
         }
         for (conn, why) in &dead {
-            self.end_session(*conn, why, out);
+            self.connection_ended(*conn, why, out);
         }
         if !dead.is_empty() {
             self.wake(now, out);
+        }
+    }
+
+    /// The connection of session `conn` ended (closed by the client or its kernel, or reset by
+    /// keep-alive): the session ends now, or — if a statement of it waits on a lock — once that
+    /// statement has run (see the module doc).
+    fn connection_ended(&mut self, conn: ConnId, why: &'static str, out: &mut Out) {
+        match self.sessions.get_mut(&conn) {
+            Some(s) if s.waiting => s.closing = Some(why),
+            Some(_) => self.end_session(conn, why, out),
+            None => {}
         }
     }
 
@@ -535,7 +572,7 @@ impl SqlState {
     fn end_session(&mut self, conn: ConnId, why: &str, out: &mut Out) {
         let Some(s) = self.sessions.get(&conn) else { return };
         out.record(s.node, EventKind::Session { state: format!("database session ended: {why}") });
-        if why != "closed by the client" {
+        if why != CLOSED_BY_CLIENT {
             out.lease_ended(s.node, conn); // hazard: lease-expired-while-held (if it held)
         }
         self.rollback(conn);
@@ -565,7 +602,7 @@ impl SqlState {
                     heard_ms: now.mono_ms,
                     idle_since_ms: now.mono_ms,
                     waiting: false,
-                    closing: false,
+                    closing: None,
                     probes_out: 0,
                     next_probe_ms: 0,
                 };
@@ -580,11 +617,7 @@ impl SqlState {
                     self.run(running, now, None, out);
                 }
             },
-            SqlRequest::Close { conn } => match self.sessions.get_mut(&conn) {
-                Some(s) if s.waiting => s.closing = true,
-                Some(_) => self.end_session(conn, "closed by the client", out),
-                None => {}
-            },
+            SqlRequest::Close { conn } => self.connection_ended(conn, CLOSED_BY_CLIENT, out),
         }
         self.wake(now, out);
     }
@@ -631,6 +664,19 @@ impl Backend for SqlState {
 
     fn tick_interval(&self) -> Option<Duration> {
         Some(TICK)
+    }
+
+    /// The client's process died: its kernel closed the connection, and the backend reads the end of
+    /// it (`SocketBackend`: "unexpected EOF on client connection", or "could not receive data from
+    /// client: Connection reset by peer") and exits, rolling back — at once, unless a statement of
+    /// the session waits on a lock.
+    fn connection_closed(&mut self, now: Now, peer: NodeIx, life: u32, out: &mut Out) {
+        let conns: Vec<ConnId> =
+            self.sessions.iter().filter(|(_, s)| s.node == peer && s.incarnation == life).map(|(c, _)| *c).collect();
+        for conn in conns {
+            self.connection_ended(conn, "connection closed by the client's kernel: its process died", out);
+        }
+        self.wake(now, out);
     }
 
     fn tick(&mut self, now: Now, out: &mut Out) {

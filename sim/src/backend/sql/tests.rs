@@ -154,9 +154,16 @@ fn a_waiting_statement_whose_client_left_still_runs_and_commits() {
 /// Run the keep-alive timer at each of `times`, a probe of A's connection finding `answer` (the other
 /// clients answer).
 fn keepalive(db: &mut SqlState, times: impl IntoIterator<Item = i64>, answer: Probe) -> Out {
+    keepalive_acked(db, times, answer, None)
+}
+
+/// [`keepalive`], A's kernel having acknowledged the server's data at `acked` (server ms).
+fn keepalive_acked(db: &mut SqlState, times: impl IntoIterator<Item = i64>, answer: Probe, acked: Option<i64>) -> Out {
     let mut out = Out::default();
+    let is_a = |node: NodeIx| node == NodeIx(A as u32);
     for now in times {
-        db.keepalive(Now::at(now), |node, _| if node == NodeIx(A as u32) { answer } else { Probe::Acked }, &mut out);
+        let probe = |node, _| if is_a(node) { answer } else { Probe::Acked };
+        db.keepalive(Now::at(now), probe, |node, _| acked.filter(|_| is_a(node)), &mut out);
     }
     out
 }
@@ -184,12 +191,92 @@ fn an_answered_probe_restarts_the_full_idle_period() {
     exec(&mut db, 0, A, Stmt::Begin);
     exec(&mut db, 0, A, for_update());
     keepalive(&mut db, [10_000], Probe::Acked);
-    // Silent from 10 s: the next probe is due at 20 s, so a cut from 10.1 s to 23 s is survived
-    // (probes at 20, 21, 22 s unanswered; the connection would be reset at 23 s).
-    keepalive(&mut db, (101..=229).map(|t| t * 100), Probe::Unanswered);
+    // Silent from 10 s: the next probe is due at 20 s, so a cut from 10.1 s to 21.5 s is survived
+    // (probes at 20 and 21 s unanswered, the one at 22 s answered).
+    keepalive(&mut db, (101..=215).map(|t| t * 100), Probe::Unanswered);
     assert!(db.sessions.contains_key(&A));
-    keepalive(&mut db, [23_000], Probe::Acked);
+    keepalive(&mut db, [22_000], Probe::Acked);
     assert_eq!(db.sessions[&A].probes_out, 0);
+    keepalive(&mut db, (221..=320).map(|t| t * 100), Probe::Acked);
+    assert!(db.sessions.contains_key(&A));
+}
+
+#[test]
+fn the_last_keepalive_check_resets_the_connection_even_if_the_link_healed_after_the_last_probe() {
+    // Linux `tcp_keepalive_timer`: the timer that finds `icsk_probes_out` >= `keepalive_probes`
+    // resets the connection without sending another probe. An idle peer sends nothing that would
+    // clear the count, so a cut that heals after the count-th probe went out (12 s) and before the
+    // next check (13 s) still ends the session: measured on Linux + PostgreSQL 15 (idle 5 s,
+    // interval 1 s, count 3: cuts healing at 7.4–7.9 s ended the session at 8.1–8.3 s).
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    keepalive(&mut db, [10_000, 11_000, 12_000], Probe::Unanswered);
+    assert_eq!(db.sessions[&A].probes_out, 3);
+    let out = keepalive(&mut db, [12_500], Probe::Acked);
+    assert!(db.sessions.contains_key(&A), "no check before the interval is up");
+    assert!(out.events.is_empty());
+    let out = keepalive(&mut db, [13_000], Probe::Acked);
+    assert!(!db.sessions.contains_key(&A), "the last check sends no probe: reset though the link is up");
+    assert!(matches!(&out.events[0].1, EventKind::Session { state } if state.contains("probes unanswered")));
+}
+
+#[test]
+fn an_acknowledged_result_counts_as_hearing_from_the_client() {
+    // `keepalive_time_elapsed` counts idle time from the later of the last data and the last ACK
+    // received: a statement sent at 0 s that waited 4 s for its lock, its result acknowledged at 4 s,
+    // makes the connection idle from 4 s, so the probes go out at 14, 15 and 16 s and the reset comes
+    // at 17 s — counting from the statement, a cut from 4.1 s to 13.5 s would have ended it at 13 s.
+    // (Real PostgreSQL: a session whose last statement waited 4 s survived a 6.2 s cut with idle 5 s,
+    // interval 1 s, count 3.)
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    keepalive_acked(&mut db, (41..=135).map(|t| t * 100), Probe::Unanswered, Some(4_000));
+    assert!(db.sessions.contains_key(&A), "idle only since the result's ACK at 4 s");
+    assert_eq!(db.sessions[&A].probes_out, 0);
+    keepalive_acked(&mut db, (136..=165).map(|t| t * 100), Probe::Unanswered, Some(4_000));
+    assert_eq!(db.sessions[&A].probes_out, 3, "probes at 14, 15 and 16 s");
+    keepalive_acked(&mut db, [17_000], Probe::Acked, Some(4_000));
+    assert!(!db.sessions.contains_key(&A), "the last check at 17 s");
+}
+
+#[test]
+fn a_waiting_statement_whose_connection_keepalive_ended_is_granted_then_its_session_ends() {
+    // PostgreSQL's backend sleeps on its latch (`ProcSleep`), not on the socket: it notices the
+    // dead connection only when it sends the result (`internal_flush` sets `ClientConnectionLost`),
+    // and the next `CHECK_FOR_INTERRUPTS` ends the session.
+    let mut db = db();
+    exec(&mut db, 0, B, Stmt::Begin);
+    exec(&mut db, 0, B, for_update());
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, A, for_update()), vec![], "A waits for B");
+    exec(&mut db, 0, C, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, C, for_update()), vec![], "C waits behind A");
+    keepalive(&mut db, (100..=130).map(|t| t * 100), Probe::Unanswered);
+    assert!(db.sessions.contains_key(&A), "the connection is gone, the backend still waits");
+    assert_eq!(db.waits_for()[&C], vec![B, A], "and keeps its place in line");
+    // B commits: A is granted, runs, fails to send, and its session ends; C goes on.
+    let mut out = Out::default();
+    db.apply(Now::at(14_000), NodeIx(B as u32), SqlRequest::Execute { conn: B, seq: 2, stmt: Stmt::Commit }, &mut out);
+    assert!(!db.sessions.contains_key(&A));
+    let results = pushed(out);
+    assert!(results.iter().any(|(c, r)| *c == C && matches!(r, SqlResult::Rows(_))), "{results:?}");
+}
+
+#[test]
+fn a_client_process_that_dies_ends_its_session_at_once() {
+    // Its kernel closes the connection; the backend reads EOF and exits, rolling back.
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    assert_eq!(exec(&mut db, 0, B, for_update()), vec![], "B waits");
+    let mut out = Out::default();
+    db.connection_closed(Now::at(100), NodeIx(A as u32), 1, &mut out);
+    assert!(db.sessions.contains_key(&A), "another life of the client's node: not its connection");
+    db.connection_closed(Now::at(100), NodeIx(A as u32), 0, &mut out);
+    assert!(!db.sessions.contains_key(&A));
+    assert!(matches!(&pushed(out)[..], [(B, SqlResult::Rows(_))]), "B is granted at once");
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //! - A server that restarted resets the old connection: the next request on it fails at once
 //!   (`ConnectionLoss`, not applied), the client is `Disconnected` and re-attaches its session on a new
 //!   connection right away.
+//! - A server process that dies (its kernel closes the connection) is noticed at once, idle or not:
+//!   the send thread's read ends (`ClientCnxnSocketNIO.doIO`: `EndOfStreamException`, "likely server
+//!   has closed socket"), the client is `Disconnected`, its requests in flight fail, and it re-attaches.
+//!   A dead host closes nothing: the client notices only by its read timeout.
 //! - It learns that its session `Expired` (Curator: LOST) only when a re-attach is refused: a client cut
 //!   off from the server believes its session alive for as long as the cut lasts.
 //! - A request unanswered within 2/3·T fails with `ConnectionLoss`: it may or may not have been applied.
@@ -200,13 +204,30 @@ pub struct Router {
     /// Each session's client, which a notification tells it heard from the server.
     clients: RefCell<BTreeMap<SessionId, std::rc::Weak<Shared>>>,
     recorder: RefCell<Option<crate::history::Recorder>>,
+    /// The node's sessions, told when a server's kernel closes their connection.
+    sessions: RefCell<Vec<std::rc::Weak<Shared>>>,
 }
 
 impl Router {
     fn start(self: &Rc<Self>, rpc: &Rpc, recorder: &crate::history::Recorder) {
         if self.thread.borrow().is_none() {
             *self.recorder.borrow_mut() = Some(recorder.clone());
-            *self.thread.borrow_mut() = Some(super::super::listen(rpc, self, Router::deliver));
+            *self.thread.borrow_mut() = Some(super::super::listen_closed(rpc, self, Router::deliver, Router::closed));
+        }
+    }
+
+    /// Life `life` of the server's process died and its kernel closed the connections to it: each
+    /// session on one of them reads the end of its stream, is `Disconnected` and re-attaches.
+    fn closed(&self, server: crate::history::NodeIx, life: u32) {
+        self.sessions.borrow_mut().retain(|s| s.strong_count() > 0);
+        let sessions: Vec<Rc<Shared>> = self.sessions.borrow().iter().filter_map(|s| s.upgrade()).collect();
+        for shared in sessions {
+            let Host::Sim(env) = &shared.host else { continue };
+            if env.server == server && shared.conn.get() == Some(life) {
+                shared.conn.set(None);
+                shared.set_state(ConnState::Disconnected);
+                shared.host.spawn_detached(reattach(shared.clone()));
+            }
         }
     }
 
@@ -288,6 +309,7 @@ impl ZkClient {
         shared.host.record("connected");
         if let Host::Sim(env) = &shared.host {
             env.router.start(&env.rpc, &env.recorder);
+            env.router.sessions.borrow_mut().push(Rc::downgrade(&shared));
         }
         let pinger = shared.host.spawn(pinger(shared.clone()));
         Some(ZkClient { shared, _pinger: Rc::new(pinger) })
