@@ -1,5 +1,6 @@
 //! Determinism rules, checked: nothing in the simulated code may read the machine's clock, draw
-//! unseeded randomness or iterate a `HashMap` (its order differs between processes and threads).
+//! unseeded randomness or iterate a `HashMap` (its order differs between processes and threads), nor
+//! let tokio's thread-local random numbers order tasks (an unbiased `select!`, `sync::watch`).
 
 use std::path::Path;
 
@@ -9,6 +10,8 @@ const BANNED: &[(&str, &str)] = &[
     ("Instant::now", "wall-clock time must not reach a history: use the node's Clock"),
     ("SystemTime", "wall-clock time must not reach a history: use the node's Clock"),
     ("thread_rng", "unseeded: draw from locksim_sim::rng streams"),
+    ("sync::watch", "tokio's watch wakes its waiters in a random order: use locksim_sim::signal"),
+    ("watch::channel", "tokio's watch wakes its waiters in a random order: use locksim_sim::signal"),
     ("dbg!", "debugging left in"),
 ];
 
@@ -19,8 +22,17 @@ fn check_dir(dir: &Path, problems: &mut Vec<String>) {
             check_dir(&path, problems);
         } else if path.extension().is_some_and(|e| e == "rs") {
             let text = std::fs::read_to_string(&path).unwrap();
-            for (n, line) in text.lines().enumerate() {
+            let lines: Vec<&str> = text.lines().collect();
+            for (n, line) in lines.iter().enumerate() {
                 let code = line.split("//").next().unwrap_or_default();
+                // An unbiased `select!` picks its first branch with tokio's thread-local random number.
+                if code.contains("select! {") && lines.get(n + 1).map(|l| l.trim()) != Some("biased;") {
+                    problems.push(format!(
+                        "{}:{}: select! without `biased;`: tokio draws the order",
+                        path.display(),
+                        n + 1
+                    ));
+                }
                 for (word, why) in BANNED {
                     if code.contains(word) {
                         problems.push(format!("{}:{}: {word}: {why}", path.display(), n + 1));
