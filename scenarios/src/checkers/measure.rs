@@ -142,6 +142,16 @@ mod tests {
     }
 
     #[test]
+    fn a_crash_of_a_client_is_a_crash_of_the_worker_holding_on_it() {
+        // client-0/w1 (node 4) holds; client-0 crashes: a crashed holder, recovered at client-1's grant.
+        let mut h = history(60.0, vec![(1.0, 4, ok(1)), (2.0, 0, crash("client-0")), (5.0, 1, ok(2))]);
+        h.nodes.push("client-0/w1".into());
+        assert_eq!(measure(&h, 0, 0).recovery_ms, vec![3_000.0]);
+        h.nodes[4] = "client-9".into();
+        assert!(measure(&h, 0, 0).recovery_ms.is_empty(), "no worker of client-0 held");
+    }
+
+    #[test]
     fn a_crash_of_a_client_that_did_not_hold_is_not_a_recovery() {
         let crash = crash("client-1");
         let h = history(60.0, vec![(1.0, 0, ok(1)), (2.0, 1, crash), (3.0, 0, ReleaseInvoke), (4.0, 2, ok(2))]);

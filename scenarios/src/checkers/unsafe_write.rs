@@ -108,6 +108,23 @@ mod tests {
     }
 
     #[test]
+    fn a_crash_of_a_client_ends_its_workers_holds_and_a_live_workers_late_write_is_unsafe() {
+        // client-0/w1 (node 4) entered; client-1 entered after it; w1's write lands late.
+        let late = |crashed: bool| {
+            let mut events = vec![(1.0, 4, ok(1)), (1.1, 4, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2))];
+            if crashed {
+                events.insert(2, (2.0, 0, super::super::test_history::crash("client-0")));
+            }
+            events.push((9.0, 4, write(1, true)));
+            let mut h = history(10.0, events);
+            h.nodes.push("client-0/w1".into());
+            check(&h).into_iter().filter(|f| f.kind == FindingKind::UnsafeWrite).count()
+        };
+        assert_eq!(late(false), 1, "the worker still believed it held: its write after a newer entry");
+        assert_eq!(late(true), 0, "client-0's crash ended its worker's hold: no holder wrote late");
+    }
+
+    #[test]
     fn the_same_write_refused_by_fencing_is_the_defence_working() {
         let h = history(
             10.0,
