@@ -80,7 +80,8 @@ fn topology(_: &Params) -> Topology {
     Topology { servers: vec!["db-0".into()], ..Topology::default() }
 }
 
-/// How often the server's keep-alive looks for silent connections.
+/// How often, at least, the server's keep-alive looks for silent connections (it also wakes when a
+/// session's timer is due).
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 
 fn deploy(world: &mut World, params: &Params) -> Servers {
@@ -108,17 +109,23 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             let (prober_state, prober_rpc, clock, recorder) =
                 (state.clone(), rpc.clone(), env.clock.clone(), env.recorder.clone());
             let _prober = locksim_sim::ctx::Background::spawn(async move {
+                let mut wait = PROBE_EVERY;
                 loop {
-                    clock.sleep(PROBE_EVERY).await;
+                    clock.sleep(wait).await;
                     let now = locksim_sim::backend::Now::of(&clock);
+                    let mut due = None;
                     locksim_sim::backend::act(&prober_state, &prober_rpc, &recorder, |db, out| {
-                        db.keepalive(
+                        due = db.keepalive(
                             now,
                             |node, life| prober_rpc.probe(node, life),
                             |node, life| prober_rpc.acked_ns(node, life).map(|ns| clock.monotonic_ms_at(ns)),
                             out,
                         )
                     });
+                    // On time for the next timer known now; a session opened meanwhile is due an idle
+                    // period after it opened, after the next look.
+                    let until_due = due.map_or(PROBE_EVERY.as_millis() as i64, |d| d - now.mono_ms);
+                    wait = Duration::from_millis(until_due.clamp(1, PROBE_EVERY.as_millis() as i64) as u64);
                 }
             });
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await

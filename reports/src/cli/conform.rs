@@ -1,5 +1,8 @@
 //! `locksim conform`: the simulated servers against the real ones (see `crate::conform`).
 
+use crate::conform::client::netns::Netns;
+use crate::conform::client::sql::SqlClientSide;
+use crate::conform::client::{self, ClientFamily};
 use crate::conform::etcd::Etcd;
 use crate::conform::redis::Redis;
 use crate::conform::servers::Server;
@@ -18,6 +21,10 @@ use std::sync::Mutex;
 #[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
                   stops between them, and plays it on the model and on the real server; the first answer \
                   that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
+                  A client family (sql-client) plays a client library under a fault instead — a cut of its \
+                  connection, its process killed, its host dead — on the model and for real, the real \
+                  server and client in a network namespace of their own (root and `ip` needed), and \
+                  compares what each saw and when.\n\n\
                   The real servers come from Debian packages: run .ci/install-servers once (as root). \
                   locksim starts each in a temporary directory on a free loopback port and stops it at the \
                   end.\n\n\
@@ -55,6 +62,9 @@ enum Which {
     Zk,
     /// PostgreSQL 15 (Debian's `postgresql-15`), on its wire protocol.
     Sql,
+    /// Client side: when PostgreSQL ends a silent client's session (keep-alive, a killed process, a
+    /// dead host), and what the client's next statement finds (needs root: a network namespace).
+    SqlClient,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -85,6 +95,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     if args.server.is_some() && args.family == Which::All {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
+    if args.server.is_some() && matches!(args.family, Which::SqlClient) {
+        anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
+    }
     super::check_outputs([&args.json], [])?;
     let mut reports = Vec::new();
     if matches!(args.family, Which::All | Which::Redis) {
@@ -98,6 +111,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.family, Which::All | Which::Sql) {
         reports.push(family(&Sql::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::SqlClient) {
+        reports.push(client_family(&SqlClientSide, &args)?);
     }
     let mut bad = 0;
     for r in &reports {
@@ -119,49 +135,18 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
 fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
     // One server per job: a script owns its server (it restarts and stops it).
     let jobs = if args.server.is_some() { 1 } else { super::jobs(args.jobs.map(|j| j.min(64))) };
-    let bar = indicatif::ProgressBar::new(args.seeds.end - args.seeds.start);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds of {msg}, eta {eta}")
-            .expect("valid template"),
-    );
-    bar.set_message(F::NAME);
-    let next = AtomicU64::new(args.seeds.start);
-    let outcomes: Mutex<BTreeMap<u64, Outcome<F::Op>>> = Mutex::new(BTreeMap::new());
     let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
-    std::thread::scope(|scope| {
-        let lanes: Vec<_> = (0..jobs)
-            .map(|_| {
-                scope.spawn(|| -> anyhow::Result<()> {
-                    let mut server = match args.server {
-                        Some(addr) => Server::external(F::server(), addr)?,
-                        None => Server::start(F::server())?,
-                    };
-                    let end = args.seeds.end;
-                    while let Ok(seed) =
-                        next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then(|| s + 1))
-                    {
-                        let outcome = check(family, &mut server, seed)?;
-                        coverage::<F>(&script_for::<F>(&server, seed), &mut counts.lock().expect("counts lock"));
-                        outcomes.lock().expect("outcomes lock").insert(seed, outcome);
-                        bar.inc(1);
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        lanes.into_iter().map(|l| l.join().expect("a conformance job panicked")).collect::<anyhow::Result<Vec<()>>>()
-    })?;
-    bar.finish_and_clear();
-    let mut report = Report {
-        family: F::NAME,
-        seeds: args.seeds.clone(),
-        agreed: 0,
-        inconclusive: Vec::new(),
-        without_faults: args.server.is_some(),
-        mismatches: Vec::new(),
-        coverage: counts.into_inner().expect("counts lock"),
+    let start = || match args.server {
+        Some(addr) => Server::external(F::server(), addr),
+        None => Server::start(F::server()),
     };
-    for (seed, outcome) in outcomes.into_inner().expect("outcomes lock") {
+    let outcomes = lanes(F::NAME, jobs, &args.seeds, start, |server, seed| {
+        let outcome = check(family, server, seed)?;
+        coverage::<F>(&script_for::<F>(server, seed), &mut counts.lock().expect("counts lock"));
+        Ok(outcome)
+    })?;
+    let mut report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    for (seed, outcome) in outcomes {
         match outcome {
             Outcome::Agree => report.agreed += 1,
             Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
@@ -175,6 +160,89 @@ fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// A client family: each job in a network namespace of its own, with its own server in it.
+fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Report> {
+    let jobs = super::jobs(args.jobs.map(|j| j.min(64)));
+    let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let start = || -> anyhow::Result<(Netns, Server)> {
+        let net = Netns::enter()?;
+        Ok((net, Server::start(F::server())?))
+    };
+    let outcomes = lanes(F::NAME, jobs, &args.seeds, start, |(net, server), seed| {
+        *counts.lock().expect("counts lock").entry(F::kind(&client::plan::<F>(seed))).or_insert(0) += 1;
+        client::check(family, server, net, seed)
+    })?;
+    let mut report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    for (seed, outcome) in outcomes {
+        match outcome {
+            client::Outcome::Agree => report.agreed += 1,
+            client::Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
+            client::Outcome::Mismatch { plan, model, real, why } => report.mismatches.push(Mismatch {
+                seed,
+                step: why,
+                model: format!("\n{model}"),
+                real: format!("\n{real}"),
+                script: vec![plan],
+            }),
+        }
+    }
+    Ok(report)
+}
+
+/// Play `seeds` on `jobs` lanes at once, each with what `start` gives it (its server), with a progress
+/// bar; each seed's outcome.
+fn lanes<S, O: Send>(
+    name: &'static str,
+    jobs: usize,
+    seeds: &std::ops::Range<u64>,
+    start: impl Fn() -> anyhow::Result<S> + Sync,
+    check: impl Fn(&mut S, u64) -> anyhow::Result<O> + Sync,
+) -> anyhow::Result<BTreeMap<u64, O>> {
+    let bar = indicatif::ProgressBar::new(seeds.end - seeds.start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds of {msg}, eta {eta}")
+            .expect("valid template"),
+    );
+    bar.set_message(name);
+    let next = AtomicU64::new(seeds.start);
+    let outcomes: Mutex<BTreeMap<u64, O>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    let mut lane = start()?;
+                    let end = seeds.end;
+                    while let Ok(seed) =
+                        next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then(|| s + 1))
+                    {
+                        let outcome = check(&mut lane, seed)?;
+                        outcomes.lock().expect("outcomes lock").insert(seed, outcome);
+                        bar.inc(1);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        lanes.into_iter().map(|l| l.join().expect("a conformance job panicked")).collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    bar.finish_and_clear();
+    Ok(outcomes.into_inner().expect("outcomes lock"))
+}
+
+impl Report {
+    fn new(family: &'static str, args: &Args, coverage: BTreeMap<&'static str, u64>) -> Report {
+        Report {
+            family,
+            seeds: args.seeds.clone(),
+            agreed: 0,
+            inconclusive: Vec::new(),
+            without_faults: args.server.is_some(),
+            mismatches: Vec::new(),
+            coverage,
+        }
+    }
 }
 
 /// The lines `conform` prints for one family.

@@ -17,6 +17,7 @@
 //! slot or more *after* it at the same step in both plays (the server made it wait and the model did
 //! not; a busy machine is rarely late twice at one step by a whole slot).
 
+pub mod client;
 pub mod etcd;
 pub mod http;
 pub mod jute;

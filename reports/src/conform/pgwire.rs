@@ -69,6 +69,22 @@ impl Conn {
         self.until_ready()
     }
 
+    /// The local port of the connection (a cut of it blackholes this port).
+    pub fn local_port(&self) -> std::io::Result<u16> {
+        Ok(self.writer.local_addr()?.port())
+    }
+
+    /// How long a statement may wait for its result (connect sets [`super::ANSWER_TIMEOUT`]).
+    pub fn set_read_timeout(&self, timeout: Duration) -> std::io::Result<()> {
+        self.reader.get_ref().set_read_timeout(Some(timeout))
+    }
+
+    /// Close the socket with no word to the server, as the kernel does for a killed process: a FIN,
+    /// and nothing more will be sent or read.
+    pub fn close_socket(&self) {
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+    }
+
     /// Close the session as a client library does (`Terminate`, then the socket).
     pub fn terminate(mut self) {
         let _ = self.writer.write_all(&[b'X', 0, 0, 0, 4]);

@@ -504,13 +504,16 @@ impl SqlState {
     /// - a client host that restarted, or whose process died, answers a probe with a reset;
     /// - while results sent to the client are unacknowledged there are no probes (`packets_out`): the
     ///   retransmission timer decides, and ends the connection when it gives up.
+    ///
+    /// Returns when (monotonic ms) the timer of a session is next due, as far as is known now — the
+    /// kernel's timer is per connection and fires on time, so the server's prober wakes then.
     pub fn keepalive(
         &mut self,
         now: Now,
         mut probe: impl FnMut(NodeIx, u32) -> Probe,
         mut acked: impl FnMut(NodeIx, u32) -> Option<i64>,
         out: &mut Out,
-    ) {
+    ) -> Option<i64> {
         let (idle, interval, count) = (
             self.settings.tcp_keepalives_idle.as_millis() as i64,
             self.settings.tcp_keepalives_interval.as_millis() as i64,
@@ -549,6 +552,8 @@ impl SqlState {
         if !dead.is_empty() {
             self.wake(now, out);
         }
+        let live = self.sessions.values().filter(|s| s.closing.is_none());
+        live.map(|s| (s.heard_ms + idle).max(s.next_probe_ms)).min()
     }
 
     /// The connection of session `conn` ended (closed by the client or its kernel, or reset by

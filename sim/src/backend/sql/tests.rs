@@ -186,6 +186,23 @@ fn keepalive_ends_a_dead_session_after_idle_time_and_unanswered_probes() {
 }
 
 #[test]
+fn keepalive_says_when_a_sessions_timer_is_next_due() {
+    // The kernel's timer is per connection and on time: the prober must wake at 10, 11, 12 and 13 s,
+    // not at its next periodic look (which ended sessions up to half a second late).
+    let mut db = db();
+    let due = |db: &mut SqlState, now: i64| {
+        let is_a = |node: NodeIx| node == NodeIx(A as u32);
+        let probe = |node, _| if is_a(node) { Probe::Unanswered } else { Probe::Acked };
+        db.keepalive(Now::at(now), probe, |_, _| None, &mut Out::default())
+    };
+    assert_eq!(due(&mut db, 0), Some(10_000), "idle for tcp_keepalives_idle from the connect");
+    assert_eq!(due(&mut db, 10_000), Some(11_000), "B and C answered at 10 s (due at 20 s), A did not");
+    assert_eq!(db.sessions[&A].probes_out, 1);
+    assert_eq!(due(&mut db, 10_500), Some(11_000));
+    assert_eq!(due(&mut db, 11_000), Some(12_000));
+}
+
+#[test]
 fn an_answered_probe_restarts_the_full_idle_period() {
     let mut db = db();
     exec(&mut db, 0, A, Stmt::Begin);

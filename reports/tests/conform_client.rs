@@ -1,0 +1,106 @@
+//! Client conformance against the real servers and the real kernel: each play runs in a network
+//! namespace of its own (root and iproute2 needed). Where that or a server is missing these tests say
+//! so and pass, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it.
+
+mod common;
+
+use common::{locksim, stderr, stdout};
+use locksim_reports::conform::client::netns::Netns;
+use locksim_reports::conform::client::sql::{HolderFault, Plan, SqlClientSide};
+use locksim_reports::conform::client::{self, check, ClientFamily, Margin, Outcome, Timeline};
+use locksim_reports::conform::servers::{Kind, Server};
+use locksim_sim::rng::ChaCha8Rng;
+
+/// The tests that play plans take turns: a plan keeps time, and a busy machine makes it inconclusive.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A namespace of this thread's own with a `kind` server in it, or `None` (said on stderr) where
+/// either cannot be had and is not required.
+fn isolated(kind: Kind) -> Option<(Netns, Server)> {
+    let made = Netns::enter().and_then(|net| Ok((net, Server::start(kind)?)));
+    match made {
+        Ok(made) => Some(made),
+        Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
+            None
+        }
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+#[test]
+fn conform_sql_client_agrees_with_postgres_and_the_kernel() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Postgres).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "sql-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    // A seed may be inconclusive on a busy machine; none may mismatch.
+    assert!(out.contains("sql-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("cut") && out.contains("host crash") && out.contains("process kill"), "{out}");
+}
+
+/// The model's client side with a planted bug: a killed process's kernel closes nothing (its
+/// connection goes as silent as a dead host's), the mistake locksim made before it told the two apart.
+struct KillIsSilence;
+
+impl ClientFamily for KillIsSilence {
+    const NAME: &'static str = "sql-client (planted bug)";
+    type Plan = Plan;
+
+    fn server() -> Kind {
+        SqlClientSide::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> Plan {
+        SqlClientSide::plan(rng)
+    }
+
+    fn kind(plan: &Plan) -> &'static str {
+        SqlClientSide::kind(plan)
+    }
+
+    fn model(&self, plan: &Plan, seed: u64) -> Timeline {
+        let mut planted = plan.clone();
+        if planted.fault == HolderFault::Kill {
+            planted.fault = HolderFault::HostCrash;
+        }
+        SqlClientSide.model(&planted, seed)
+    }
+
+    fn real(&self, plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        SqlClientSide.real(plan, server, net)
+    }
+
+    fn margin(what: &str) -> Margin {
+        SqlClientSide::margin(what)
+    }
+}
+
+#[test]
+fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::Postgres) else { return };
+        let seed = (0..100).find(|s| client::plan::<SqlClientSide>(*s).fault == HolderFault::Kill).unwrap();
+        match check(&KillIsSilence, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("`observer granted`"), "the session ends at once for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+        // The faithful model agrees on the same plan.
+        assert!(matches!(
+            check(&SqlClientSide, &mut server, &net, seed).unwrap(),
+            Outcome::Agree | Outcome::Inconclusive(_)
+        ));
+    })
+    .join()
+    .unwrap();
+}
