@@ -7,6 +7,7 @@ mod common;
 use common::{locksim, stderr, stdout};
 use locksim_reports::conform::client::netns::Netns;
 use locksim_reports::conform::client::sql::{HolderFault, Plan, SqlClientSide};
+use locksim_reports::conform::client::zk::{self, ZkClientSide, ZkFault};
 use locksim_reports::conform::client::{self, check, ClientFamily, Margin, Outcome, Timeline};
 use locksim_reports::conform::servers::{Kind, Server};
 use locksim_sim::rng::ChaCha8Rng;
@@ -78,8 +79,8 @@ impl ClientFamily for KillIsSilence {
         SqlClientSide.real(plan, server, net)
     }
 
-    fn margin(what: &str) -> Margin {
-        SqlClientSide::margin(what)
+    fn margin(plan: &Plan, what: &str) -> Margin {
+        SqlClientSide::margin(plan, what)
     }
 }
 
@@ -100,6 +101,68 @@ fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
             check(&SqlClientSide, &mut server, &net, seed).unwrap(),
             Outcome::Agree | Outcome::Inconclusive(_)
         ));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn conform_zk_client_agrees_with_the_java_client() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "zk-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("zk-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("short cut") && out.contains("cut past expiry") && out.contains("server kill"), "{out}");
+}
+
+/// The model's ZooKeeper with a planted bug: a killed server's kernel closes nothing, so its clients
+/// learn of it only by their read timeout.
+struct ServerKillIsSilence;
+
+impl ClientFamily for ServerKillIsSilence {
+    const NAME: &'static str = "zk-client (planted bug)";
+    type Plan = zk::Plan;
+
+    fn server() -> Kind {
+        ZkClientSide::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> zk::Plan {
+        ZkClientSide::plan(rng)
+    }
+
+    fn kind(plan: &zk::Plan) -> &'static str {
+        ZkClientSide::kind(plan)
+    }
+
+    fn model(&self, plan: &zk::Plan, seed: u64) -> Timeline {
+        zk::model_with(plan, seed, true)
+    }
+
+    fn real(&self, plan: &zk::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        ZkClientSide.real(plan, server, net)
+    }
+
+    fn margin(plan: &zk::Plan, what: &str) -> Margin {
+        ZkClientSide::margin(plan, what)
+    }
+}
+
+#[test]
+fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let is_kill = |s: &u64| matches!(client::plan::<ZkClientSide>(*s).fault, ZkFault::ServerKill { .. });
+        let seed = (0..100).find(is_kill).unwrap();
+        match check(&ServerKillIsSilence, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => assert!(why.contains("`disconnected`"), "noticed at once for real: {why}"),
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
     })
     .join()
     .unwrap();

@@ -2,6 +2,7 @@
 
 use crate::conform::client::netns::Netns;
 use crate::conform::client::sql::SqlClientSide;
+use crate::conform::client::zk::ZkClientSide;
 use crate::conform::client::{self, ClientFamily};
 use crate::conform::etcd::Etcd;
 use crate::conform::redis::Redis;
@@ -21,7 +22,7 @@ use std::sync::Mutex;
 #[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
                   stops between them, and plays it on the model and on the real server; the first answer \
                   that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
-                  A client family (sql-client) plays a client library under a fault instead — a cut of its \
+                  A client family (sql-client, zk-client) plays a client library under a fault instead — a cut of its \
                   connection, its process killed, its host dead — on the model and for real, the real \
                   server and client in a network namespace of their own (root and `ip` needed), and \
                   compares what each saw and when.\n\n\
@@ -65,6 +66,9 @@ enum Which {
     /// Client side: when PostgreSQL ends a silent client's session (keep-alive, a killed process, a
     /// dead host), and what the client's next statement finds (needs root: a network namespace).
     SqlClient,
+    /// Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is
+    /// disconnected, which requests fail, whether its session comes back (needs root and java).
+    ZkClient,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -95,7 +99,7 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     if args.server.is_some() && args.family == Which::All {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
-    if args.server.is_some() && matches!(args.family, Which::SqlClient) {
+    if args.server.is_some() && matches!(args.family, Which::SqlClient | Which::ZkClient) {
         anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
     }
     super::check_outputs([&args.json], [])?;
@@ -114,6 +118,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.family, Which::All | Which::SqlClient) {
         reports.push(client_family(&SqlClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::ZkClient) {
+        reports.push(client_family(&ZkClientSide, &args)?);
     }
     let mut bad = 0;
     for r in &reports {

@@ -21,10 +21,13 @@
 
 pub mod netns;
 pub mod sql;
+pub mod zk;
 
 use super::servers::{Kind, Server};
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// One thing the client (or the observer beside it) saw, at `at_ms` of the plan's time.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -89,8 +92,8 @@ pub trait ClientFamily: Sync {
     /// server's network namespace `net`. `Err` with [`Late`] inside: the machine could not keep the
     /// plan's times (inconclusive).
     fn real(&self, plan: &Self::Plan, server: &mut Server, net: &netns::Netns) -> anyhow::Result<Timeline>;
-    /// How far from the model's time a real event `what` may come.
-    fn margin(what: &str) -> Margin;
+    /// How far from the model's time a real event `what` of `plan` may come.
+    fn margin(plan: &Self::Plan, what: &str) -> Margin;
 }
 
 /// A real play missed a time of the plan by more than it can afford: inconclusive, not a mismatch.
@@ -104,6 +107,57 @@ impl fmt::Display for Late {
 }
 
 impl std::error::Error for Late {}
+
+/// How late a real step may start and the play still be compared.
+const STEP_MARGIN_MS: u64 = 40;
+
+/// A real play's clock, and the first step it could not start on time.
+pub struct Play {
+    start: Instant,
+    late: Mutex<Option<String>>,
+}
+
+impl Play {
+    /// A play whose time 0 is `lead` from now (time to set the first steps up).
+    pub fn starting_in(lead: Duration) -> Play {
+        Play::starting_at(Instant::now() + lead)
+    }
+
+    pub fn starting_at(start: Instant) -> Play {
+        Play { start, late: Mutex::new(None) }
+    }
+
+    /// The play's time now, in ms.
+    pub fn now_ms(&self) -> u64 {
+        self.ms_at(Instant::now())
+    }
+
+    /// The play's time at `t`, in ms.
+    pub fn ms_at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.start).as_millis() as u64
+    }
+
+    /// Wait until `ms` of the plan, for step `what`; note it if the step starts too late.
+    pub fn at(&self, ms: u64, what: &str) {
+        let due = self.start + Duration::from_millis(ms);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let now = self.now_ms();
+        if now > ms + STEP_MARGIN_MS {
+            self.late.lock().expect("late lock").get_or_insert(format!("{what} at {now} ms, planned at {ms} ms"));
+        }
+    }
+
+    /// `Err(Late)` if a step started too late.
+    pub fn on_time(self) -> anyhow::Result<()> {
+        match self.late.into_inner().expect("late lock") {
+            Some(why) => Err(Late(why).into()),
+            None => Ok(()),
+        }
+    }
+}
 
 /// What playing one seed showed.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,7 +186,7 @@ pub fn check<F: ClientFamily>(
     for _ in 0..2 {
         match family.real(&plan, server, net) {
             Ok(real) => {
-                return Ok(match differ(&model, &real, F::margin) {
+                return Ok(match differ(&model, &real, |what| F::margin(&plan, what)) {
                     None => Outcome::Agree,
                     Some(why) => Outcome::Mismatch { plan: plan.to_string(), model, real, why },
                 })

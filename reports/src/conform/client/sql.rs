@@ -19,7 +19,7 @@
 //! reaches only to the [`PROBE_EVERY_MS`] grain of its keep-alive check.
 
 use super::netns::Netns;
-use super::{ClientFamily, Late, Margin, Timeline};
+use super::{ClientFamily, Margin, Play, Timeline};
 use crate::conform::pgwire::{Conn, Reply};
 use crate::conform::servers::{Kind, Server};
 use locksim_locks::params::{ParamValue, Params};
@@ -34,7 +34,7 @@ use locksim_sim::world::{Program, World};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How coarsely the model's server checks its connections' keep-alive (`locks/src/sql`'s prober).
 const PROBE_EVERY_MS: u64 = 500;
@@ -176,7 +176,7 @@ impl ClientFamily for SqlClientSide {
         real(plan, server, net)
     }
 
-    fn margin(what: &str) -> Margin {
+    fn margin(_: &Plan, what: &str) -> Margin {
         match what {
             // The model ends a session at its next keep-alive check, up to a grain late.
             OBSERVER_GRANTED => Margin { early_ms: 300, late_ms: PROBE_EVERY_MS + 300 },
@@ -297,9 +297,6 @@ impl Role {
     }
 }
 
-/// How late a real step may start and the play still be compared.
-const STEP_MARGIN_MS: u64 = 40;
-
 /// The plan on the real server, each client a thread with its own connection, in `net`.
 fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
     let addr = server.addr().0;
@@ -318,7 +315,7 @@ fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timelin
     let (mut holder, mut observer) = (connect()?, connect()?);
     let mut blocker = if plan.blocked_ms > 0 { Some(connect()?) } else { None };
     let holder_port = holder.local_port()?;
-    let play = Play { start: Instant::now() + Duration::from_millis(100), late: Mutex::new(None) };
+    let play = Play::starting_in(Duration::from_millis(100));
     let seen = Mutex::new(Timeline::default());
     let record = |what: &'static str| seen.lock().expect("timeline lock").push(play.now_ms(), what);
     let granted = |reply: std::io::Result<Reply>| matches!(reply, Ok(r) if r.error.is_none() && !r.closed);
@@ -369,38 +366,8 @@ fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timelin
         }
         Ok(())
     })?;
-    if let Some(why) = play.late.into_inner().expect("late lock") {
-        return Err(Late(why).into());
-    }
+    play.on_time()?;
     Ok(seen.into_inner().expect("timeline lock").sorted())
-}
-
-/// A real play's clock, and the first step it could not start on time.
-struct Play {
-    start: Instant,
-    late: Mutex<Option<String>>,
-}
-
-impl Play {
-    fn now_ms(&self) -> u64 {
-        Instant::now().saturating_duration_since(self.start).as_millis() as u64
-    }
-
-    /// Wait until `ms` of the plan, for step `what`; note it if the step starts too late.
-    fn at(&self, ms: u64, what: &str) {
-        sleep_until(self.start + Duration::from_millis(ms));
-        let now = self.now_ms();
-        if now > ms + STEP_MARGIN_MS {
-            self.late.lock().expect("late lock").get_or_insert(format!("{what} at {now} ms, planned at {ms} ms"));
-        }
-    }
-}
-
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
-    }
 }
 
 #[cfg(test)]

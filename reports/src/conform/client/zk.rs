@@ -1,0 +1,421 @@
+//! ZooKeeper's client library under a fault: the model's client (`sim/src/backend/zk/client.rs`, which
+//! claims to be the Java `ClientCnxn`) against the real one — ZooKeeper 3.8's `ZooKeeperMain` (zkCli,
+//! from Debian's `zookeeper` jar), whose watcher prints every change of connection state — when
+//! `Disconnected` comes, which requests fail and when, whether the session comes back or `Expired`.
+//!
+//! A plan: the client opens a session of timeout T, creates an ephemeral `/x` at 300 ms, then one fault:
+//! - a *short cut* of its connection (well inside the read timeout 2/3·T): a `get /x` sent during it is
+//!   held by TCP and answered after the heal, and nothing else happens;
+//! - a *long cut* (past T by seconds): the `get /x` sent during it fails with `ConnectionLoss` at the
+//!   moment the client gives up on the connection (`Disconnected`, read timeout after the last word from
+//!   the server), and after the heal the client learns its session `Expired`;
+//! - a *server kill* (SIGKILL, restarted with its data after a while): `Disconnected` at once (its
+//!   kernel closes the connection), a `get /x` made meanwhile fails, and the client re-attaches its
+//!   session once the server is back; a final `get /x` finds the ephemeral still there.
+//!
+//! Cuts are either well inside the read timeout or past the session's expiry by seconds: between the
+//! two, whether the session survives depends on the real client's random re-attach delay. The times of
+//! re-attach and expiry are compared with wide margins for the same reason (a second of jitter, up to
+//! a connect timeout of waiting); the moment of `Disconnected` and of a failed request closely.
+
+use super::netns::Netns;
+use super::{ClientFamily, Margin, Play, Timeline};
+use crate::conform::servers::{Kind, Server};
+use locksim_locks::params::{ParamValue, Params};
+use locksim_locks::zk::{ZkSession, BACKEND_PARAMS, FAMILY};
+use locksim_sim::backend::zk::client::{ClientError, ConnState, ZkClient};
+use locksim_sim::backend::zk::{CreateMode, ZkError, ZkOp, ZkReply};
+use locksim_sim::clock::sim_now_ns;
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::{Action, Fault, Target};
+use locksim_sim::net::Rpc;
+use locksim_sim::rng::{ChaCha8Rng, Rng};
+use locksim_sim::world::{Program, World};
+use std::fmt;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The fault of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZkFault {
+    /// The client's connection cut for `ms` (short: inside the read timeout; long: past expiry).
+    Cut { ms: u64 },
+    /// The server killed, and started again with its data `down_ms` later.
+    ServerKill { down_ms: u64 },
+}
+
+/// One plan (times from the moment the session is connected).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The session timeout asked for (the conformance server's tickTime of 200 ms keeps it).
+    pub timeout_ms: u64,
+    pub fault_ms: u64,
+    pub fault: ZkFault,
+}
+
+/// When the plan's client creates `/x`.
+const CREATE_MS: u64 = 300;
+
+impl Plan {
+    fn read_timeout_ms(&self) -> u64 {
+        self.timeout_ms * 2 / 3
+    }
+
+    /// When the `get /x` during the fault is sent.
+    fn ask_ms(&self) -> u64 {
+        self.fault_ms
+            + match self.fault {
+                ZkFault::Cut { .. } => 50,
+                ZkFault::ServerKill { .. } => 300,
+            }
+    }
+
+    /// When a final `get /x` is sent, for the plans whose session lives on.
+    fn final_ms(&self) -> Option<u64> {
+        match self.fault {
+            ZkFault::Cut { ms } if ms < self.read_timeout_ms() => Some(self.fault_ms + ms + 1500),
+            ZkFault::Cut { .. } => None,
+            ZkFault::ServerKill { down_ms } => Some(self.fault_ms + down_ms + 7000),
+        }
+    }
+
+    fn end_ms(&self) -> u64 {
+        match self.fault {
+            ZkFault::Cut { ms } => self.final_ms().unwrap_or(self.fault_ms + ms + self.timeout_ms + 4000) + 1000,
+            ZkFault::ServerKill { .. } => self.final_ms().expect("a final get") + 1000,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "session timeout {} ms; create -e /x at {CREATE_MS} ms; at {} ms ", self.timeout_ms, self.fault_ms)?;
+        match self.fault {
+            ZkFault::Cut { ms } => write!(f, "the connection is cut for {ms} ms")?,
+            ZkFault::ServerKill { down_ms } => write!(f, "the server is killed, restarted {down_ms} ms later")?,
+        }
+        write!(f, "; get /x at {} ms", self.ask_ms())?;
+        if let Some(at) = self.final_ms() {
+            write!(f, " and at {at} ms")?;
+        }
+        Ok(())
+    }
+}
+
+/// The ZooKeeper client side.
+#[derive(Default)]
+pub struct ZkClientSide;
+
+const CREATED: &str = "create /x: ok";
+const GOT: &str = "get /x: ok";
+const GET_LOST: &str = "get /x: connection loss";
+const NO_NODE: &str = "get /x: no node";
+const GET_EXPIRED: &str = "get /x: session expired";
+const DISCONNECTED: &str = "disconnected";
+const RECONNECTED: &str = "reconnected";
+const EXPIRED: &str = "expired";
+
+impl ClientFamily for ZkClientSide {
+    const NAME: &'static str = "zk-client";
+    type Plan = Plan;
+
+    fn server() -> Kind {
+        Kind::ZooKeeper
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> Plan {
+        let fault_ms = rng.gen_range(10..=20) * 100;
+        match rng.gen_range(0..10) {
+            // Short cuts need a read timeout long enough to leave room for TCP's retransmission.
+            0..=2 => {
+                let timeout_ms = 4000;
+                Plan { timeout_ms, fault_ms, fault: ZkFault::Cut { ms: rng.gen_range(100..=350) } }
+            }
+            3..=6 => {
+                let timeout_ms = rng.gen_range(2..=4) * 1000;
+                let ms = timeout_ms + rng.gen_range(25..=40) * 100;
+                Plan { timeout_ms, fault_ms, fault: ZkFault::Cut { ms } }
+            }
+            // Down long enough for a connect attempt to be refused first (the client tries 1–2 s after
+            // the disconnect): the request made meanwhile fails then, rather than racing the restart.
+            _ => Plan {
+                timeout_ms: 4000,
+                fault_ms,
+                fault: ZkFault::ServerKill { down_ms: rng.gen_range(25..=35) * 100 },
+            },
+        }
+    }
+
+    fn kind(plan: &Plan) -> &'static str {
+        match plan.fault {
+            ZkFault::Cut { ms } if ms < plan.read_timeout_ms() => "short cut",
+            ZkFault::Cut { .. } => "cut past expiry",
+            ZkFault::ServerKill { .. } => "server kill",
+        }
+    }
+
+    fn model(&self, plan: &Plan, seed: u64) -> Timeline {
+        model(plan, seed)
+    }
+
+    fn real(&self, plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        real(plan, server, net)
+    }
+
+    fn margin(plan: &Plan, what: &str) -> Margin {
+        let kill = matches!(plan.fault, ZkFault::ServerKill { .. });
+        match what {
+            // The real client re-attaches after 1 s plus a random second, and a connect attempt waits
+            // up to T for an answer; the real server takes a second or two to start.
+            RECONNECTED | EXPIRED => Margin { early_ms: 2000, late_ms: plan.timeout_ms + 3000 },
+            // A request made while disconnected waits for the next connect attempt, 1–2 s later, and
+            // fails when it is refused.
+            GET_LOST if kill => Margin { early_ms: 1500, late_ms: 1500 },
+            _ => Margin { early_ms: 150, late_ms: 300 },
+        }
+    }
+}
+
+/// The words of a call's outcome.
+fn said(reply: Result<(ZkReply, Option<locksim_sim::backend::zk::client::Watch>), ClientError>) -> &'static str {
+    match reply {
+        Ok((ZkReply::Created { .. }, _)) => CREATED,
+        Ok((ZkReply::Data { .. }, _)) => GOT,
+        Err(ClientError::ConnectionLoss) => GET_LOST,
+        Err(ClientError::Zk(ZkError::NoNode)) => NO_NODE,
+        Err(ClientError::Zk(ZkError::SessionExpired)) => GET_EXPIRED,
+        _ => "unexpected",
+    }
+}
+
+/// The plan in a simulated world: the model's ZooKeeper (tickTime as the conformance server's), the
+/// model's client, the fault as a scenario injects it.
+fn model(plan: &Plan, seed: u64) -> Timeline {
+    model_with(plan, seed, false)
+}
+
+/// [`model`], with the server's kill taken for its host's death (`host`: its kernel closes nothing) —
+/// a planted bug the tests show conformance catches.
+pub fn model_with(plan: &Plan, seed: u64, host: bool) -> Timeline {
+    let seen = Arc::new(Mutex::new(Timeline::default()));
+    let timeline = seen.clone();
+    let plan = plan.clone();
+    madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(seed);
+        let tick = Duration::from_millis(crate::conform::zk::TICK_MS);
+        let params = Params::resolve(BACKEND_PARAMS, [("tick_time", ParamValue::Duration(tick))]);
+        let servers = (FAMILY.deploy)(&mut world, &params);
+        let start = sim_now_ns();
+        let client_plan = plan.clone();
+        let program: Program = Arc::new(move |env| {
+            let (plan, servers, seen) = (client_plan.clone(), servers.clone(), seen.clone());
+            Box::pin(async move {
+                let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                let now_ms = || (sim_now_ns() - start) / 1_000_000;
+                let record = |what: &'static str| seen.lock().expect("timeline lock").push(now_ms(), what);
+                let until = |ms: u64| ctx.sleep(Duration::from_millis(ms.saturating_sub(now_ms())));
+                let session = ZkSession::new(&ctx, &servers, Duration::from_millis(plan.timeout_ms));
+                let Some(zk) = session.live().await else { return };
+                let _states = ctx.spawn(states(zk.clone(), record_into(seen.clone(), start)));
+                until(CREATE_MS).await;
+                let create = ZkOp::Create { path: "/x".into(), data: "held".into(), mode: CreateMode::Ephemeral };
+                record(said(zk.call(create).await));
+                let get = || zk.call(ZkOp::GetData { path: "/x".into(), watch: false });
+                until(plan.ask_ms()).await;
+                record(said(get().await));
+                if let Some(at) = plan.final_ms() {
+                    until(at).await;
+                    record(said(get().await));
+                }
+                std::future::pending::<()>().await
+            })
+        });
+        world.add_node("client-0", program);
+        let fault = match plan.fault {
+            ZkFault::Cut { ms } => Fault {
+                at: Duration::from_millis(plan.fault_ms),
+                target: Target::Node("client-0".into()),
+                action: Action::Partition { peers: vec!["zk-0".into()], duration: Some(Duration::from_millis(ms)) },
+                on: None,
+            },
+            ZkFault::ServerKill { down_ms } => Fault {
+                at: Duration::from_millis(plan.fault_ms),
+                target: Target::Node("zk-0".into()),
+                action: Action::Crash { restart_after: Some(Duration::from_millis(down_ms)), host },
+                on: None,
+            },
+        };
+        world.run(&[fault], Duration::from_millis(plan.end_ms())).await;
+        world.shutdown();
+    });
+    let timeline = timeline.lock().expect("timeline lock").clone();
+    timeline.sorted()
+}
+
+fn record_into(seen: Arc<Mutex<Timeline>>, start: u64) -> impl Fn(&'static str) {
+    move |what| seen.lock().expect("timeline lock").push((sim_now_ns() - start) / 1_000_000, what)
+}
+
+/// Each change of the session's connection state, as the Java client's default watcher prints it.
+async fn states(zk: ZkClient, record: impl Fn(&'static str)) {
+    let mut state = zk.state();
+    state.borrow_and_update();
+    let mut was = ConnState::Connected;
+    while state.changed().await.is_ok() {
+        let now = *state.borrow_and_update();
+        match (was, now) {
+            (_, ConnState::Disconnected) => record(DISCONNECTED),
+            (ConnState::Disconnected, ConnState::Connected) => record(RECONNECTED),
+            (_, ConnState::Expired) => record(EXPIRED),
+            _ => {}
+        }
+        was = now;
+    }
+}
+
+/// How long the real client may take to start and connect.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The plan with the real Java client, `ZooKeeperMain` reading its commands from a pipe, in `net`.
+fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+    let addr = server.addr().0;
+    let jar = "/usr/share/java/zookeeper.jar";
+    let mut child = Command::new("java")
+        .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", jar])
+        .arg("org.apache.zookeeper.ZooKeeperMain")
+        .args(["-timeout", &plan.timeout_ms.to_string(), "-server", &addr.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start the ZooKeeper Java client (zookeeper, java): {e}"))?;
+    let client = Reaped(&mut child);
+    let mut stdin = client.0.stdin.take().expect("piped");
+    // Every line, stamped when it is read: answers come on stdout, errors (and `Created`) on stderr.
+    let (lines, read) = mpsc::channel::<(Instant, String)>();
+    let stdout: Box<dyn std::io::Read + Send> = Box::new(client.0.stdout.take().expect("piped"));
+    let stderr: Box<dyn std::io::Read + Send> = Box::new(client.0.stderr.take().expect("piped"));
+    for output in [stdout, stderr] {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                if lines.send((Instant::now(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    // Time 0: the session is connected.
+    let deadline = Instant::now() + START_PATIENCE;
+    let connected = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match read.recv_timeout(left) {
+            Ok((at, line)) if line.contains("state:SyncConnected") => break at,
+            Ok(_) => continue,
+            Err(_) => anyhow::bail!("the ZooKeeper Java client did not connect to {addr} within {START_PATIENCE:?}"),
+        }
+    };
+    // A path of this play's own: a play before it on the same server may have left its session (and
+    // so its ephemeral) behind until the session expires.
+    static PLAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let path = format!("/x{}", PLAYS.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+    let play = Play::starting_at(connected);
+    let mut send = |ms: u64, command: &str| -> anyhow::Result<()> {
+        play.at(ms, command);
+        writeln!(stdin, "{command}")?;
+        Ok(stdin.flush()?)
+    };
+    let get = format!("get {path}");
+    send(CREATE_MS, &format!("create -e {path} held"))?;
+    match plan.fault {
+        ZkFault::Cut { ms } => {
+            play.at(plan.fault_ms, "the cut");
+            let cut = net.cut(addr.port())?;
+            send(plan.ask_ms(), &get)?;
+            play.at(plan.fault_ms + ms, "the heal");
+            net.heal(cut)?;
+        }
+        ZkFault::ServerKill { down_ms } => {
+            play.at(plan.fault_ms, "the kill");
+            server.crash()?;
+            send(plan.ask_ms(), &get)?;
+            play.at(plan.fault_ms + down_ms, "the restart");
+            server.relaunch(true)?;
+        }
+    }
+    if let Some(at) = plan.final_ms() {
+        send(at, &get)?;
+    }
+    play.at(plan.end_ms(), "the end");
+    // Close the session, so that its ephemeral goes now.
+    send(plan.end_ms(), "quit")?;
+    let mut seen = Timeline::default();
+    while let Ok((at, line)) = read.try_recv() {
+        let line = line.trim();
+        let what = match line {
+            l if l.contains("state:SyncConnected") => RECONNECTED,
+            l if l.contains("state:Disconnected") => DISCONNECTED,
+            l if l.contains("state:Expired") => EXPIRED,
+            l if l == format!("Created {path}") => CREATED,
+            "held" => GOT,
+            l if l.ends_with(&format!("ConnectionLoss for {path}")) => GET_LOST,
+            l if l == format!("Node does not exist: {path}") => NO_NODE,
+            l if l.ends_with(&format!("Session expired for {path}")) => GET_EXPIRED,
+            _ => continue,
+        };
+        seen.push(play.ms_at(at), what);
+    }
+    play.on_time()?;
+    Ok(seen.sorted())
+}
+
+/// The client's process, reaped when the play ends: given a moment to act on a `quit` (closing its
+/// session), then killed (on an error too).
+struct Reaped<'a>(&'a mut std::process::Child);
+
+impl Drop for Reaped<'_> {
+    fn drop(&mut self) {
+        let patience = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < patience && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conform::client::plan;
+
+    #[test]
+    fn plans_keep_clear_of_the_survival_edge_and_every_fault_is_drawn() {
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let p = plan::<ZkClientSide>(seed);
+            kinds.insert(ZkClientSide::kind(&p));
+            if let ZkFault::Cut { ms } = p.fault {
+                // Short: the held request is retransmitted (at 0.2, 0.6 s after it was sent) well
+                // before the read timeout; long: healed seconds after the session expired.
+                assert!(ms <= 350 || ms >= p.timeout_ms + 2500, "seed {seed}: {p}");
+            }
+        }
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+    }
+
+    #[test]
+    fn the_model_fails_the_held_request_at_the_disconnect_and_expires_after_a_long_cut() {
+        let p = Plan { timeout_ms: 3000, fault_ms: 1000, fault: ZkFault::Cut { ms: 6000 } };
+        let t = ZkClientSide.model(&p, 1);
+        let mut whats: Vec<&str> = t.0.iter().map(|e| e.what.as_str()).collect();
+        whats.sort();
+        assert_eq!(whats, [CREATED, DISCONNECTED, EXPIRED, GET_LOST], "{t}");
+        let at = |what| t.0.iter().find(|e| e.what == what).map(|e| e.at_ms).unwrap();
+        assert_eq!(at(DISCONNECTED), at(GET_LOST), "failed at the disconnect (ClientCnxn.cleanup): {t}");
+        assert!(at(EXPIRED) > 7000, "learnt only after the heal: {t}");
+    }
+}
