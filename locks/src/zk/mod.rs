@@ -392,9 +392,9 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Curator 5's `CuratorZookeeperClient.internalBlockUntilConnectedOrTimedOut`, which
 /// `RetryLoop.callWithRetry` runs once before its first try: while `zk` is disconnected, wait for it to
-/// be connected again, at most [`CONNECTION_TIMEOUT`]. Then the operation is tried whatever the state
-/// (Curator 5's `getZooKeeper` no longer checks timeouts): the ZooKeeper client queues it until it
-/// reconnects, or fails it with `ConnectionLoss` when its attempt fails, and the retry policy decides.
+/// be connected again, at most Curator's connection timeout (15 s). Then the operation is tried whatever
+/// the state (Curator 5's `getZooKeeper` no longer checks timeouts): the ZooKeeper client queues it until
+/// it reconnects, or fails it with `ConnectionLoss` when its attempt fails, and the retry policy decides.
 /// An expired session is not waited for: its call fails at once.
 pub async fn until_connected(ctx: &Ctx, zk: &ZkClient) {
     let mut state = zk.state();

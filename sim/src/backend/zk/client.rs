@@ -7,7 +7,7 @@
 //!   timeout it is `Disconnected` (Curator: SUSPENDED). All of it on the node's monotonic clock
 //!   (`System.nanoTime`).
 //! - Disconnected, it tries to re-attach its session on a new connection, attempt after attempt, each
-//!   after a wait ([`Library::reattach_delay`]) and given a time ([`Library::connect_timeout`]). The
+//!   after a wait (`Library::reattach_delay`) and given a time (`Library::connect_timeout`). The
 //!   Java client waits 1 s (`StaticHostProvider.next(1000)`: with one server it has always been round
 //!   its list) plus a random 0–999 ms (`startConnect`), drawn from the seed (the client node's
 //!   [`Stream::ZkReattach`](crate::rng::Stream::ZkReattach)), and gives the attempt T
