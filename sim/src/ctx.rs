@@ -26,6 +26,9 @@ use std::time::Duration;
 pub struct Ctx {
     flavour: Flavour,
     rng: Rc<RefCell<ChaCha8Rng>>,
+    /// The run's seed and this node life's stream index, for the node's other streams ([`Ctx::stream`]).
+    seed: u64,
+    index: u64,
     /// One value per type for the whole node, e.g. the router that hands each of the node's ZooKeeper
     /// sessions its own notifications.
     node_wide: Rc<RefCell<BTreeMap<TypeId, Rc<dyn Any>>>>,
@@ -56,14 +59,14 @@ impl Ctx {
         let index = (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
         let rng = Rc::new(RefCell::new(stream(env.seed, Stream::Recipe, index)));
         let flavour = Flavour::Sim { clock: env.clock.clone(), rpc, recorder: env.recorder.clone(), me: env.me };
-        Ctx { flavour, rng, node_wide: Rc::default() }
+        Ctx { flavour, rng, seed: env.seed, index, node_wide: Rc::default() }
     }
 
     /// The context of a real client process (real mode), drawing from the `Recipe` stream of `seed` at
     /// `index`. Its tasks must run inside a `tokio::task::LocalSet` on a runtime with time enabled.
     pub fn real(seed: u64, index: u64, time: RealTime) -> Ctx {
         let rng = Rc::new(RefCell::new(stream(seed, Stream::Recipe, index)));
-        Ctx { flavour: Flavour::Real(time), rng, node_wide: Rc::default() }
+        Ctx { flavour: Flavour::Real(time), rng, seed, index, node_wide: Rc::default() }
     }
 
     /// Whether this is a real process's context ([`Ctx::real`]): its family clients speak to real
@@ -159,6 +162,12 @@ impl Ctx {
             Flavour::Sim { clock, .. } => clock,
             Flavour::Real(_) => panic!("a real client process has no simulated clock (Ctx::clock)"),
         }
+    }
+
+    /// A generator of `of` for this node's life (a real process: its index), apart from the recipe's
+    /// own stream: what a client library draws for itself does not shift the recipe's draws.
+    pub fn stream(&self, of: Stream) -> ChaCha8Rng {
+        stream(self.seed, of, self.index)
     }
 
     pub fn random_u64(&self) -> u64 {

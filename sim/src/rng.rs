@@ -30,6 +30,9 @@ pub enum Stream {
     /// connection's FIN or RST. Numbered apart from the others so that streams added later in another
     /// order keep their numbers.
     Kernel = 16,
+    /// A ZooKeeper client's wait before each attempt to re-attach its session (the Java client's
+    /// random part, `startConnect`'s `nextLong(1000)`), one generator per client node and life.
+    ZkReattach = 17,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.
@@ -58,7 +61,7 @@ mod tests {
         // A stream's number keys its generator: renumbering one would change every seed's meaning.
         let numbers = [Stream::Nemesis, Stream::Workload, Stream::Recipe, Stream::Network, Stream::Conformance];
         assert_eq!(numbers.map(|s| s as u64), [0, 1, 2, 3, 4]);
-        assert_eq!((Stream::TickPhase as u64, Stream::Kernel as u64), (5, 16));
+        assert_eq!((Stream::TickPhase as u64, Stream::Kernel as u64, Stream::ZkReattach as u64), (5, 16, 17));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! mode) to a real ZooKeeper, speaking jute ([`super::jute`]) over TCP on tokio.
 //!
 //! It is only the wire: the client above it — pings every half read timeout, `Disconnected` after 2/3·T
-//! of silence, re-attaching every T/3, `Expired` learnt on re-attach, watches ended by a state change —
+//! of silence, re-attaching 1–2 s after each failed attempt, `Expired` learnt on re-attach, watches ended
+//! by a state change —
 //! is the simulated one ([`ZkClient`](locksim_sim::backend::zk::client::ZkClient) on a
 //! [`Host::Real`](locksim_sim::backend::zk::client::Host)), which follows the Java client's
 //! `ClientCnxn`. As that client's socket does:
@@ -11,8 +12,8 @@
 //! - requests go out in order with rising xids (a ping is xid −2) and their replies come back in order;
 //!   a reader task matches them, and hands watch notifications (xid −1) to the node's router;
 //! - a connection that breaks fails every request out on it, and any later one, with
-//!   [`CallError::Reset`]: the client is `Disconnected` at once and re-attaches, as `ClientCnxn` does on
-//!   a socket error. A request with no reply within its timeout is [`CallError::Timeout`].
+//!   [`CallError::Reset`]: the client is `Disconnected` at once and starts to re-attach, as `ClientCnxn`
+//!   does on a socket error. A request with no reply within its timeout is [`CallError::Timeout`].
 //!
 //! Watches are not set again on a new connection (`SetWatches`): the client ends every watch when its
 //! connection is lost, and the recipes look again, as Curator's do on a state change.

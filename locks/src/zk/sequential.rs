@@ -11,7 +11,9 @@
 //! 3. Otherwise `getData` with a watch on the node just before ours. NoNode: it is gone, go to 2.
 //!    Each `getChildren` and `getData` runs in Curator's `RetryLoop`: a connection loss is retried by
 //!    the client's retry policy (`ExponentialBackoffRetry(1000, 3)`), keeping our node and our place;
-//!    only when the retries run out does the wait fail.
+//!    only when the retries run out does the wait fail. Like every Curator operation (the create of
+//!    step 1 and the delete of step 4 too), it first waits while disconnected, up to Curator's
+//!    connection timeout of 15 s.
 //!    Else wait for the watch, then go to 2 — always re-checking the children, so a predecessor that
 //!    died while we waited does not make us the holder early. On timeout delete our node and fail.
 //! 4. Reentrant: a holder that acquires again counts up; release counts down, and at zero deletes our
@@ -22,7 +24,7 @@
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
 //! leaves an orphan ahead of everyone, held alive by our own session: nobody gets the lock.
 
-use super::{lost, retried, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{lost, retried, until_connected, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
@@ -189,6 +191,9 @@ impl Sequential {
         dir: &str,
         name: &str,
     ) -> Result<(String, u64), Outcome<Grant>> {
+        // One `RetryLoop.callWithRetry` in Curator (`CreateBuilderImpl.pathInForeground`): it first waits
+        // for a connection.
+        until_connected(&self.ctx, zk).await;
         super::ensure_path(zk, dir).await.map_err(|e| Outcome::Fail(words(e)))?;
         let guid = format!("_c_{:016x}-", self.ctx.random_u64());
         let path = if self.protected { format!("{dir}/{guid}{name}") } else { format!("{dir}/{name}") };
@@ -229,12 +234,12 @@ impl Sequential {
         let deadline = self.ctx.now_ms() + self.params.duration("acquire_timeout").as_millis() as i64;
         loop {
             let mut children =
-                retried(&self.ctx, || zk.get_children(queue.dir)).await.map_err(|e| Outcome::Fail(words(e)))?;
+                retried(&self.ctx, zk, || zk.get_children(queue.dir)).await.map_err(|e| Outcome::Fail(words(e)))?;
             children.sort_by(|a, b| sequence(a).cmp(sequence(b)));
             let index = children.iter().position(|c| c == name).ok_or(Outcome::Fail("our node is gone".into()))?;
             let Some(blocker) = queue.blocker(&children, index) else { return Ok(()) };
             let blocker = format!("{}/{blocker}", queue.dir);
-            let watch = match retried(&self.ctx, || zk.get_data_watch(&blocker)).await {
+            let watch = match retried(&self.ctx, zk, || zk.get_data_watch(&blocker)).await {
                 Err(ClientError::Zk(ZkError::NoNode)) => continue,
                 Err(e) => return Err(Outcome::Fail(words(e))),
                 Ok(watch) => watch,
@@ -251,6 +256,9 @@ impl Sequential {
     /// Curator's guaranteed delete: one try now; if its reply is lost, keep trying in the background
     /// (Curator's GuaranteedDeleteBackgroundOperation) until it succeeds or the session is gone.
     pub(super) async fn delete(&mut self, zk: &ZkClient, path: &str) -> Outcome<()> {
+        // The first try is a `RetryLoop.callWithRetry` (`DeleteBuilderImpl.pathInForeground`): it first
+        // waits for a connection.
+        until_connected(&self.ctx, zk).await;
         match zk.delete(path).await {
             Ok(()) | Err(ClientError::Zk(ZkError::NoNode)) => Outcome::Ok(()),
             Err(ClientError::ConnectionLoss) => {

@@ -4,20 +4,31 @@
 //! - Its send thread (`ClientCnxn.SendThread.run`) pings when it has sent nothing for half the read
 //!   timeout, less a second when that is over a second (`readTimeout/2 - idleSend - 1000`), and at
 //!   least every 10 s; any request counts as sending. The moment it has heard nothing for the read
-//!   timeout it is `Disconnected` (Curator: SUSPENDED) and keeps trying to re-attach its session every
-//!   T/3. All of it on the node's monotonic clock (`System.nanoTime`).
+//!   timeout it is `Disconnected` (Curator: SUSPENDED). All of it on the node's monotonic clock
+//!   (`System.nanoTime`).
+//! - Disconnected, it tries to re-attach its session on a new connection, attempt after attempt, each
+//!   after a wait (`Library::reattach_delay`) and given a time (`Library::connect_timeout`). The
+//!   Java client waits 1 s (`StaticHostProvider.next(1000)`: with one server it has always been round
+//!   its list) plus a random 0–999 ms (`startConnect`), drawn from the seed (the client node's
+//!   [`Stream::ZkReattach`](crate::rng::Stream::ZkReattach)), and gives the attempt T
+//!   (`connectTimeout` = T / servers, while `CONNECTING`); a refused connection (the server's process
+//!   is down) fails at once. go-zookeeper waits 1 s and dials for 1 s. So a client cut off for longer
+//!   than its read timeout re-attaches only once an attempt gets through: one sent into the cut gets
+//!   through after the heal (TCP's next retransmission) if that is within its T, and otherwise the
+//!   next attempt starts 1–2 s after it gave up.
 //! - A server that restarted resets the old connection: the next request on it fails at once
-//!   (`ConnectionLoss`, not applied), the client is `Disconnected` and re-attaches its session on a new
-//!   connection right away.
+//!   (`ConnectionLoss`, not applied) and the client is `Disconnected`.
 //! - A server process that dies (its kernel closes the connection) is noticed at once, idle or not:
 //!   the send thread's read ends (`ClientCnxnSocketNIO.doIO`: `EndOfStreamException`, "likely server
-//!   has closed socket"), the client is `Disconnected`, its requests in flight fail, and it re-attaches.
-//!   A dead host closes nothing: the client notices only by its read timeout.
+//!   has closed socket"), the client is `Disconnected` and its requests in flight fail. A dead host
+//!   closes nothing: the client notices only by its read timeout.
 //! - It learns that its session `Expired` (Curator: LOST) only when a re-attach is refused: a client cut
 //!   off from the server believes its session alive for as long as the cut lasts.
 //! - A request unanswered within 2/3·T fails with `ConnectionLoss`: it may or may not have been applied.
 //!   Every request still waiting when the connection is declared lost fails then, at once
-//!   (`ClientCnxn.cleanup`; go-zookeeper's `flushRequests(ErrConnectionClosed)`).
+//!   (`ClientCnxn.cleanup`; go-zookeeper's `flushRequests(ErrConnectionClosed)`). A request made while
+//!   disconnected waits for the session to be re-attached, and fails with `ConnectionLoss`, unsent,
+//!   when an attempt fails (`ClientCnxn`'s `outgoingQueue`; go-zookeeper's `sendChan`).
 //! - Anything from the server counts as hearing from it: a reply, and a watch notification too (the
 //!   read timeout is on the socket, whatever arrives).
 //! - Watch notifications are handed to the watcher registered for that session and path. With the Java
@@ -37,13 +48,15 @@
 //! The client records each change of its connection state in the history as `Session`.
 //!
 //! The same client runs in real mode's processes ([`Host::Real`]): there a [`Link`] carries its
-//! requests to a real server over TCP, and its timers are the process's.
+//! requests to a real server over TCP, and its timers are the process's (its random waits come from the
+//! process's seed, as in the simulator).
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
 use crate::history::EventKind;
 use crate::net::{CallError, Rpc};
+use crate::rng::{ChaCha8Rng, Rng};
 use crate::signal;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -65,6 +78,36 @@ pub enum Library {
     /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting.
     Go,
 }
+
+impl Library {
+    /// How long the client waits after losing its connection, and after each failed attempt, before
+    /// it tries to re-attach. Java: `StaticHostProvider.next(1000)` sleeps `spinDelay` = 1 s once it
+    /// has been round its list (with one server: every time after the first connection), then
+    /// `SendThread.startConnect` sleeps `ThreadLocalRandom.nextLong(1000)` ms when it is not the first
+    /// connection. go-zookeeper: `Conn.connect` waits `time.Second` when the host provider says it
+    /// went round (`retryStart`), with no random part.
+    fn reattach_delay(self, jitter: &mut ChaCha8Rng) -> Duration {
+        match self {
+            Library::Java => Duration::from_millis(1000 + jitter.gen_range(0..1000)),
+            Library::Go => Duration::from_secs(1),
+        }
+    }
+
+    /// How long one attempt to re-attach may take. Java: while `CONNECTING` the send thread waits
+    /// `connectTimeout - idleRecv`, `connectTimeout` = negotiated T / number of servers (`onConnected`),
+    /// from the attempt's start, then throws `SessionTimeoutException`. go-zookeeper: its dialer's
+    /// `connectTimeout`, 1 s by default (the `ConnectRequest` after a dial that succeeded may take ten
+    /// read timeouts, which only a paused server would use: not modelled).
+    fn connect_timeout(self, session_timeout: Duration) -> Duration {
+        match self {
+            Library::Java => session_timeout / SERVERS,
+            Library::Go => Duration::from_secs(1),
+        }
+    }
+}
+
+/// The servers in a client's connect string: the model's ensemble is one server.
+const SERVERS: u32 = 1;
 
 /// The connection state of a session, as the client sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +159,7 @@ pub trait Link {
     /// Send `request` on connection `conn` and wait at most `timeout` for its reply, and the connection
     /// it came on. A `Connect` opens a new connection (closing the old one). `Reset`: the connection is
     /// gone — no longer the open one (the request was not sent), or broken with the request out (it may
-    /// have been applied); either way the client reports `ConnectionLoss` and re-attaches at once, as
+    /// have been applied); either way the client reports `ConnectionLoss` and is `Disconnected` at once, as
     /// `ClientCnxn` does on a socket error. `Timeout`: no reply in time.
     fn call_on(&self, conn: Option<u32>, request: ZkRequest, timeout: Duration) -> LinkCall;
 }
@@ -194,7 +237,6 @@ type Watchers = BTreeMap<(SessionId, String), Vec<oneshot::Sender<WatchEvent>>>;
 
 /// Hands each notification that reaches a node to the watchers of its session — like the real client's
 /// event thread, one per node, however many sessions the node has.
-#[derive(Default)]
 pub struct Router {
     watchers: RefCell<Watchers>,
     thread: RefCell<Option<Background>>,
@@ -206,9 +248,25 @@ pub struct Router {
     recorder: RefCell<Option<crate::history::Recorder>>,
     /// The node's sessions, told when a server's kernel closes their connection.
     sessions: RefCell<Vec<std::rc::Weak<Shared>>>,
+    /// The random part of the node's sessions' waits before re-attaching ([`Library::reattach_delay`]).
+    jitter: RefCell<ChaCha8Rng>,
 }
 
 impl Router {
+    /// The router of a node whose sessions draw their re-attach waits from `jitter` (the node's
+    /// [`Stream::ZkReattach`](crate::rng::Stream::ZkReattach)).
+    pub fn new(jitter: ChaCha8Rng) -> Router {
+        Router {
+            watchers: RefCell::default(),
+            thread: RefCell::default(),
+            disconnected: RefCell::default(),
+            clients: RefCell::default(),
+            recorder: RefCell::default(),
+            sessions: RefCell::default(),
+            jitter: RefCell::new(jitter),
+        }
+    }
+
     fn start(self: &Rc<Self>, rpc: &Rpc, recorder: &crate::history::Recorder) {
         if self.thread.borrow().is_none() {
             *self.recorder.borrow_mut() = Some(recorder.clone());
@@ -217,7 +275,8 @@ impl Router {
     }
 
     /// Life `life` of the server's process died and its kernel closed the connections to it: each
-    /// session on one of them reads the end of its stream, is `Disconnected` and re-attaches.
+    /// session on one of them reads the end of its stream and is `Disconnected` (its pinger then
+    /// re-attaches).
     fn closed(&self, server: crate::history::NodeIx, life: u32) {
         self.sessions.borrow_mut().retain(|s| s.strong_count() > 0);
         let sessions: Vec<Rc<Shared>> = self.sessions.borrow().iter().filter_map(|s| s.upgrade()).collect();
@@ -226,7 +285,6 @@ impl Router {
             if env.server == server && shared.conn.get() == Some(life) {
                 shared.conn.set(None);
                 shared.set_state(ConnState::Disconnected);
-                shared.host.spawn_detached(reattach(shared.clone()));
             }
         }
     }
@@ -267,7 +325,7 @@ struct Shared {
     state: signal::Sender<ConnState>,
     /// Counts the connections lost: a request waiting when it changes fails at once.
     losses: signal::Sender<u64>,
-    /// Counts the re-attaches that failed (go-zookeeper: a connect cycle that found no server).
+    /// Counts the attempts to re-attach that failed: a request waiting to be sent fails with each.
     failed_reattaches: signal::Sender<u64>,
 }
 
@@ -352,7 +410,8 @@ impl ZkClient {
         if let ZkOp::RemoveWatches { path } = &op {
             self.shared.host.router().watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
         }
-        let reply = self.shared.request(ZkRequest::Op { session: self.shared.session, op }).await;
+        let request = ZkRequest::Op { session: self.shared.session, op };
+        let reply = self.shared.request(request, self.shared.read_timeout()).await;
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
@@ -400,10 +459,10 @@ impl Shared {
         self.timeout * 2 / 3
     }
 
-    /// Send a request on the connection within the read timeout; any answer shows the connection is
-    /// alive. A reset (the server restarted) drops the connection and re-attaches the session at once.
-    async fn request(self: &Rc<Self>, request: ZkRequest) -> Result<ZkReply, CallError> {
-        if self.library == Library::Go && !matches!(request, ZkRequest::Connect { .. }) {
+    /// Send a request on the connection, waiting at most `timeout`; any answer shows the connection is
+    /// alive. A reset (the server restarted) drops the connection: the client is `Disconnected`.
+    async fn request(&self, request: ZkRequest, timeout: Duration) -> Result<ZkReply, CallError> {
+        if !matches!(request, ZkRequest::Connect { .. }) {
             self.until_connected().await?;
         }
         self.last_sent_ms.set(self.host.monotonic_ms());
@@ -412,7 +471,7 @@ impl Shared {
         losses.borrow_and_update();
         let reply = tokio::select! {
             biased;
-            reply = self.host.call_on(conn, request, self.read_timeout()) => reply,
+            reply = self.host.call_on(conn, request, timeout) => reply,
             // The connection was declared lost meanwhile: the request fails now, applied or not.
             _ = losses.changed() => return Err(CallError::Timeout),
         };
@@ -429,7 +488,6 @@ impl Shared {
             Err(CallError::Reset) => {
                 if self.conn.replace(None).is_some() {
                     self.set_state(ConnState::Disconnected);
-                    self.host.spawn_detached(reattach(self.clone()));
                 }
                 Err(CallError::Reset)
             }
@@ -437,9 +495,11 @@ impl Shared {
         }
     }
 
-    /// go-zookeeper queues a request made while disconnected (`sendChan`) and sends it once a new
-    /// connection has its session; each connect cycle that finds no server first fails what is queued,
-    /// unsent (`flushUnsentRequests(ErrNoServer)`): the request was never applied.
+    /// A request made while disconnected is queued and sent once a new connection has the session;
+    /// each attempt to re-attach that fails fails what is queued, unsent: the request was never
+    /// applied. Java: `queuePacket` adds it to `outgoingQueue`, which `SendThread.cleanup` empties with
+    /// `ConnectionLoss` after the failed attempt; go-zookeeper: `sendChan`, which the next connect cycle
+    /// empties first (`flushUnsentRequests(ErrNoServer)`).
     async fn until_connected(&self) -> Result<(), CallError> {
         let (mut state, mut failed) = (self.state.subscribe(), self.failed_reattaches.subscribe());
         failed.borrow_and_update();
@@ -458,10 +518,13 @@ impl Shared {
     }
 }
 
-/// Re-attach the session on a new connection.
-async fn reattach(shared: Rc<Shared>) {
-    let request = shared.reattach_request();
-    if shared.request(request).await.is_err() {
+/// One attempt to re-attach the session on a new connection, after the library's wait: what the
+/// real send thread does each time round its loop while not connected.
+async fn reattach(shared: &Shared) {
+    let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut());
+    shared.host.sleep(delay).await;
+    let timeout = shared.library.connect_timeout(shared.timeout);
+    if shared.request(shared.reattach_request(), timeout).await.is_err() {
         shared.failed_reattaches.send_modify(|n| *n += 1);
     }
 }
@@ -474,10 +537,13 @@ const MAX_SEND_PING_INTERVAL_MS: i64 = 10_000;
 const RESUMED_LATE_MS: i64 = 50;
 
 /// `ClientCnxn.SendThread.run`: ping when idle for sends, declare the connection lost the moment the
-/// read timeout passes without a word, re-attach every T/3 while disconnected.
+/// read timeout passes without a word; while disconnected, re-attach attempt after attempt
+/// ([`reattach`]). A connection closed or reset under it wakes it at once, as the socket's error
+/// ends the real loop's `select`.
 async fn pinger(shared: Rc<Shared>) {
     let clock = &shared.host;
     let read_timeout = shared.read_timeout().as_millis() as i64;
+    let mut state = shared.state.subscribe();
     let mut wake_at = clock.monotonic_ms();
     loop {
         let now = clock.monotonic_ms();
@@ -486,11 +552,13 @@ async fn pinger(shared: Rc<Shared>) {
             clock.sleep(Duration::from_millis(1)).await;
         }
         let now = clock.monotonic_ms();
-        let next = match shared.now() {
+        let current = *state.borrow_and_update();
+        let next = match current {
             ConnState::Expired => return,
             ConnState::Disconnected => {
-                shared.host.spawn_detached(reattach(shared.clone()));
-                shared.timeout.as_millis() as i64 / 3
+                reattach(&shared).await;
+                wake_at = clock.monotonic_ms();
+                continue;
             }
             ConnState::Connected => {
                 let idle_recv = now - shared.last_heard_ms.get();
@@ -508,7 +576,7 @@ async fn pinger(shared: Rc<Shared>) {
                     let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
                     let pinging = shared.clone();
                     shared.host.spawn_detached(async move {
-                        let _ = pinging.request(ping).await;
+                        let _ = pinging.request(ping, pinging.read_timeout()).await;
                     });
                     to_ping = read_timeout / 2;
                 }
@@ -517,6 +585,10 @@ async fn pinger(shared: Rc<Shared>) {
         };
         let next = next.max(1);
         wake_at = clock.monotonic_ms() + next;
-        clock.sleep(Duration::from_millis(next as u64)).await;
+        tokio::select! {
+            biased;
+            _ = state.changed() => {}
+            () = clock.sleep(Duration::from_millis(next as u64)) => {}
+        }
     }
 }
