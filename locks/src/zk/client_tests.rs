@@ -160,3 +160,26 @@ fn curators_retry_loop_outlasts_three_connection_losses_and_not_four() {
     let (result, calls, _) = run(Library::Java, vec![], |ctx, zk| retried_losing(ctx, zk, 4));
     assert_eq!((result, calls), (Err(ClientError::ConnectionLoss), 4), "the policy's retries ran out");
 }
+
+#[test]
+fn the_java_client_pings_half_the_read_timeout_after_its_last_request() {
+    // Session 6 s: read timeout 4 s, a ping due 2 s after the last send. A request at 0.5 s puts the
+    // ping at 2.5 s, inside a cut from 2.2 s: the last word from the server was the reply at 0.5 s, and
+    // the client is disconnected at 4.5 s. (Before, the ping went out at 2 s, on a schedule worked out
+    // at the connect, and the client held on until 6 s.)
+    let cut_at_2200 = fault(
+        2_200,
+        "client-0",
+        Action::Partition { peers: vec!["zk-0".into()], duration: Some(Duration::from_secs(20)) },
+    );
+    let disconnected = run(Library::Java, vec![cut_at_2200], |ctx, zk| async move {
+        ctx.sleep(Duration::from_millis(500)).await;
+        zk.exists("/x").await.expect("answered");
+        let mut state = zk.state();
+        while *state.borrow_and_update() != ConnState::Disconnected {
+            state.changed().await.expect("the session lives");
+        }
+        ctx.monotonic_ms()
+    });
+    assert!((4_500..4_600).contains(&disconnected), "disconnected at {disconnected} ms");
+}

@@ -298,7 +298,7 @@ impl Router {
         }
         let client = self.clients.borrow().get(&event.session).and_then(std::rc::Weak::upgrade);
         if let Some(client) = client {
-            client.last_heard_ms.set(client.host.monotonic_ms());
+            client.heard();
         }
         let fired = self.watchers.borrow_mut().remove(&(event.session, event.path.clone())).unwrap_or_default();
         for watcher in fired {
@@ -327,6 +327,9 @@ struct Shared {
     losses: signal::Sender<u64>,
     /// Counts the attempts to re-attach that failed: a request waiting to be sent fails with each.
     failed_reattaches: signal::Sender<u64>,
+    /// Counts the sends and receives: the send thread looks again at each (`ClientCnxn.SendThread`'s
+    /// loop runs when a packet is queued and when the socket has something to read).
+    activity: signal::Sender<u64>,
 }
 
 /// A session with the ZooKeeper server. Clones share it; its pinger stops when the last clone is
@@ -362,6 +365,7 @@ impl ZkClient {
             state: signal::channel(ConnState::Connected).0,
             losses: signal::channel(0).0,
             failed_reattaches: signal::channel(0).0,
+            activity: signal::channel(0).0,
         });
         shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
         shared.host.record("connected");
@@ -461,11 +465,18 @@ impl Shared {
 
     /// Send a request on the connection, waiting at most `timeout`; any answer shows the connection is
     /// alive. A reset (the server restarted) drops the connection: the client is `Disconnected`.
+    /// Something came from the server: a reply or a notification.
+    fn heard(&self) {
+        self.last_heard_ms.set(self.host.monotonic_ms());
+        self.activity.send_modify(|n| *n += 1);
+    }
+
     async fn request(&self, request: ZkRequest, timeout: Duration) -> Result<ZkReply, CallError> {
         if !matches!(request, ZkRequest::Connect { .. }) {
             self.until_connected().await?;
         }
         self.last_sent_ms.set(self.host.monotonic_ms());
+        self.activity.send_modify(|n| *n += 1);
         let conn = self.conn.get();
         let mut losses = self.losses.subscribe();
         losses.borrow_and_update();
@@ -478,7 +489,7 @@ impl Shared {
         match reply {
             Ok((reply, life)) => {
                 self.conn.set(Some(life));
-                self.last_heard_ms.set(self.host.monotonic_ms());
+                self.heard();
                 match reply {
                     ZkReply::Error(ZkError::SessionExpired) => self.set_state(ConnState::Expired),
                     _ => self.set_state(ConnState::Connected),
@@ -544,6 +555,7 @@ async fn pinger(shared: Rc<Shared>) {
     let clock = &shared.host;
     let read_timeout = shared.read_timeout().as_millis() as i64;
     let mut state = shared.state.subscribe();
+    let mut activity = shared.activity.subscribe();
     let mut wake_at = clock.monotonic_ms();
     loop {
         let now = clock.monotonic_ms();
@@ -553,6 +565,7 @@ async fn pinger(shared: Rc<Shared>) {
         }
         let now = clock.monotonic_ms();
         let current = *state.borrow_and_update();
+        activity.borrow_and_update();
         let next = match current {
             ConnState::Expired => return,
             ConnState::Disconnected => {
@@ -585,9 +598,12 @@ async fn pinger(shared: Rc<Shared>) {
         };
         let next = next.max(1);
         wake_at = clock.monotonic_ms() + next;
+        // Looked at again after any send or receive, as the real loop is: a ping is due half the read
+        // timeout after the last send, not at a time worked out before it.
         tokio::select! {
             biased;
             _ = state.changed() => {}
+            _ = activity.changed() => {}
             () = clock.sleep(Duration::from_millis(next as u64)) => {}
         }
     }
