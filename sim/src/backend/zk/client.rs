@@ -356,7 +356,7 @@ impl ZkClient {
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
-            Err(CallError::Timeout | CallError::Reset) => Err(ClientError::ConnectionLoss),
+            Err(CallError::Timeout | CallError::Reset | CallError::Broken) => Err(ClientError::ConnectionLoss),
         }
     }
 }
@@ -426,12 +426,12 @@ impl Shared {
                 }
                 Ok(reply)
             }
-            Err(CallError::Reset) => {
+            Err(e @ (CallError::Reset | CallError::Broken)) => {
                 if self.conn.replace(None).is_some() {
                     self.set_state(ConnState::Disconnected);
                     self.host.spawn_detached(reattach(self.clone()));
                 }
-                Err(CallError::Reset)
+                Err(e)
             }
             Err(e) => Err(e),
         }
