@@ -119,7 +119,7 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
         ),
         (
             "kind = \"loss\"\ntarget = \"redis-0\"\nrate = 0.5",
-            "fault `at 1s loss redis-0 rate 0.5 until the end`: --real cannot lose a message on TCP",
+            "fault `at 1s loss redis-0 rate 0.5 until the end`: --real does not draw lost segments",
         ),
         ("kind = \"drop-reply\"\ntarget = \"client-0\"", "aim drop-reply at redis-0 (a client sends none)"),
         ("kind = \"crash\"\ntarget = \"resource\"", "--real cannot fault the resource"),

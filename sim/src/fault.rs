@@ -94,9 +94,14 @@ impl FaultKind {
             }
             FaultKind::Clog => "drop the node's outgoing messages only (one-way partition); keys: duration, peers",
             FaultKind::Delay => "add latency to every message to or from the node; keys: duration, latency",
-            FaultKind::Loss => "lose each message to or from the node with a probability; keys: duration, rate",
+            FaultKind::Loss => {
+                "lose each transmission to or from the node with a probability: TCP retransmits it (200 ms, \
+                 doubling), so messages arrive late and in order, none removed; keys: duration, rate"
+            }
             FaultKind::DropReply => {
-                "a server applies requests but its replies are lost; keys: duration, rate (default 1.0)"
+                "a server applies requests but loses each reply with a probability, which breaks the connection \
+                 (TCP loses no data otherwise): the caller does not know the outcome and reconnects; keys: \
+                 duration, rate (default 1.0)"
             }
             FaultKind::ClockJump => "step the node's wall clock; keys: delta (e.g. \"10s\" or \"-3s\")",
             FaultKind::ClockDrift => {

@@ -6,19 +6,34 @@
 //! that time comes. No task runs per message: that is most of what a simulated message costs. A paused
 //! receiver finds its messages waiting when it resumes; a crashed one loses its inbox and all in it.
 //! The network also applies the faults that act on messages: cut links (`partition`, `clog`), extra
-//! latency (`delay`), random loss (`loss`) and lost replies of a server that did apply the request
+//! latency (`delay`), lost segments (`loss`) and lost replies of a server that did apply the request
 //! (`drop-reply`). Every decision draws from the `Network` stream, never from madsim's generator.
 //!
-//! A cut link delays what is sent on it, as TCP does (Linux `tcp_retransmit_timer`): the sender's
-//! kernel retransmits the first unacknowledged segment after `TCP_RTO_MIN` (200 ms), doubling the wait
-//! each time up to `TCP_RTO_MAX` (120 s), and gives the connection up after `tcp_retries2` = 15
-//! retransmissions (about 924 s). So a message sent during a cut arrives at the first retransmission
-//! after the heal — requests, replies and one-way stream messages alike, in order, and after anything
-//! sent on the link meanwhile is not let through earlier. A request may therefore be applied long after
-//! its caller gave up waiting (a real socket's unsent data outlives the caller's timeout, even a
-//! `close`). What was held dies with either end: a sender that crashed (its kernel's buffers are gone)
-//! or a receiver that crashed or restarted (its new kernel resets the old connection). A message
-//! already on the wire when a cut starts still arrives (the cut acts at send time).
+//! Every message rides a TCP connection, and TCP removes nothing from a stream: data is delivered in
+//! order, late, or the connection breaks. A cut link delays what is sent on it, as TCP does (Linux
+//! `tcp_retransmit_timer`): the sender's kernel retransmits the first unacknowledged segment after
+//! `TCP_RTO_MIN` (200 ms), doubling the wait each time up to `TCP_RTO_MAX` (120 s), and gives the
+//! connection up after `tcp_retries2` = 15 retransmissions (about 924 s). So a message sent during a cut
+//! arrives at the first retransmission after the heal — requests, replies and one-way stream messages
+//! alike, in order, and after anything sent on the link meanwhile is not let through earlier. A request
+//! may therefore be applied long after its caller gave up waiting (a real socket's unsent data outlives
+//! the caller's timeout, even a `close`). What was held dies with either end: a sender that crashed
+//! (its kernel's buffers are gone) or a receiver that crashed or restarted (its new kernel resets the
+//! old connection). A message already on the wire when a cut starts still arrives (the cut acts at
+//! send time). Each connection — a pair of node lives — keeps its own retransmission timer, as each
+//! Linux socket does: a connection opened to a restarted server, or by a restarted client, during a
+//! cut starts its own schedule when it first sends.
+//!
+//! `loss` loses single transmissions: a lost message is retransmitted on the same schedule, each
+//! retransmission lost again at the fault's rate, so it arrives whole timeouts late and the
+//! connection's later messages wait behind it; one lost on every retransmission while the fault
+//! lasts goes at the first retransmission after it ends. `drop-reply` loses a server's reply to a
+//! request it applied, which TCP cannot do without breaking the connection: the caller hears the
+//! connection break ([`CallError::Broken`]) when the reply would have arrived, as real mode's proxy
+//! resets it, and its client opens a new one. (The proxy also breaks the connection on a push, and
+//! closes the server's end. The model breaks it only on a reply — PostgreSQL's results are pushes,
+//! so only its connection handshake is — and tells the server nothing: ZooKeeper sessions and etcd
+//! leases outlive a connection, and their clients restore their watches on the next one.)
 //!
 //! A call that hears nothing back within its timeout ends as [`CallError::Timeout`]: the request may
 //! or may not have been applied, as with a real socket timeout.
@@ -32,7 +47,8 @@
 //!   [`CallError::Reset`]; a server is told through [`Input::Closed`]. Until a new process starts, the
 //!   kernel answers what arrives with an RST (no socket listens: `tcp_v4_send_reset`), so calls are
 //!   refused at once and keep-alive probes are reset. Data it had sent on a cut link is still
-//!   retransmitted: the kernel's buffers outlive the process.
+//!   retransmitted, the kernel's buffers outliving the process, but only [`TCP_ORPHAN_RETRIES`]
+//!   times: the kernel gives an orphaned socket up after about 102 s rather than 924 s.
 //! - A dead *host* (power loss, a kernel panic — `host-crash`) says nothing: its peers learn only
 //!   by their own timeouts and keep-alive, and what it held dies with it.
 
@@ -57,20 +73,32 @@ const TCP_RTO_MIN_NS: u64 = 200_000_000;
 const TCP_RTO_MAX_NS: u64 = 120_000_000_000;
 /// Linux `net.ipv4.tcp_retries2` (default 15): retransmissions before the connection is given up.
 const TCP_RETRIES2: u32 = 15;
+/// Linux `tcp_orphan_retries()` (`net/ipv4/tcp_timer.c`): the retransmissions of a socket no process
+/// holds any more (its process was killed). `net.ipv4.tcp_orphan_retries` defaults to 0, which means
+/// 8 for a connection whose timeout has not reached `TCP_RTO_MAX` ("8 corresponds to >100 seconds
+/// with minimal RTO of 200msec"): the 8th goes at 51 s and the kernel gives up at 102.2 s.
+const TCP_ORPHAN_RETRIES: u32 = 8;
 
 /// When data first sent at `first_ns` and unacknowledged since gets through a link healed at
 /// `heal_ns`: the first retransmission at or after the heal, or `None` if the kernel gave the
 /// connection up before then. Real mode's proxies hold bytes across a partition by the same rule.
 pub fn retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
-    let (mut at, mut rto) = (first_ns, TCP_RTO_MIN_NS);
-    for _ in 0..TCP_RETRIES2 {
-        at += rto;
-        if at >= heal_ns {
-            return Some(at);
-        }
+    retransmission_within(first_ns, heal_ns, TCP_RETRIES2)
+}
+
+/// [`retransmission_after`] for a connection that gives up after `retries` retransmissions.
+fn retransmission_within(first_ns: u64, heal_ns: u64, retries: u32) -> Option<u64> {
+    retransmissions(first_ns).take(retries as usize).find(|at| *at >= heal_ns)
+}
+
+/// When Linux retransmits data first sent at `first_ns` (`tcp_retransmit_timer`): `TCP_RTO_MIN`
+/// after it, the timeout doubling each time up to `TCP_RTO_MAX`.
+fn retransmissions(first_ns: u64) -> impl Iterator<Item = u64> {
+    let mut rto = TCP_RTO_MIN_NS;
+    std::iter::successors(Some(first_ns + rto), move |at| {
         rto = (rto * 2).min(TCP_RTO_MAX_NS);
-    }
-    None
+        Some(at + rto)
+    })
 }
 
 type Payload = Box<dyn Any + Send>;
@@ -84,6 +112,10 @@ pub enum CallError {
     /// earlier life of the peer, whose host has restarted since (see [`Rpc::call_on`]), or the peer's
     /// process was killed, and its kernel closed the connection (see [`Net::kill_process`]).
     Reset,
+    /// The connection broke after the request went through: it may have been applied (it was, when
+    /// the peer's reply was lost — `drop-reply`: TCP cannot lose data without breaking the
+    /// connection). The client opens a new connection, as after a reset.
+    Broken,
 }
 
 /// The network of one world, shared by all its nodes.
@@ -96,12 +128,14 @@ struct NetState {
     /// Directed links that are cut, with how many faults cut them.
     cuts: BTreeMap<(NodeIx, NodeIx), u32>,
     delay: BTreeMap<NodeIx, Duration>,
-    loss: BTreeMap<NodeIx, f64>,
+    /// Nodes whose messages are lost at a rate (`loss`), until when (sim ns): each lost transmission
+    /// is retransmitted.
+    loss: BTreeMap<NodeIx, (f64, u64)>,
     drop_reply: BTreeMap<NodeIx, f64>,
     /// When the last message on each link arrives: later ones never overtake it.
     link_clear_ns: BTreeMap<(NodeIx, NodeIx), u64>,
-    /// Messages sent on a cut link, waiting to be retransmitted once it heals.
-    held: BTreeMap<(NodeIx, NodeIx), Held>,
+    /// Messages sent on a cut link, waiting to be retransmitted once it heals, per connection.
+    held: BTreeMap<Conn, Held>,
     rng: ChaCha8Rng,
     /// The latencies of what kernels send on their own (a dead process's FINs): a stream of its own,
     /// so that runs without a process crash draw exactly what they drew before.
@@ -146,9 +180,9 @@ impl PartialEq for Queued {
 
 impl Eq for Queued {}
 
-/// A reply on its way: when it arrives, the life of the node that sent it, and the body (`None`: a
-/// reset).
-type Reply = (u64, u32, Option<Payload>);
+/// A reply on its way: when it arrives, the life of the node that sent it, and the body (or why there
+/// is none: a reset, a broken connection).
+type Reply = (u64, u32, Result<Payload, CallError>);
 
 /// A call waiting for its reply: the reply once it is on its way, the caller's waker, and when the
 /// caller gives up (sim ns).
@@ -246,7 +280,7 @@ impl Wake for Callers {
 
 /// What travels: a request (answer to `reply_tag`; 0 for a stream message) on a connection to life
 /// `conn` of the receiver (`None`: to whatever life it runs), or a reply to a call's tag from life
-/// `life` of its sender (`body` `None`: a reset).
+/// `life` of its sender (`body` an error: a reset, a broken connection).
 enum Message {
     Request {
         reply_tag: u64,
@@ -255,7 +289,7 @@ enum Message {
     },
     Reply {
         tag: u64,
-        body: Option<Payload>,
+        body: Result<Payload, CallError>,
         life: u32,
     },
     /// The sender's kernel closed its connections: life `life` of its process died.
@@ -264,11 +298,26 @@ enum Message {
     },
 }
 
-/// The unacknowledged data of a cut link: when the first of it was sent (the retransmission timer
-/// counts from there), and each message with the lives of both ends that it was sent between.
+/// One TCP connection as the model knows it: a link and the lives of its two ends. Each connection
+/// has its own retransmission timer (Linux keeps it per socket: `icsk_retransmit_timer`,
+/// `icsk_backoff`): one opened to a restarted peer, or by a restarted node, starts its own schedule
+/// however long the link has been cut. The model opens one connection per pair of node lives (the
+/// client libraries keep one connection to their server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Conn {
+    from: NodeIx,
+    to: NodeIx,
+    from_life: u32,
+    to_life: u32,
+}
+
+/// The unacknowledged data of one connection: when the first of it was sent (the retransmission
+/// timer counts from there), how many retransmissions the sender's kernel makes before it gives up
+/// ([`TCP_RETRIES2`], or [`TCP_ORPHAN_RETRIES`] once its process is dead), and the messages in order.
 struct Held {
     first_ns: u64,
-    messages: Vec<(u32, u32, Message)>,
+    retries: u32,
+    messages: Vec<Message>,
 }
 
 impl Net {
@@ -308,21 +357,16 @@ impl Net {
             return;
         }
         s.cuts.remove(&(from, to));
-        let Some(held) = s.held.remove(&(from, to)) else { return };
-        let Some(retransmit_ns) = retransmission_after(held.first_ns, sim_now_ns()) else { return };
-        let life = |s: &NetState, n: NodeIx| s.inboxes.get(&n).map(|i| i.incarnation);
-        for (from_life, to_life, msg) in held.messages {
-            if life(&s, from) == Some(from_life) && life(&s, to) == Some(to_life) {
-                s.deliver(from, to, msg, retransmit_ns);
-            }
-        }
+        let conns: Vec<Conn> = s.held.keys().filter(|c| (c.from, c.to) == (from, to)).copied().collect();
+        conns.into_iter().for_each(|conn| s.release(conn, sim_now_ns()));
     }
 
     /// When the oldest message now held on the cut link `from → to` was sent, if one is held: what was
     /// sent from then on is in the sender's kernel and dies with it; what was sent before is on the wire
     /// (a Redis failover asks, to know what its replica would still receive).
     pub fn held_since(&self, from: NodeIx, to: NodeIx) -> Option<u64> {
-        self.state().held.get(&(from, to)).map(|h| h.first_ns)
+        let s = self.state();
+        s.held.iter().filter(|(c, _)| (c.from, c.to) == (from, to)).map(|(_, h)| h.first_ns).min()
     }
 
     /// Extra latency on every message to or from `node` (`None` clears it).
@@ -330,12 +374,19 @@ impl Net {
         set_or_clear(&mut self.state().delay, node, latency);
     }
 
-    /// Lose each message to or from `node` with probability `rate` (`None` clears it).
-    pub fn set_loss(&self, node: NodeIx, rate: Option<f64>) {
-        set_or_clear(&mut self.state().loss, node, rate);
+    /// Lose each transmission of a message to or from `node` with probability `rate` for `lasting`
+    /// from now (`None`: to the run's end); `rate` `None` clears it. TCP removes nothing from a stream:
+    /// a lost segment is retransmitted ([`NetState::route`]), so loss delays — and a retransmission
+    /// after the fault's end gets through, which is why the network is told when it ends.
+    pub fn set_loss(&self, node: NodeIx, rate: Option<f64>, lasting: Option<Duration>) {
+        let until_ns = lasting.map_or(u64::MAX, |d| sim_now_ns().saturating_add(d.as_nanos() as u64));
+        set_or_clear(&mut self.state().loss, node, rate.map(|r| (r, until_ns)));
     }
 
-    /// `node` applies requests but loses each reply with probability `rate` (`None` clears it).
+    /// `node` applies requests but loses each reply with probability `rate` (`None` clears it). TCP
+    /// cannot lose a reply without breaking its connection (real mode's proxy resets it): the caller
+    /// hears the connection break when the reply would have come, [`CallError::Broken`], its request
+    /// applied.
     pub fn set_drop_reply(&self, node: NodeIx, rate: Option<f64>) {
         set_or_clear(&mut self.state().drop_reply, node, rate);
     }
@@ -380,19 +431,20 @@ impl Net {
         inbox.waiting.clear();
         inbox.closed.clear();
         let life = inbox.incarnation;
-        let peers: std::collections::BTreeSet<NodeIx> = s
-            .link_clear_ns
-            .keys()
-            .filter_map(|&(a, b)| (a == node).then_some(b).or((b == node).then_some(a)))
-            .collect();
+        // Its sockets are orphans now: their unacknowledged data gets fewer retransmissions.
+        for (_, held) in s.held.iter_mut().filter(|(c, _)| c.from == node && c.from_life == life) {
+            held.retries = TCP_ORPHAN_RETRIES;
+        }
+        let links = s.link_clear_ns.keys().copied().chain(s.held.keys().map(|c| (c.from, c.to)));
+        let peers: std::collections::BTreeSet<NodeIx> =
+            links.filter_map(|(a, b)| (a == node).then_some(b).or((b == node).then_some(a))).collect();
         let now = sim_now_ns();
         for peer in peers {
-            if s.cuts.contains_key(&(node, peer)) {
-                let Some(to_life) = s.inboxes.get(&peer).map(|i| i.incarnation) else { continue };
-                let held = s.held.entry((node, peer)).or_insert_with(|| Held { first_ns: now, messages: Vec::new() });
-                held.messages.push((life, to_life, Message::Closed { life }));
-            } else {
-                s.deliver(node, peer, Message::Closed { life }, now);
+            match s.conn(node, peer) {
+                Some(conn) if s.holds(&conn) => s.hold(conn, Message::Closed { life }, now),
+                // A cut link to a host that is down: nothing to close.
+                None if s.cuts.contains_key(&(node, peer)) => {}
+                _ => s.deliver(node, peer, Message::Closed { life }, now),
             }
         }
     }
@@ -420,26 +472,65 @@ impl NetState {
         // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
         // tasks are dropped) dies with it.
         // A killed process sends nothing either (its kernel's own FINs go by `Net::kill_process`).
-        let Some(from_life) = self.inboxes.get(&from).filter(|i| !i.process_dead).map(|i| i.incarnation) else {
-            return;
-        };
-        self.messages += 1;
-        if self.cuts.contains_key(&(from, to)) {
-            // A host that is down cannot take the retransmissions; one restarted later resets them.
-            let Some(to_life) = self.inboxes.get(&to).map(|i| i.incarnation) else { return };
-            let held = self.held.entry((from, to)).or_insert_with(|| Held { first_ns: now_ns, messages: Vec::new() });
-            held.messages.push((from_life, to_life, msg));
+        if self.inboxes.get(&from).is_none_or(|i| i.process_dead) {
             return;
         }
-        self.deliver(from, to, msg, now_ns);
+        self.messages += 1;
+        match self.conn(from, to) {
+            Some(conn) if self.holds(&conn) => self.hold(conn, msg, now_ns),
+            // A host that is down cannot take the retransmissions; one restarted later resets them.
+            None if self.cuts.contains_key(&(from, to)) => {}
+            _ => self.deliver(from, to, msg, now_ns),
+        }
     }
 
-    /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless it is lost.
+    /// The connection `from → to` between the nodes' lives now, unless either host is down.
+    fn conn(&self, from: NodeIx, to: NodeIx) -> Option<Conn> {
+        let life = |n: NodeIx| self.inboxes.get(&n).map(|i| i.incarnation);
+        Some(Conn { from, to, from_life: life(from)?, to_life: life(to)? })
+    }
+
+    /// Whether data on `conn` must wait for a retransmission: its link is cut, or earlier data waits
+    /// (nothing overtakes it on a TCP connection).
+    fn holds(&self, conn: &Conn) -> bool {
+        self.cuts.contains_key(&(conn.from, conn.to)) || self.held.contains_key(conn)
+    }
+
+    /// Keep `msg`, sent at `sent_ns`, in its sender's kernel until `conn` gets through.
+    fn hold(&mut self, conn: Conn, msg: Message, sent_ns: u64) {
+        let orphan = self.inboxes.get(&conn.from).is_some_and(|i| i.process_dead);
+        let retries = if orphan { TCP_ORPHAN_RETRIES } else { TCP_RETRIES2 };
+        let held = self.held.entry(conn).or_insert_with(|| Held { first_ns: sent_ns, retries, messages: Vec::new() });
+        held.messages.push(msg);
+    }
+
+    /// `conn`'s link healed at `now_ns`: what it held goes, in order, at the sender's next
+    /// retransmission — unless the sender gave up by then, or either end has a new life (a crashed
+    /// sender's buffers are gone; a restarted receiver resets the old connection).
+    fn release(&mut self, conn: Conn, now_ns: u64) {
+        let Some(held) = self.held.remove(&conn) else { return };
+        let Some(retransmit_ns) = retransmission_within(held.first_ns, now_ns, held.retries) else { return };
+        if self.conn(conn.from, conn.to) != Some(conn) {
+            return;
+        }
+        for msg in held.messages {
+            self.deliver(conn.from, conn.to, msg, retransmit_ns);
+        }
+    }
+
+    /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless its sender's
+    /// kernel gave up retransmitting it ([`NetState::route`]). A reply that `drop-reply` loses breaks
+    /// its connection instead ([`CallError::Broken`]).
     fn deliver(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
+        let msg = match msg {
+            Message::Reply { tag, body: Ok(_), life } if self.drops_reply(from) => {
+                Message::Reply { tag, body: Err(CallError::Broken), life }
+            }
+            msg => msg,
+        };
         let arrive_ns = match msg {
             Message::Closed { .. } => self.route_kernel(from, to, sent_ns),
-            Message::Reply { .. } => self.route(from, to, true, sent_ns),
-            Message::Request { .. } => self.route(from, to, false, sent_ns),
+            Message::Reply { .. } | Message::Request { .. } => self.route(from, to, sent_ns),
         };
         let Some(arrive_ns) = arrive_ns else { return };
         self.deliveries += 1;
@@ -452,7 +543,7 @@ impl NetState {
         match msg {
             Message::Request { reply_tag, conn: Some(life), .. } if life != inbox.incarnation => {
                 // A connection to an earlier life: the restarted host's kernel resets it.
-                let reset = Message::Reply { tag: reply_tag, body: None, life: inbox.incarnation };
+                let reset = Message::Reply { tag: reply_tag, body: Err(CallError::Reset), life: inbox.incarnation };
                 if reply_tag != 0 {
                     self.deliver(to, from, reset, arrive_ns);
                 }
@@ -460,7 +551,7 @@ impl NetState {
             Message::Request { reply_tag, .. } if inbox.process_dead => {
                 // No process listens: the kernel resets the connection (`tcp_v4_send_reset`).
                 if reply_tag != 0 {
-                    let reset = Message::Reply { tag: reply_tag, body: None, life: inbox.incarnation };
+                    let reset = Message::Reply { tag: reply_tag, body: Err(CallError::Reset), life: inbox.incarnation };
                     self.deliver_kernel(to, from, reset, arrive_ns);
                 }
             }
@@ -472,7 +563,7 @@ impl NetState {
                 let mut reset = false;
                 for (_, w) in inbox.waiting.iter_mut().filter(|(_, w)| w.peer == from) {
                     reset |= w.reply.is_none();
-                    w.reply.get_or_insert((arrive_ns, life, None));
+                    w.reply.get_or_insert((arrive_ns, life, Err(CallError::Reset)));
                 }
                 if reset {
                     wake_at(arrive_ns, &inbox.replies);
@@ -516,14 +607,32 @@ impl NetState {
         Some(*clear)
     }
 
-    /// When a message put on the wire at `sent_ns` from `from` to `to` arrives, or `None` if it is lost.
-    fn route(&mut self, from: NodeIx, to: NodeIx, is_reply: bool, sent_ns: u64) -> Option<u64> {
-        let mut lose = [from, to].iter().filter_map(|n| self.loss.get(n).copied()).fold(0.0, f64::max);
-        if is_reply {
-            lose = lose.max(self.drop_reply.get(&from).copied().unwrap_or(0.0));
-        }
-        if lose > 0.0 && self.rng.gen_bool(lose.min(1.0)) {
-            return None;
+    /// Whether `drop-reply` on `from` loses the reply it sends now.
+    fn drops_reply(&mut self, from: NodeIx) -> bool {
+        let rate = self.drop_reply.get(&from).copied().unwrap_or(0.0);
+        rate > 0.0 && self.rng.gen_bool(rate.min(1.0))
+    }
+
+    /// When a message put on the wire at `sent_ns` from `from` to `to` arrives, or `None` if `loss`
+    /// lost it and all [`TCP_RETRIES2`] retransmissions (the kernel gives the connection up). Each
+    /// transmission is lost at the higher rate of the two ends' `loss` faults still on when it goes;
+    /// the sender's kernel retransmits after each loss ([`retransmissions`]), so a lost message
+    /// arrives a retransmission timeout or more late, and the link's later messages wait behind it —
+    /// TCP delivers a stream in order, with nothing removed.
+    fn route(&mut self, from: NodeIx, to: NodeIx, sent_ns: u64) -> Option<u64> {
+        let lossy = [from, to].iter().any(|n| self.loss.contains_key(n));
+        let mut sent_ns = sent_ns;
+        if lossy {
+            let rate_at = |at: u64, loss: &BTreeMap<NodeIx, (f64, u64)>| {
+                let on = [from, to].into_iter().filter_map(|n| loss.get(&n)).filter(|(_, until)| at < *until);
+                on.map(|(rate, _)| rate.min(1.0)).fold(0.0, f64::max)
+            };
+            let mut transmissions =
+                std::iter::once(sent_ns).chain(retransmissions(sent_ns).take(TCP_RETRIES2 as usize));
+            sent_ns = transmissions.find(|at| {
+                let rate = rate_at(*at, &self.loss);
+                rate <= 0.0 || !self.rng.gen_bool(rate)
+            })?;
         }
         let extra =
             self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
@@ -626,8 +735,10 @@ impl Rpc {
     /// connection to the retransmission timer, which gives up after `tcp_retries2`).
     pub fn probe(&self, peer: NodeIx, incarnation: u32) -> Probe {
         let s = self.net.state();
-        if let Some(held) = s.held.get(&(self.me, peer)) {
-            return Probe::Retransmitting { gave_up: retransmission_after(held.first_ns, sim_now_ns()).is_none() };
+        let conn = Conn { from: self.me, to: peer, from_life: self.incarnation, to_life: incarnation };
+        if let Some(held) = s.held.get(&conn) {
+            let gave_up = retransmission_within(held.first_ns, sim_now_ns(), held.retries).is_none();
+            return Probe::Retransmitting { gave_up };
         }
         if s.cuts.contains_key(&(self.me, peer)) || s.cuts.contains_key(&(peer, self.me)) {
             return Probe::Unanswered;
@@ -716,8 +827,8 @@ impl Rpc {
         })
         .await;
         match reply {
-            Some((life, Some(body))) => Ok((*body.downcast::<R>().expect("reply type matches the request type"), life)),
-            Some((_, None)) => Err(CallError::Reset),
+            Some((life, Ok(body))) => Ok((*body.downcast::<R>().expect("reply type matches the request type"), life)),
+            Some((_, Err(e))) => Err(e),
             None => Err(CallError::Timeout),
         }
     }
@@ -787,7 +898,7 @@ impl Rpc {
     /// Answer a request (nothing is sent for one-way messages).
     pub fn reply<R: Any + Send>(&self, to: &ReplyTo, reply: R) {
         if to.reply_tag != 0 {
-            let reply = Message::Reply { tag: to.reply_tag, body: Some(Box::new(reply)), life: self.incarnation };
+            let reply = Message::Reply { tag: to.reply_tag, body: Ok(Box::new(reply)), life: self.incarnation };
             self.net.send(self.me, to.from, reply);
         }
     }
@@ -809,6 +920,26 @@ mod tests {
         });
     }
 
+    /// [`in_world`] for a test that lets simulated time pass.
+    fn in_world_async<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce(Net) -> F + 'static) {
+        madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
+            let net = Net::new(1);
+            net.bind_host(A, 0);
+            net.bind_host(B, 0);
+            f(net).await;
+        });
+    }
+
+    async fn sleep_until(at_ns: u64) {
+        crate::clock::sleep(Duration::from_nanos(at_ns - sim_now_ns())).await;
+    }
+
+    /// `waiter` waits on a call with `tag` to `peer`.
+    fn wait_on(net: &Net, waiter: NodeIx, peer: NodeIx, tag: u64) {
+        let waiting = Waiting { peer, reply: None, caller: None, deadline_ns: u64::MAX };
+        net.state().inboxes.get_mut(&waiter).unwrap().waiting.push((tag, waiting));
+    }
+
     fn tell(net: &Net, from: NodeIx, to: NodeIx, tag: u64) {
         net.send(from, to, Message::Request { reply_tag: tag, body: Box::new(()), conn: None });
     }
@@ -822,20 +953,10 @@ mod tests {
     }
 
     #[test]
-    fn drop_reply_loses_replies_but_not_requests() {
-        in_world(|net| {
-            let mut s = net.state();
-            s.drop_reply.insert(A, 1.0);
-            assert!(s.route(B, A, false, 0).is_some());
-            assert!(s.route(A, B, true, 0).is_none());
-        });
-    }
-
-    #[test]
     fn messages_on_one_link_never_overtake_each_other() {
         in_world(|net| {
             let mut s = net.state();
-            let arrivals: Vec<u64> = (0..50).map(|_| s.route(A, B, false, 0).unwrap()).collect();
+            let arrivals: Vec<u64> = (0..50).map(|_| s.route(A, B, 0).unwrap()).collect();
             assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
             assert!(arrivals[0] >= LATENCY_NS.0 && arrivals[0] <= LATENCY_NS.1);
         });
@@ -908,8 +1029,7 @@ mod tests {
         in_world(|net| {
             tell(net, A, B, 0);
             // B waits on a call to A when A's process dies.
-            let waiting = Waiting { peer: A, reply: None, caller: None, deadline_ns: u64::MAX };
-            net.state().inboxes.get_mut(&B).unwrap().waiting.push((5, waiting));
+            wait_on(net, B, A, 5);
             net.kill_process(A);
             let mut s = net.state();
             let closed = s.inboxes[&B].closed.clone();
@@ -918,11 +1038,10 @@ mod tests {
             assert_eq!((peer, life), (A, 0));
             assert!(at >= s.link_clear_ns[&(A, B)] && at <= LATENCY_NS.1, "one network delay later");
             let reply = s.inboxes.get_mut(&B).unwrap().waiting(5).unwrap().reply.take();
-            assert!(matches!(reply, Some((_, 0, None))), "its call ends with a reset");
+            assert!(matches!(reply, Some((_, 0, Err(CallError::Reset)))), "its call ends with a reset");
             drop(s);
             // The host is up: a new call is refused at once, a probe is reset, the dead process sends nothing.
-            let waiting = Waiting { peer: A, reply: None, caller: None, deadline_ns: u64::MAX };
-            net.state().inboxes.get_mut(&B).unwrap().waiting.push((6, waiting));
+            wait_on(net, B, A, 6);
             net.send(B, A, Message::Request { reply_tag: 6, body: Box::new(()), conn: None });
             assert!(net
                 .state()
@@ -933,7 +1052,7 @@ mod tests {
                 .unwrap()
                 .reply
                 .as_ref()
-                .is_some_and(|r| r.2.is_none()));
+                .is_some_and(|r| matches!(r.2, Err(CallError::Reset))));
             let rpc_b = Rpc {
                 me: B,
                 incarnation: 0,
@@ -974,7 +1093,7 @@ mod tests {
         in_world(|net| {
             let mut s = net.state();
             s.delay.insert(B, Duration::from_secs(1));
-            let at = s.route(A, B, false, 0).unwrap();
+            let at = s.route(A, B, 0).unwrap();
             assert!(at >= 1_000_000_000 + LATENCY_NS.0);
         });
     }
@@ -984,16 +1103,93 @@ mod tests {
         in_world(|net| {
             net.unbind(B);
             net.bind_host(B, 1);
-            let waiting = Waiting { peer: B, reply: None, caller: None, deadline_ns: u64::MAX };
-            net.state().inboxes.get_mut(&A).unwrap().waiting.push((7, waiting));
+            wait_on(net, A, B, 7);
             net.send(A, B, Message::Request { reply_tag: 7, body: Box::new(()), conn: Some(0) });
             assert!(queued(net, B).is_empty(), "not applied");
             let reset = net.state().inboxes.get_mut(&A).unwrap().waiting(7).unwrap().reply.take();
             let (_, life, body) = reset.expect("a reset comes back");
-            assert!(body.is_none(), "a reset carries no reply");
+            assert!(matches!(body, Err(CallError::Reset)), "a reset carries no reply");
             assert_eq!(life, 1);
             net.send(A, B, Message::Request { reply_tag: 8, body: Box::new(()), conn: Some(1) });
             assert_eq!(queued(net, B).len(), 1, "a connection to the live host gets through");
         });
+    }
+
+    #[test]
+    fn a_lost_message_is_retransmitted_not_removed() {
+        in_world(|net| {
+            // Everything to B is lost for 1 s: TCP retransmits at 0.2, 0.6 and 1.4 s; the last gets through.
+            net.set_loss(B, Some(1.0), Some(Duration::from_secs(1)));
+            tell(net, A, B, 3);
+            tell(net, A, B, 4);
+            let arrived = queued(net, B);
+            assert_eq!(arrived.iter().map(|(_, tag)| *tag).collect::<Vec<_>>(), vec![3, 4], "in order");
+            assert!(arrived.iter().all(|(at, _)| *at >= 1_400_000_000 && *at <= 1_400_000_000 + LATENCY_NS.1));
+        });
+    }
+
+    #[test]
+    fn a_partly_lost_link_delays_by_whole_retransmission_timeouts() {
+        in_world(|net| {
+            let mut s = net.state();
+            s.loss.insert(B, (0.5, u64::MAX));
+            // Sent 10 s apart, so that none waits behind an earlier one.
+            let sent = (0..200).map(|i| i * 10_000_000_000);
+            let delays: Vec<u64> = sent.map(|at| s.route(A, B, at).expect("nothing is removed") - at).collect();
+            let late = delays.iter().filter(|d| **d >= TCP_RTO_MIN_NS).count();
+            assert!((60..140).contains(&late), "about half wait for a retransmission: {late}");
+            assert!(delays.iter().all(|d| *d <= LATENCY_NS.1 || *d >= TCP_RTO_MIN_NS), "whole timeouts");
+        });
+    }
+
+    #[test]
+    fn a_dropped_reply_breaks_the_connection_after_the_request_was_applied() {
+        in_world(|net| {
+            net.set_drop_reply(B, Some(1.0));
+            wait_on(net, A, B, 5);
+            net.send(A, B, Message::Request { reply_tag: 5, body: Box::new(()), conn: None });
+            assert_eq!(queued(net, B).len(), 1, "the request goes through");
+            net.send(B, A, Message::Reply { tag: 5, body: Ok(Box::new(())), life: 0 });
+            let reply = net.state().inboxes.get_mut(&A).unwrap().waiting(5).unwrap().reply.take();
+            assert!(matches!(reply, Some((_, 0, Err(CallError::Broken)))), "the caller hears its connection break");
+            // A request still goes through, and so does what the server sends on its own.
+            tell(net, B, A, 0);
+            assert_eq!(queued(net, A).len(), 1);
+        });
+    }
+
+    #[test]
+    fn a_connection_opened_during_a_cut_has_its_own_retransmission_schedule() {
+        in_world_async(|net| async move {
+            net.cut(A, B, true);
+            tell(&net, A, B, 1);
+            // B restarts 10 s into the cut; A's next message opens a connection to its new life.
+            sleep_until(10_000_000_000).await;
+            net.unbind(B);
+            net.bind_host(B, 1);
+            tell(&net, A, B, 2);
+            sleep_until(10_500_000_000).await;
+            net.cut(A, B, false);
+            // Its own schedule: 10.2, 10.6 s — not the old connection's 6.2, 12.6 s.
+            let arrived = queued(&net, B);
+            assert_eq!(arrived.len(), 1, "the old connection's data is reset");
+            assert!(arrived[0].0 >= 10_600_000_000 && arrived[0].0 <= 10_600_000_000 + LATENCY_NS.1, "{arrived:?}");
+        });
+    }
+
+    #[test]
+    fn an_orphaned_socket_gives_up_after_tcp_orphan_retries() {
+        for (heal_s, delivered) in [(50, true), (60, false)] {
+            in_world_async(move |net| async move {
+                net.cut(A, B, true);
+                tell(&net, A, B, 1);
+                net.kill_process(A);
+                // Retransmitted at 0.2, 0.6, … 51.0 s (the 8th); given up at 102.2 s, not at 924.6 s.
+                sleep_until(heal_s * 1_000_000_000).await;
+                net.cut(A, B, false);
+                assert_eq!(!queued(&net, B).is_empty(), delivered, "healed at {heal_s} s");
+                assert_eq!(!net.state().inboxes[&B].closed.is_empty(), delivered, "the FIN too");
+            });
+        }
     }
 }

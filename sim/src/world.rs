@@ -365,7 +365,7 @@ impl World {
                 }
             }
             Action::Delay { latency, .. } => self.net.set_delay(node, Some(*latency)),
-            Action::Loss { rate, .. } => self.net.set_loss(node, Some(*rate)),
+            Action::Loss { rate, duration } => self.net.set_loss(node, Some(*rate), *duration),
             Action::DropReply { rate, .. } => self.net.set_drop_reply(node, Some(*rate)),
             Action::ClockJump { delta_ms } => {
                 self.nodes[node.0 as usize].clock.jump(*delta_ms);
@@ -412,7 +412,7 @@ impl World {
                 }
             }
             Action::Delay { .. } => self.net.set_delay(node, None),
-            Action::Loss { .. } => self.net.set_loss(node, None),
+            Action::Loss { .. } => self.net.set_loss(node, None, None),
             Action::DropReply { .. } => self.net.set_drop_reply(node, None),
             Action::ClockDrift { .. } => self.nodes[node.0 as usize].clock.set_rate(1.0),
             Action::Restart | Action::ClockJump { .. } | Action::Failover => return,

@@ -89,6 +89,8 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
 /// Why a call did not succeed: no answer in time (it may have been applied), or an etcd error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {
+    /// No answer in time, or the connection broke after the request went through: it may have been
+    /// applied.
     Timeout,
     /// The connection was reset (the server restarted): the call was not applied.
     Unavailable,
@@ -127,7 +129,8 @@ pub trait EtcdApi {
         match self.request(request).await {
             Ok(EtcdReply::Error(e)) => Err(Failed::Etcd(e)),
             Ok(reply) => Ok(reply),
-            Err(CallError::Timeout) => Err(Failed::Timeout),
+            // A connection broken after the request went through: applied or not, as after a timeout.
+            Err(CallError::Timeout | CallError::Broken) => Err(Failed::Timeout),
             Err(CallError::Reset) => Err(Failed::Unavailable),
         }
     }

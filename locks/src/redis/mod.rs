@@ -466,6 +466,7 @@ fn released(reply: Result<RedisReply, CallError>) -> Outcome<()> {
         Ok(RedisReply::Int(_)) => Outcome::Fail("the lock key was not ours any more".into()),
         Ok(other) => Outcome::Fail(format!("unexpected reply {other:?}")),
         Err(CallError::Timeout) => Outcome::Unknown("release timed out".into()),
+        Err(CallError::Broken) => Outcome::Unknown("connection broken after the release was sent".into()),
         Err(CallError::Reset) => Outcome::Fail("connection reset".into()),
     }
 }

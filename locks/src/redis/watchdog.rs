@@ -241,6 +241,7 @@ impl Lock for Watchdog {
             Ok(RedisReply::Nil) => Outcome::Fail("attempt to unlock lock, not locked by current thread".into()),
             Ok(other) => Outcome::Fail(format!("unexpected reply {other:?}")),
             Err(CallError::Timeout) => Outcome::Unknown("unlock timed out".into()),
+            Err(CallError::Broken) => Outcome::Unknown("connection broken after the unlock was sent".into()),
             Err(CallError::Reset) => Outcome::Fail("connection reset".into()),
         }
     }
@@ -259,7 +260,8 @@ impl Executor {
         let mut attempt = 0;
         loop {
             match self.redis.eval(script, keys, args).await {
-                Err(CallError::Timeout) if attempt < self.retry_attempts => {
+                // A broken connection leaves the command's fate unknown, as a timeout does.
+                Err(CallError::Timeout | CallError::Broken) if attempt < self.retry_attempts => {
                     attempt += 1;
                     self.ctx.sleep(self.retry_interval).await;
                 }
@@ -290,7 +292,7 @@ async fn renew(executor: Executor, lease: Duration, lock_name: String, version: 
         executor.ctx.point(TriggerEvent::LeaseRenew).await;
         match executor.eval(script, &[LOCK_KEY], &[&lease_ms, &lock_name]).await {
             Ok(reply) if reply == held => {}
-            Err(CallError::Timeout) if version == Renewal::Carries => {}
+            Err(CallError::Timeout | CallError::Broken) if version == Renewal::Carries => {}
             _ => return,
         }
     }

@@ -26,8 +26,8 @@
 //! `rate`, which on TCP breaks the connection: the client is reset after its request was applied.
 //!
 //! Refused before the run starts ([`refuse_unsupported`]), naming the fault and why:
-//! - `loss`: TCP retransmits a lost segment, so on a real connection loss is only delay, and losing a
-//!   message outright would take breaking the connection (`drop-reply` does that, `delay` the rest);
+//! - `loss`: TCP retransmits a lost segment, so loss is delay by whole retransmission timeouts — what
+//!   the simulation makes of it — and the proxy does not draw lost segments (`delay` is the nearest);
 //! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
 //! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
 //! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which
@@ -110,8 +110,8 @@ fn refusal(f: &Fault, server: &str) -> Option<String> {
         Action::DropReply { .. } => {
             format!("drops the server's replies: aim drop-reply at {server} (a client sends none)")
         }
-        Action::Loss { .. } => "cannot lose a message on TCP, which retransmits a lost segment (loss there is only \
-                                delay) and loses data only by breaking the connection: use delay, or drop-reply"
+        Action::Loss { .. } => "does not draw lost segments: TCP retransmits each (the simulation delays a lost \
+                                message by whole retransmission timeouts), and the proxy only adds latency: use delay"
             .into(),
         Action::ClockJump { .. } | Action::ClockDrift { .. } => {
             "cannot move one process's clock (every process reads the kernel's)".into()

@@ -103,26 +103,42 @@ impl Router {
         }
     }
 
-    /// The connection was reset: open a new one and resume every live watch on it — one task at a
-    /// time, again every [`RESUME_RETRY`] while the server cannot be reached.
+    /// The server created watch `id`, asked from `start_revision`, at header revision `revision`.
+    /// clientv3 keeps the revision a watch resumes from in `ws.initReq.rev` (`serveSubstream`): a watch
+    /// "from now" (no start revision) takes the created response's header revision — "a current
+    /// revision watch must resume at the store revision", so that a change committed while the stream
+    /// is broken is not missed — and after each batch of events, the revision after its last
+    /// ([`Router::deliver`]). Resuming at the header revision itself replays the change made at it, if
+    /// it matches: real clientv3 does the same.
+    fn created(&self, id: WatchId, start_revision: i64, revision: i64) {
+        if let Some(w) = self.watchers.borrow_mut().get_mut(&id).filter(|_| start_revision == 0) {
+            w.next_revision = revision;
+        }
+    }
+
+    /// The requests that resume each live watch not resumed yet on the current connection.
+    fn resumes(&self) -> Vec<EtcdRequest> {
+        let resumed = self.resumed.borrow();
+        let watchers = self.watchers.borrow();
+        let live = watchers.iter().filter(|(id, _)| !resumed.contains(id));
+        live.map(|(id, w)| EtcdRequest::Watch {
+            id: *id,
+            connection: self.connection,
+            key: w.key.clone(),
+            prefix: w.prefix,
+            start_revision: w.next_revision,
+        })
+        .collect()
+    }
+
+    /// The connection was reset or broke: open a new one and resume every live watch on it — one task
+    /// at a time, again every [`RESUME_RETRY`] while the server cannot be reached.
     async fn resume(self: Rc<Self>, client: EtcdClient) {
         if self.resuming.replace(true) {
             return;
         }
         loop {
-            let watches: Vec<EtcdRequest> = self
-                .watchers
-                .borrow()
-                .iter()
-                .filter(|(id, _)| !self.resumed.borrow().contains(id))
-                .map(|(id, w)| EtcdRequest::Watch {
-                    id: *id,
-                    connection: self.connection,
-                    key: w.key.clone(),
-                    prefix: w.prefix,
-                    start_revision: w.next_revision,
-                })
-                .collect();
+            let watches = self.resumes();
             let mut failed = false;
             for watch in watches {
                 let EtcdRequest::Watch { id, .. } = watch else { unreachable!("only watches") };
@@ -161,7 +177,8 @@ impl EtcdClient {
     }
 
     /// One unary call on the node's connection; a reset (the server restarted) reconnects and resumes
-    /// the watches, and the call fails unapplied.
+    /// the watches, and the call fails unapplied; a broken connection (a lost reply) does the same,
+    /// the call's fate unknown.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let router = &self.env.router;
         match self.env.rpc.call_on(self.env.server, router.server_life.get(), request, self.timeout).await {
@@ -169,12 +186,12 @@ impl EtcdClient {
                 router.server_life.set(Some(life));
                 Ok(reply)
             }
-            Err(CallError::Reset) => {
+            Err(e @ (CallError::Reset | CallError::Broken)) => {
                 if router.server_life.replace(None).is_some() {
                     router.resumed.borrow_mut().clear();
                     madsim::task::spawn_local(router.clone().resume(self.clone()));
                 }
-                Err(CallError::Reset)
+                Err(e)
             }
             Err(e) => Err(e),
         }
@@ -193,10 +210,7 @@ impl EtcdClient {
         let watcher = Watcher { events, cancel: Cancel::Sim { id, env: self.env.clone() } };
         let request = EtcdRequest::Watch { id, connection: router.connection, key: key.into(), prefix, start_revision };
         if let EtcdReply::WatchCreated { revision, .. } = self.request(request).await? {
-            // A watch "from now" resumes after the revision it was created at.
-            if let Some(w) = router.watchers.borrow_mut().get_mut(&id).filter(|_| start_revision == 0) {
-                w.next_revision = revision + 1;
-            }
+            router.created(id, start_revision, revision);
         }
         Ok(watcher)
     }
@@ -386,5 +400,32 @@ async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, do
                 _ => {}
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Event, EventType, KeyValue};
+    use super::*;
+
+    fn resumes_from(router: &Router) -> Vec<i64> {
+        let from = |r: EtcdRequest| match r {
+            EtcdRequest::Watch { start_revision, .. } => start_revision,
+            other => unreachable!("{other:?}"),
+        };
+        router.resumes().into_iter().map(from).collect()
+    }
+
+    #[test]
+    fn a_watch_from_now_resumes_at_the_header_revision_it_was_created_at() {
+        let router = Router::new(1);
+        let (events, _rx) = mpsc::unbounded_channel();
+        let watched = Watched { events, key: "k".into(), prefix: false, next_revision: 0 };
+        router.watchers.borrow_mut().insert(1, watched);
+        router.created(1, 0, 7);
+        assert_eq!(resumes_from(&router), [7], "clientv3: nextRev = wr.Header.Revision");
+        let kv = KeyValue { key: "k".into(), mod_revision: 9, ..KeyValue::default() };
+        router.deliver(WatchResponse { watch_id: 1, revision: 9, events: vec![Event { kind: EventType::Put, kv }] });
+        assert_eq!(resumes_from(&router), [10], "after its last event");
     }
 }

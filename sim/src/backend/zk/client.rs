@@ -419,7 +419,7 @@ impl ZkClient {
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
-            Err(CallError::Timeout | CallError::Reset) => Err(ClientError::ConnectionLoss),
+            Err(CallError::Timeout | CallError::Reset | CallError::Broken) => Err(ClientError::ConnectionLoss),
         }
     }
 }
@@ -496,11 +496,11 @@ impl Shared {
                 }
                 Ok(reply)
             }
-            Err(CallError::Reset) => {
+            Err(e @ (CallError::Reset | CallError::Broken)) => {
                 if self.conn.replace(None).is_some() {
                     self.set_state(ConnState::Disconnected);
                 }
-                Err(CallError::Reset)
+                Err(e)
             }
             Err(e) => Err(e),
         }
