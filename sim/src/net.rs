@@ -47,7 +47,7 @@
 //!   [`CallError::Reset`]; a server is told through [`Input::Closed`]. Until a new process starts, the
 //!   kernel answers what arrives with an RST (no socket listens: `tcp_v4_send_reset`), so calls are
 //!   refused at once and keep-alive probes are reset. Data it had sent on a cut link is still
-//!   retransmitted, the kernel's buffers outliving the process, but only [`TCP_ORPHAN_RETRIES`]
+//!   retransmitted, the kernel's buffers outliving the process, but only `TCP_ORPHAN_RETRIES`
 //!   times: the kernel gives an orphaned socket up after about 102 s rather than 924 s.
 //! - A dead *host* (power loss, a kernel panic — `host-crash`) says nothing: its peers learn only
 //!   by their own timeouts and keep-alive, and what it held dies with it.
@@ -376,7 +376,7 @@ impl Net {
 
     /// Lose each transmission of a message to or from `node` with probability `rate` for `lasting`
     /// from now (`None`: to the run's end); `rate` `None` clears it. TCP removes nothing from a stream:
-    /// a lost segment is retransmitted ([`NetState::route`]), so loss delays — and a retransmission
+    /// a lost segment is retransmitted (`NetState::route`), so loss delays — and a retransmission
     /// after the fault's end gets through, which is why the network is told when it ends.
     pub fn set_loss(&self, node: NodeIx, rate: Option<f64>, lasting: Option<Duration>) {
         let until_ns = lasting.map_or(u64::MAX, |d| sim_now_ns().saturating_add(d.as_nanos() as u64));

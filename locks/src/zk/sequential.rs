@@ -27,7 +27,7 @@
 use super::{lost, retried, until_connected, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::zk::client::{ClientError, ConnState, ZkClient};
+use locksim_sim::backend::zk::client::{ClientError, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, ZkError};
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::fault::TriggerEvent;
@@ -201,9 +201,6 @@ impl Sequential {
         // (Curator's findProtectedNodeInForeground), and never create again before we could look.
         let mut may_exist = false;
         for _ in 0..CREATE_TRIES {
-            if may_exist {
-                self.until_connected(zk).await;
-            }
             if may_exist && self.protected {
                 match Self::find_ours(zk, dir, &guid).await {
                     Ok(Some(found)) => return Ok(found),
@@ -219,18 +216,6 @@ impl Sequential {
             }
         }
         Err(Outcome::Unknown("create: connection loss".into()))
-    }
-
-    /// Curator's `RetryLoop.callWithRetry` opens each attempt with `internalBlockUntilConnectedOrTimedOut`:
-    /// after a connection loss (a broken connection fails a call at once), the next try waits while the
-    /// client is disconnected, up to Curator's connection timeout of 15 s.
-    async fn until_connected(&self, zk: &ZkClient) {
-        let mut state = zk.state();
-        tokio::select! {
-            biased;
-            _ = state.wait_for(|s| *s != ConnState::Disconnected) => {}
-            () = self.ctx.sleep(Duration::from_secs(15)) => {}
-        }
     }
 
     /// Our node in `dir` by its GUID prefix, with its czxid, if it exists. Curator's

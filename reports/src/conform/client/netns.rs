@@ -11,10 +11,10 @@
 //! it disappears with the last thread and process in it, so nothing outlives a run.
 //!
 //! Loopback traffic is routed by the `local` table, whose rule comes first (priority 0): it is moved
-//! behind the cut rules (to [`LOCAL_PRIORITY`]), which only this namespace sees.
+//! behind the cut rules (to `LOCAL_PRIORITY`), which only this namespace sees.
 
-use std::cell::Cell;
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Where the `local` table's rule goes, so that cut rules (numbered below it) are looked at first.
 const LOCAL_PRIORITY: u32 = 1000;
@@ -22,7 +22,7 @@ const LOCAL_PRIORITY: u32 = 1000;
 /// This thread's private network namespace.
 pub struct Netns {
     /// The next free rule priority.
-    next: Cell<u32>,
+    next: AtomicU32,
 }
 
 /// A cut made by [`Netns::cut`]: its two rules.
@@ -43,15 +43,14 @@ impl Netns {
         ip(&["link", "set", "lo", "up"])?;
         ip(&["rule", "add", "priority", &LOCAL_PRIORITY.to_string(), "lookup", "local"])?;
         ip(&["rule", "del", "priority", "0", "lookup", "local"])?;
-        Ok(Netns { next: Cell::new(1) })
+        Ok(Netns { next: AtomicU32::new(1) })
     }
 
     /// Drop every TCP segment from or to `port` (a server's port cuts all its connections; a client's
     /// local port cuts that one connection), until [`Netns::heal`].
     pub fn cut(&self, port: u16) -> anyhow::Result<Cut> {
-        let first = self.next.get();
+        let first = self.next.fetch_add(2, Ordering::SeqCst);
         assert!(first + 2 < LOCAL_PRIORITY, "more cuts than rule priorities");
-        self.next.set(first + 2);
         let port = port.to_string();
         for (priority, end) in [(first, "sport"), (first + 1, "dport")] {
             ip(&["rule", "add", "priority", &priority.to_string(), "ipproto", "tcp", end, &port, "blackhole"])?;
