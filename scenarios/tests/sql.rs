@@ -65,10 +65,12 @@ fn for_update_frees_a_crashed_holders_row_only_when_keepalive_finds_the_session_
         assert!(r.as_expected, "{:?}", r.reasons);
         let recoveries: Vec<f64> = r.results.iter().flat_map(|s| s.measurements.recovery_ms.clone()).collect();
         assert!(!recoveries.is_empty());
-        // Idle, then three probes a second apart, each unanswered: idle + 3 s.
+        // Idle, then three probes a second apart, each unanswered: idle + 3 s after the server last
+        // heard from the holder — up to a hold (500 ms) before the crash — on time, as the kernel's
+        // per-connection timer is.
         let expected = (idle_s * 1000 + 3000) as f64;
         for ms in &recoveries {
-            assert!((expected..expected + 600.0).contains(ms), "idle {idle_s}s: recovered after {ms} ms");
+            assert!((expected - 600.0..expected + 100.0).contains(ms), "idle {idle_s}s: recovered after {ms} ms");
         }
         let longest = recoveries.iter().copied().fold(0.0, f64::max);
         assert!(longest > previous, "recovery grows with the keep-alive time");
