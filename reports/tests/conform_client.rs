@@ -1,10 +1,11 @@
 //! Client conformance against the real servers and the real kernel: each play runs in a network
-//! namespace of its own (root and iproute2 needed). Where that or a server is missing these tests say
+//! namespace of its own (root, iproute2 and nftables needed). Where that or a server is missing these tests say
 //! so and pass, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it.
 
 mod common;
 
-use common::{locksim, stderr, stdout};
+use common::{locksim, stderr, stdout, Marked};
+use locksim_reports::conform::client::etcd::{self, EtcdClientSide, EtcdFault};
 use locksim_reports::conform::client::netns::Netns;
 use locksim_reports::conform::client::sql::{HolderFault, Plan, SqlClientSide};
 use locksim_reports::conform::client::zk::{self, ZkClientSide, ZkFault};
@@ -166,4 +167,94 @@ fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
     })
     .join()
     .unwrap();
+}
+
+#[test]
+fn conform_etcd_client_agrees_with_clientv3s_keep_alive() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "etcd-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("etcd-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    for kind in ["short cut", "cut past the TTL", "server kill", "server down past the TTL"] {
+        assert!(out.contains(kind), "{kind}: {out}");
+    }
+}
+
+/// The model's etcd client with a planted bug: a keep-alive that takes its connection's reset (a
+/// killed server) for the end of its lease, where clientv3 reconnects and keeps it alive.
+struct ResetIsLoss;
+
+impl ClientFamily for ResetIsLoss {
+    const NAME: &'static str = "etcd-client (planted bug)";
+    type Plan = etcd::Plan;
+
+    fn server() -> Kind {
+        EtcdClientSide::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> etcd::Plan {
+        EtcdClientSide::plan(rng)
+    }
+
+    fn kind(plan: &etcd::Plan) -> &'static str {
+        EtcdClientSide::kind(plan)
+    }
+
+    fn model(&self, plan: &etcd::Plan, seed: u64) -> Timeline {
+        etcd::model_with(plan, seed, true)
+    }
+
+    fn real(&self, plan: &etcd::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        EtcdClientSide.real(plan, server, net)
+    }
+
+    fn margin(plan: &etcd::Plan, what: &str) -> Margin {
+        EtcdClientSide::margin(plan, what)
+    }
+}
+
+#[test]
+fn a_keep_alive_that_takes_a_reset_for_a_lost_lease_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::Etcd) else { return };
+        let short_kill = |s: &u64| {
+            let p = client::plan::<EtcdClientSide>(*s);
+            matches!(p.fault, EtcdFault::ServerKill { .. }) && EtcdClientSide::kind(&p) == "server kill"
+        };
+        let seed = (0..100).find(short_kill).unwrap();
+        match check(&ResetIsLoss, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("keep-alive gave up") || why.contains("lease"), "kept alive for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn ctrl_c_in_client_conformance_stops_the_server_and_the_real_client() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+        return;
+    }
+    let marked = Marked::new();
+    let mut child = marked.command(&["conform", "etcd-client", "--seeds", "0..4", "--jobs", "1"]).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marked.processes().iter().any(|p| p.contains("lease keep-alive")) {
+        assert!(std::time::Instant::now() < deadline, "the client never started: {:#?}", marked.processes());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130), "Ctrl-C");
+    marked.assert_nothing_left("Ctrl-C in etcd-client");
 }

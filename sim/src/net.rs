@@ -10,10 +10,11 @@
 //! (`drop-reply`). Every decision draws from the `Network` stream, never from madsim's generator.
 //!
 //! Every message rides a TCP connection, and TCP removes nothing from a stream: data is delivered in
-//! order, late, or the connection breaks. A cut link delays what is sent on it, as TCP does (Linux
-//! `tcp_retransmit_timer`): the sender's kernel retransmits the first unacknowledged segment after
-//! `TCP_RTO_MIN` (200 ms), doubling the wait each time up to `TCP_RTO_MAX` (120 s), and gives the
-//! connection up after `tcp_retries2` = 15 retransmissions (about 924 s). So a message sent during a cut
+//! order, late, or the connection breaks. A cut link delays what is sent on it, as TCP does: the
+//! sender's kernel sends a lone unacknowledged segment again `TCP_RTO_MIN` (200 ms) after it (a tail
+//! loss probe), then on its retransmission timer, waiting 200 ms and doubling the wait each time up to
+//! `TCP_RTO_MAX` (120 s) — at 0.2, 0.4, 0.8, 1.6 s … — and gives the connection up after `tcp_retries2`
+//! = 15 retransmissions (about 15 min; [`retransmission_after`]). So a message sent during a cut
 //! arrives at the first retransmission after the heal — requests, replies and one-way stream messages
 //! alike, in order, and after anything sent on the link meanwhile is not let through earlier. A request
 //! may therefore be applied long after its caller gave up waiting (a real socket's unsent data outlives
@@ -76,7 +77,7 @@ const TCP_RETRIES2: u32 = 15;
 /// Linux `tcp_orphan_retries()` (`net/ipv4/tcp_timer.c`): the retransmissions of a socket no process
 /// holds any more (its process was killed). `net.ipv4.tcp_orphan_retries` defaults to 0, which means
 /// 8 for a connection whose timeout has not reached `TCP_RTO_MAX` ("8 corresponds to >100 seconds
-/// with minimal RTO of 200msec"): the 8th goes at 51 s and the kernel gives up at 102.2 s.
+/// with minimal RTO of 200msec"): after the loss probe at 0.2 s, the 8th goes at 51.2 s and the kernel gives up at 102.4 s.
 const TCP_ORPHAN_RETRIES: u32 = 8;
 
 /// When data first sent at `first_ns` and unacknowledged since gets through a link healed at
@@ -86,18 +87,26 @@ pub fn retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
     retransmission_within(first_ns, heal_ns, TCP_RETRIES2)
 }
 
-/// [`retransmission_after`] for a connection that gives up after `retries` retransmissions.
+/// [`retransmission_after`] for a connection that gives up after `retries` retransmissions by its
+/// timer (the loss probe before them is not counted: `tcp_retransmit_timer` counts `icsk_retransmits`).
 fn retransmission_within(first_ns: u64, heal_ns: u64, retries: u32) -> Option<u64> {
-    retransmissions(first_ns).take(retries as usize).find(|at| *at >= heal_ns)
+    retransmissions(first_ns).take(retries as usize + 1).find(|at| *at >= heal_ns)
 }
 
-/// When Linux retransmits data first sent at `first_ns` (`tcp_retransmit_timer`): `TCP_RTO_MIN`
-/// after it, the timeout doubling each time up to `TCP_RTO_MAX`.
+/// When Linux sends data first sent at `first_ns` again while it goes unacknowledged. First a tail
+/// loss probe (`tcp_schedule_loss_probe`, `net/ipv4/tcp_output.c`: 2·srtt + `TCP_RTO_MIN` after a
+/// lone segment in flight, a round trip being negligible beside it); `tcp_send_loss_probe` then arms
+/// the retransmission timer for the RTO (`TCP_RTO_MIN` on a millisecond round trip), and
+/// `tcp_retransmit_timer` doubles it after each retransmission up to `TCP_RTO_MAX`. So: 0.2, 0.4, 0.8,
+/// 1.6, 3.2 s … after the first send. Checked on a real kernel by `locksim conform zk-client` and
+/// `etcd-client` (a lone segment dropped at the receiver until a heal at 0.5 s arrives at 0.83 s; one
+/// healed at 1.2 s, at 1.67 s).
 fn retransmissions(first_ns: u64) -> impl Iterator<Item = u64> {
     let mut rto = TCP_RTO_MIN_NS;
-    std::iter::successors(Some(first_ns + rto), move |at| {
+    std::iter::successors(Some(first_ns + TCP_RTO_MIN_NS), move |at| {
+        let next = at + rto;
         rto = (rto * 2).min(TCP_RTO_MAX_NS);
-        Some(at + rto)
+        Some(next)
     })
 }
 
@@ -628,7 +637,7 @@ impl NetState {
                 on.map(|(rate, _)| rate.min(1.0)).fold(0.0, f64::max)
             };
             let mut transmissions =
-                std::iter::once(sent_ns).chain(retransmissions(sent_ns).take(TCP_RETRIES2 as usize));
+                std::iter::once(sent_ns).chain(retransmissions(sent_ns).take(TCP_RETRIES2 as usize + 1));
             sent_ns = transmissions.find(|at| {
                 let rate = rate_at(*at, &self.loss);
                 rate <= 0.0 || !self.rng.gen_bool(rate)
@@ -963,14 +972,16 @@ mod tests {
     }
 
     #[test]
-    fn retransmissions_back_off_from_200ms_and_give_up_after_15() {
+    fn a_loss_probe_then_retransmissions_back_off_from_200ms_and_give_up_after_15() {
         let s = 1_000_000_000;
-        // Sent at 0: retransmitted at 0.2, 0.6, 1.4, 3.0, 6.2 s …
+        // Sent at 0: probed at 0.2 s, retransmitted at 0.4, 0.8, 1.6, 3.2, 6.4 s …
         assert_eq!(retransmission_after(0, 0), Some(200_000_000));
-        assert_eq!(retransmission_after(0, 2 * s), Some(3_000_000_000));
-        assert_eq!(retransmission_after(0, 5 * s), Some(6_200_000_000));
-        // … then every 120 s once the timeout has stopped doubling; the 15th is at 804.6 s.
-        assert_eq!(retransmission_after(0, 800 * s), Some(804_600_000_000));
+        assert_eq!(retransmission_after(0, 300_000_000), Some(400_000_000));
+        assert_eq!(retransmission_after(0, 500_000_000), Some(800_000_000), "a real kernel: 0.83 s");
+        assert_eq!(retransmission_after(0, 1_200_000_000), Some(1_600_000_000), "a real kernel: 1.67 s");
+        assert_eq!(retransmission_after(0, 5 * s), Some(6_400_000_000));
+        // … then every 120 s once the timeout has stopped doubling; the 15th is at 804.8 s.
+        assert_eq!(retransmission_after(0, 800 * s), Some(804_800_000_000));
         assert_eq!(retransmission_after(0, 805 * s), None, "tcp_retries2: the connection is given up");
     }
 
@@ -1118,13 +1129,13 @@ mod tests {
     #[test]
     fn a_lost_message_is_retransmitted_not_removed() {
         in_world(|net| {
-            // Everything to B is lost for 1 s: TCP retransmits at 0.2, 0.6 and 1.4 s; the last gets through.
+            // Everything to B is lost for 1 s: TCP sends again at 0.2, 0.4, 0.8 and 1.6 s; the last gets through.
             net.set_loss(B, Some(1.0), Some(Duration::from_secs(1)));
             tell(net, A, B, 3);
             tell(net, A, B, 4);
             let arrived = queued(net, B);
             assert_eq!(arrived.iter().map(|(_, tag)| *tag).collect::<Vec<_>>(), vec![3, 4], "in order");
-            assert!(arrived.iter().all(|(at, _)| *at >= 1_400_000_000 && *at <= 1_400_000_000 + LATENCY_NS.1));
+            assert!(arrived.iter().all(|(at, _)| *at >= 1_600_000_000 && *at <= 1_600_000_000 + LATENCY_NS.1));
         });
     }
 
@@ -1170,10 +1181,10 @@ mod tests {
             tell(&net, A, B, 2);
             sleep_until(10_500_000_000).await;
             net.cut(A, B, false);
-            // Its own schedule: 10.2, 10.6 s — not the old connection's 6.2, 12.6 s.
+            // Its own schedule: 10.2, 10.4, 10.8 s — not the old connection's 6.4, 12.8 s.
             let arrived = queued(&net, B);
             assert_eq!(arrived.len(), 1, "the old connection's data is reset");
-            assert!(arrived[0].0 >= 10_600_000_000 && arrived[0].0 <= 10_600_000_000 + LATENCY_NS.1, "{arrived:?}");
+            assert!(arrived[0].0 >= 10_800_000_000 && arrived[0].0 <= 10_800_000_000 + LATENCY_NS.1, "{arrived:?}");
         });
     }
 
@@ -1184,7 +1195,7 @@ mod tests {
                 net.cut(A, B, true);
                 tell(&net, A, B, 1);
                 net.kill_process(A);
-                // Retransmitted at 0.2, 0.6, … 51.0 s (the 8th); given up at 102.2 s, not at 924.6 s.
+                // Probed at 0.2 s, retransmitted at 0.4, 0.8, … 51.2 s (the 8th); then given up, not after 15 min.
                 sleep_until(heal_s * 1_000_000_000).await;
                 net.cut(A, B, false);
                 assert_eq!(!queued(&net, B).is_empty(), delivered, "healed at {heal_s} s");

@@ -69,7 +69,7 @@ impl Conn {
         self.until_ready()
     }
 
-    /// The local port of the connection (a cut of it blackholes this port).
+    /// The local port of the connection (a cut of it drops this port's segments).
     pub fn local_port(&self) -> std::io::Result<u16> {
         Ok(self.writer.local_addr()?.port())
     }

@@ -302,7 +302,7 @@ fn exit_status(info: &libc::siginfo_t) -> String {
 
 /// The child leads a process group of its own (a fault signals the whole group: the adapter and
 /// anything it started), and gets SIGKILL when locksim dies (Linux `PR_SET_PDEATHSIG`).
-fn die_with_parent(cmd: &mut Command) {
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.

@@ -9,7 +9,7 @@
 //! - on the model: a simulated world (the model's server, network and client library, the fault as a
 //!   scenario's fault), and
 //! - for real: the real server and a real client, both in a private network namespace
-//!   ([`netns`]) where a cut is a blackhole in the kernel's routing — TCP retransmits into it and
+//!   ([`netns`]) where a cut drops segments as they arrive — TCP retransmits into it and
 //!   keep-alive probes go unanswered, as on a real network (a user-space proxy would answer them).
 //!
 //! Each play writes a [`Timeline`]: what the client and an observer saw, and when. They agree when they
@@ -19,6 +19,7 @@
 //! A real play that could not keep the plan's times is *inconclusive*: played once more, never reported
 //! as a mismatch.
 
+pub mod etcd;
 pub mod netns;
 pub mod sql;
 pub mod zk;

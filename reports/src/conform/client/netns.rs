@@ -1,35 +1,39 @@
 //! A private network namespace for one thread of client conformance: the real server and the real
-//! client run in it, over its own loopback, and a cut is a pair of `blackhole` routing rules matching a
-//! TCP port (`ip rule … ipproto tcp sport|dport P blackhole`). The kernel then drops that connection's
-//! segments both ways: the sender retransmits into the void and keep-alive probes go unanswered, as
-//! on a real network — and unlike a user-space proxy, whose own kernel would answer them. Healing
-//! deletes the rules; the retransmission that follows delivers what was held.
+//! client run in it, over its own loopback, and a cut drops a TCP port's segments as they arrive
+//! (an nftables `input` rule matching `tcp sport|dport` against a set of cut ports). The sender's
+//! kernel has sent them, so they are lost as on a real network: it retransmits on its backed-off
+//! timer and keep-alive probes go unanswered — unlike a user-space proxy, whose own kernel would
+//! answer them, and unlike a rule on the way *out* (a `blackhole` route, an `output` drop), which fails
+//! the send inside the sender's kernel: the data then stays unsent rather than in flight, and goes
+//! with the next write after the heal instead of at a retransmission. Healing takes the port out of
+//! the set; the retransmission that follows delivers what was held.
 //!
 //! The namespace is made with `unshare(CLONE_NEWNET)` on the calling thread only, so the rest of the
 //! process keeps the machine's network; the processes the thread starts (the server, a client
-//! library's process, `ip` itself) inherit it. It needs root (`CAP_SYS_ADMIN`) and `ip` from iproute2;
-//! it disappears with the last thread and process in it, so nothing outlives a run.
-//!
-//! Loopback traffic is routed by the `local` table, whose rule comes first (priority 0): it is moved
-//! behind the cut rules (to `LOCAL_PRIORITY`), which only this namespace sees.
+//! library's process, `ip` and `nft` themselves) inherit it. It needs root (`CAP_SYS_ADMIN`), `ip`
+//! from iproute2 and `nft` from nftables; it disappears with the last thread and process in it, so
+//! nothing outlives a run.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-/// Where the `local` table's rule goes, so that cut rules (numbered below it) are looked at first.
-const LOCAL_PRIORITY: u32 = 1000;
 
 /// This thread's private network namespace.
-pub struct Netns {
-    /// The next free rule priority.
-    next: AtomicU32,
-}
+pub struct Netns(());
 
-/// A cut made by [`Netns::cut`]: its two rules.
+/// A cut made by [`Netns::cut`]: the port it cuts.
 #[derive(Debug)]
 pub struct Cut {
-    priorities: [u32; 2],
+    port: u16,
 }
+
+/// The namespace's table: a set of cut ports, and an `input` chain dropping their segments.
+const TABLE: &str = "table inet locksim {
+    set cut { type inet_service; }
+    chain input {
+        type filter hook input priority filter; policy accept;
+        tcp sport @cut drop
+        tcp dport @cut drop
+    }
+}";
 
 impl Netns {
     /// Move the calling thread into a new network namespace with loopback up. Everything the thread
@@ -40,40 +44,31 @@ impl Netns {
             let e = std::io::Error::last_os_error();
             anyhow::bail!("cannot make a network namespace (unshare: {e}): client conformance needs root");
         }
-        ip(&["link", "set", "lo", "up"])?;
-        ip(&["rule", "add", "priority", &LOCAL_PRIORITY.to_string(), "lookup", "local"])?;
-        ip(&["rule", "del", "priority", "0", "lookup", "local"])?;
-        Ok(Netns { next: AtomicU32::new(1) })
+        run("ip", &["link", "set", "lo", "up"])?;
+        run("nft", &[TABLE])?;
+        Ok(Netns(()))
     }
 
     /// Drop every TCP segment from or to `port` (a server's port cuts all its connections; a client's
     /// local port cuts that one connection), until [`Netns::heal`].
     pub fn cut(&self, port: u16) -> anyhow::Result<Cut> {
-        let first = self.next.fetch_add(2, Ordering::SeqCst);
-        assert!(first + 2 < LOCAL_PRIORITY, "more cuts than rule priorities");
-        let port = port.to_string();
-        for (priority, end) in [(first, "sport"), (first + 1, "dport")] {
-            ip(&["rule", "add", "priority", &priority.to_string(), "ipproto", "tcp", end, &port, "blackhole"])?;
-        }
-        Ok(Cut { priorities: [first, first + 1] })
+        run("nft", &[&format!("add element inet locksim cut {{ {port} }}")])?;
+        Ok(Cut { port })
     }
 
     /// End a cut: what TCP held is delivered at its next retransmission.
     pub fn heal(&self, cut: Cut) -> anyhow::Result<()> {
-        for priority in cut.priorities {
-            ip(&["rule", "del", "priority", &priority.to_string()])?;
-        }
-        Ok(())
+        run("nft", &[&format!("delete element inet locksim cut {{ {} }}", cut.port)])
     }
 }
 
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run `ip` (iproute2; run .ci/install-servers): {e}"))?;
+/// Run `tool` (`ip`, `nft`) with `args`; its complaint is the error.
+fn run(tool: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(tool).args(args).output().map_err(|e| {
+        anyhow::anyhow!("cannot run `{tool}` (iproute2's ip, nftables' nft; run .ci/install-servers): {e}")
+    })?;
     if !out.status.success() {
-        anyhow::bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        anyhow::bail!("{tool} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }
@@ -113,10 +108,14 @@ mod tests {
             let mut byte = [0u8];
             assert!(server.read(&mut byte).is_err(), "nothing crosses a cut");
             net.heal(cut).unwrap();
+            // Written after the heal, behind the held byte: it goes with the retransmission, not at
+            // once (it would if the cut had failed the first send inside the client's kernel).
+            client.write_all(b"y").unwrap();
             server.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             assert_eq!(server.read(&mut byte).unwrap(), 1, "delivered after the heal");
-            // Retransmitted at 0.2, 0.6 s …: the first one after the heal at 0.5 s is at 0.6 s.
-            assert!(sent.elapsed() >= Duration::from_millis(550), "by a retransmission: {:?}", sent.elapsed());
+            // Probed at 0.2 s, retransmitted at 0.4, 0.8 s …: the first after the heal at 0.5 s is at 0.8 s.
+            assert!(sent.elapsed() >= Duration::from_millis(750), "by a retransmission: {:?}", sent.elapsed());
+            assert_eq!(byte, *b"x");
         })
         .join()
         .unwrap();

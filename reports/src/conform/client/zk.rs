@@ -409,7 +409,7 @@ mod tests {
             let p = plan::<ZkClientSide>(seed);
             kinds.insert(ZkClientSide::kind(&p));
             if let ZkFault::Cut { ms } = p.fault {
-                // Short: the held request is retransmitted (at 0.2, 0.6 s after it was sent) well
+                // Short: the held request is sent again (at 0.2, 0.4, 0.8 s after it was sent) well
                 // before the read timeout; long: healed seconds after the session expired.
                 assert!(ms <= 350 || ms >= p.timeout_ms + 2500, "seed {seed}: {p}");
             }

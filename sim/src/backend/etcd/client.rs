@@ -15,8 +15,9 @@
 //!   connection and resets what comes). One task resumes the watches, trying again every 500 ms
 //!   until each is back (`watchGrpcStream` opens its stream again once gRPC reconnects); a watch
 //!   resumed once since the last reset is not sent again (the server would replay its events twice).
-//! - Keep-alive (clientv3 `lessor`): every 500 ms the loop sends a keep-alive for a lease whose next
-//!   keep-alive is due — TTL/3 after the last answer, and at once until a first answer comes. An answer
+//! - Keep-alive (clientv3 `lessor`): the loop looks at once, then every 500 ms, and sends a keep-alive
+//!   for a lease whose next keep-alive is due — TTL/3 after the last answer (counted from its
+//!   keep-alive's sending: see `keep_alive_loop`), and at once until a first answer comes. An answer
 //!   with TTL 0 means the server has no such lease any more: the keep-alive stops. So does a lease that
 //!   has heard no answer for a whole TTL (`deadlineLoop`, checked every second). The holder of a lease
 //!   learns of its loss only when its keep-alive stops, and the timers run on the client's node and its
@@ -370,16 +371,21 @@ async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, do
     let now = lessor.monotonic_ms();
     let timing = Rc::new(Cell::new((now, now + ttl.as_millis() as i64)));
     let ending = Rc::new(Ending { lease, done, lessor: lessor.clone() });
-    let mut ticks = 0u64;
-    while !ending.stopped() {
-        lessor.sleep(SEND_EVERY).await;
-        ticks += 1;
+    // `sendKeepAliveLoop` looks at once when its stream opens, then every 500 ms; `deadlineLoop`
+    // every second from the first `KeepAlive` call.
+    for tick in 0u64.. {
+        if tick > 0 {
+            lessor.sleep(SEND_EVERY).await;
+        }
         let now = lessor.monotonic_ms();
         let (next, deadline) = timing.get();
-        if ticks.is_multiple_of(2) && now > deadline {
+        if tick > 0 && tick.is_multiple_of(2) && now > deadline {
             ending.stop("no answer for the lease TTL");
         }
-        if now < next || ending.stopped() {
+        if ending.stopped() {
+            return;
+        }
+        if now < next {
             continue;
         }
         lessor.renewal_due().await;
@@ -387,6 +393,7 @@ async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, do
         // keep-alive is dropped, a late answer finds nobody (the real client forgets the lease).
         let (client, timing, ending) = (lessor.clone(), timing.clone(), Rc::downgrade(&ending));
         lessor.spawn_detached(async move {
+            let sent = client.monotonic_ms();
             let answer = client.keep_alive_once(lease).await;
             let Some(ending) = ending.upgrade() else { return };
             match answer {
@@ -394,8 +401,14 @@ async fn keep_alive_loop<L: Lessor>(lessor: L, lease: LeaseId, ttl: Duration, do
                     ending.stop("the server says the lease has expired")
                 }
                 Ok(EtcdReply::KeepAlive { ttl_s, .. }) => {
+                    // clientv3 counts TTL/3 from the answer, and its looks drift late by the loop's
+                    // own work and Go's timer latency — about half a millisecond a look on a real
+                    // machine, more than a LAN's round trip — so a keep-alive due TTL/3 after an answer
+                    // that falls on a look goes at that look (`etcdctl lease keep-alive` with TTL 3 s
+                    // answers at 0, 1.00, 2.00, 3.00 s). Counted from the answer, this network's round
+                    // trip of milliseconds would put every such keep-alive a look (500 ms) later.
                     let now = client.monotonic_ms();
-                    timing.set((now + ttl_s * 1000 / 3, now + ttl_s * 1000));
+                    timing.set((sent + ttl_s * 1000 / 3, now + ttl_s * 1000));
                 }
                 _ => {}
             }
