@@ -21,9 +21,36 @@
 //! the caller's timeout, even a `close`). What was held dies with either end: a sender that crashed
 //! (its kernel's buffers are gone) or a receiver that crashed or restarted (its new kernel resets the
 //! old connection). A message already on the wire when a cut starts still arrives (the cut acts at
-//! send time). Each connection — a pair of node lives — keeps its own retransmission timer, as each
-//! Linux socket does: a connection opened to a restarted server, or by a restarted client, during a
-//! cut starts its own schedule when it first sends.
+//! send time).
+//!
+//! A connection is a socket between two node lives, with its own retransmission timer and its own
+//! order, as each Linux socket has (`icsk_retransmit_timer`, `icsk_backoff`): nothing one socket
+//! holds delays another. A pair of nodes shares socket 0, which calls and messages without a socket
+//! of their own ride (a restarted node's is a new connection, with its own schedule). A client library
+//! that reconnects — ZooKeeper's `ClientCnxn` re-attaching a session — closes its socket
+//! ([`Rpc::close`]) and opens a fresh one ([`Rpc::open`]), as the real one does, and the kernel's rules
+//! decide what becomes of each:
+//! - A new socket's first data waits for its handshake: sent into a cut, it goes at the first SYN
+//!   retransmission after the heal — `TCP_TIMEOUT_INIT` (1 s) after the SYN, doubling: 1, 3, 7, 15,
+//!   31, 63 s; `connect` fails at 127 s (`tcp_syn_retries` = 6, `net/ipv4/tcp_timer.c`) — rather than
+//!   on data's 200 ms schedule.
+//! - A closed socket whose handshake never got through (`SYN_SENT`: the client's connect timeout
+//!   passed) is gone, with its SYN and its data (`tcp_close` → `tcp_set_state(TCP_CLOSE)`): an
+//!   abandoned connect is never delivered.
+//! - A closed socket with unacknowledged data is an orphan (`tcp_close` queues the FIN behind the
+//!   data): its kernel retransmits it `TCP_ORPHAN_RETRIES` times, as for a killed process, so an old
+//!   request may still reach the server after a heal. The server reads it if it arrives before the
+//!   client's new connection; once the server has read from the new one, it has closed the old
+//!   (ZooKeeper's `processConnectRequest`: `closeSession(sessionId, CLIENT_RECONNECT)`) and resets
+//!   what comes on it, unread (only the ZooKeeper client opens sockets of its own: a server that
+//!   reads on, as a PostgreSQL backend runs a statement that reaches it before the FIN, would need
+//!   this rule per family). A late reply to a closed socket finds no call waiting. The FIN of a
+//!   closed socket is not modelled: the servers learn of a client going away from its requests
+//!   (`SqlRequest::Close`) or its process's death.
+//! - A server's pushes (watch notifications) go on the newest socket its client opened to it. One
+//!   that reaches a socket its client has closed is still handed to the client: it stands for the
+//!   replay of missed notifications on the new connection (ZooKeeper's `SetWatches` after a
+//!   re-attach, which the model does not send), as it did before sockets had identities.
 //!
 //! `loss` loses single transmissions: a lost message is retransmitted on the same schedule, each
 //! retransmission lost again at the fault's rate, so it arrives whole timeouts late and the
@@ -49,7 +76,7 @@
 //!   kernel answers what arrives with an RST (no socket listens: `tcp_v4_send_reset`), so calls are
 //!   refused at once and keep-alive probes are reset. Data it had sent on a cut link is still
 //!   retransmitted, the kernel's buffers outliving the process, but only `TCP_ORPHAN_RETRIES`
-//!   times: the kernel gives an orphaned socket up after about 102 s rather than 924 s.
+//!   times: the kernel gives an orphaned socket up after about 102 s rather than 15 min.
 //! - A dead *host* (power loss, a kernel panic — `host-crash`) says nothing: its peers learn only
 //!   by their own timeouts and keep-alive, and what it held dies with it.
 
@@ -74,6 +101,11 @@ const TCP_RTO_MIN_NS: u64 = 200_000_000;
 const TCP_RTO_MAX_NS: u64 = 120_000_000_000;
 /// Linux `net.ipv4.tcp_retries2` (default 15): retransmissions before the connection is given up.
 const TCP_RETRIES2: u32 = 15;
+/// Linux `TCP_TIMEOUT_INIT`: the retransmission timeout of a SYN (RFC 6298's initial 1 s).
+const TCP_TIMEOUT_INIT_NS: u64 = 1_000_000_000;
+/// Linux `net.ipv4.tcp_syn_retries` (default 6): SYN retransmissions before `connect` fails — at 1,
+/// 3, 7, 15, 31 and 63 s, given up at 127 s (`tcp_write_timeout`, `net/ipv4/tcp_timer.c`).
+const TCP_SYN_RETRIES: u32 = 6;
 /// Linux `tcp_orphan_retries()` (`net/ipv4/tcp_timer.c`): the retransmissions of a socket no process
 /// holds any more (its process was killed). `net.ipv4.tcp_orphan_retries` defaults to 0, which means
 /// 8 for a connection whose timeout has not reached `TCP_RTO_MAX` ("8 corresponds to >100 seconds
@@ -93,6 +125,16 @@ fn retransmission_within(first_ns: u64, heal_ns: u64, retries: u32) -> Option<u6
     retransmissions(first_ns).take(retries as usize + 1).find(|at| *at >= heal_ns)
 }
 
+/// When a SYN first sent at `first_ns` gets through a link healed at `heal_ns`: the first SYN
+/// retransmission at or after the heal (Linux `tcp_retransmit_timer` on a `SYN_SENT` socket, from
+/// `TCP_TIMEOUT_INIT`, no loss probe: 1, 3, 7, 15 s …), or `None` once `connect` has failed
+/// (`tcp_syn_retries`).
+pub fn syn_retransmission_after(first_ns: u64, heal_ns: u64) -> Option<u64> {
+    doubling(first_ns + TCP_TIMEOUT_INIT_NS, 2 * TCP_TIMEOUT_INIT_NS)
+        .take(TCP_SYN_RETRIES as usize)
+        .find(|at| *at >= heal_ns)
+}
+
 /// When Linux sends data first sent at `first_ns` again while it goes unacknowledged. First a tail
 /// loss probe (`tcp_schedule_loss_probe`, `net/ipv4/tcp_output.c`: 2·srtt + `TCP_RTO_MIN` after a
 /// lone segment in flight, a round trip being negligible beside it); `tcp_send_loss_probe` then arms
@@ -102,10 +144,15 @@ fn retransmission_within(first_ns: u64, heal_ns: u64, retries: u32) -> Option<u6
 /// `etcd-client` (a lone segment dropped at the receiver until a heal at 0.5 s arrives at 0.83 s; one
 /// healed at 1.2 s, at 1.67 s).
 fn retransmissions(first_ns: u64) -> impl Iterator<Item = u64> {
-    let mut rto = TCP_RTO_MIN_NS;
-    std::iter::successors(Some(first_ns + TCP_RTO_MIN_NS), move |at| {
-        let next = at + rto;
-        rto = (rto * 2).min(TCP_RTO_MAX_NS);
+    doubling(first_ns + TCP_RTO_MIN_NS, TCP_RTO_MIN_NS)
+}
+
+/// `at`, then `gap` later, the gap doubling each time up to `TCP_RTO_MAX`.
+fn doubling(at: u64, gap: u64) -> impl Iterator<Item = u64> {
+    let mut gap = gap;
+    std::iter::successors(Some(at), move |at| {
+        let next = at + gap;
+        gap = (gap * 2).min(TCP_RTO_MAX_NS);
         Some(next)
     })
 }
@@ -141,8 +188,11 @@ struct NetState {
     /// is retransmitted.
     loss: BTreeMap<NodeIx, (f64, u64)>,
     drop_reply: BTreeMap<NodeIx, f64>,
-    /// When the last message on each link arrives: later ones never overtake it.
-    link_clear_ns: BTreeMap<(NodeIx, NodeIx), u64>,
+    /// When the last message on each connection's direction (link and socket) arrives: later ones
+    /// never overtake it.
+    link_clear_ns: BTreeMap<(NodeIx, NodeIx, u32), u64>,
+    /// Sockets: see [`Sockets`].
+    sockets: Sockets,
     /// Messages sent on a cut link, waiting to be retransmitted once it heals, per connection.
     held: BTreeMap<Conn, Held>,
     rng: ChaCha8Rng,
@@ -213,6 +263,9 @@ struct Inbox {
     closed: Vec<(u64, NodeIx, u32)>,
     /// Requests by arrival time, then by send order.
     requests: BinaryHeap<Queued>,
+    /// The newest socket each peer's requests came on: data on an older one is not read (see
+    /// [`Inbox::take_request`]).
+    newest: BTreeMap<NodeIx, u32>,
     /// The node's reader of requests ([`Rpc::next_request`]), woken at each request's arrival time.
     reader: Arc<WakeSlot>,
     /// Calls waiting for their reply, with their tags: a few at most, so a list (a map would allocate
@@ -227,6 +280,25 @@ struct Inbox {
 }
 
 impl Inbox {
+    /// The next request that has arrived by `now_ns`, skipping those that came on a socket its client
+    /// closed once a newer socket of that client was read: a client opens a new connection after
+    /// giving the old one up, and a server that has read from the new one has closed the old —
+    /// ZooKeeper's `processConnectRequest` closes the session's other connection (`closeSession(
+    /// sessionId, CLIENT_RECONNECT)`) as it re-attaches, and what arrives on it afterwards is reset
+    /// unread (its RST finds the client's socket closed: nobody hears of it).
+    fn take_request(&mut self, now_ns: u64, closed: &std::collections::BTreeSet<(NodeIx, u32)>) -> Option<Request> {
+        while self.requests.peek().is_some_and(|q| q.at.0 <= now_ns) {
+            let request = self.requests.pop().expect("just seen").request;
+            let (from, socket) = (request.0.from, request.0.socket);
+            let newest = self.newest.entry(from).or_default();
+            if socket >= *newest || !closed.contains(&(from, socket)) {
+                *newest = socket.max(*newest);
+                return Some(request);
+            }
+        }
+        None
+    }
+
     fn waiting(&mut self, tag: u64) -> Option<&mut Waiting> {
         self.waiting.iter_mut().find(|(t, _)| *t == tag).map(|(_, w)| w)
     }
@@ -307,26 +379,68 @@ enum Message {
     },
 }
 
-/// One TCP connection as the model knows it: a link and the lives of its two ends. Each connection
-/// has its own retransmission timer (Linux keeps it per socket: `icsk_retransmit_timer`,
-/// `icsk_backoff`): one opened to a restarted peer, or by a restarted node, starts its own schedule
-/// however long the link has been cut. The model opens one connection per pair of node lives (the
-/// client libraries keep one connection to their server).
+/// One direction of one TCP connection as the model knows it: a link, the lives of its two ends and
+/// the socket. Each connection has its own retransmission timer (Linux keeps it per socket:
+/// `icsk_retransmit_timer`, `icsk_backoff`): one opened to a restarted peer, by a restarted node, or
+/// by a client that reconnected ([`Rpc::reconnect`]) starts its own schedule however long the link has
+/// been cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Conn {
     from: NodeIx,
     to: NodeIx,
     from_life: u32,
     to_life: u32,
+    socket: u32,
+}
+
+/// A socket a client opened ([`Rpc::open`]): one TCP connection to its server, with its own
+/// retransmission schedule. Numbered in the order sockets are opened in the world; a pair of nodes
+/// also has a shared one, socket 0, which calls and messages without a socket of their own ride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Socket(u32);
+
+/// The sockets between pairs of nodes.
+#[derive(Default)]
+struct Sockets {
+    /// The newest socket opened between each pair of nodes, under both directions (absent: socket 0):
+    /// what the pair says without a socket of its own goes on it — a server's pushes (a watch
+    /// notification) on the connection its client opened last.
+    newest: BTreeMap<(NodeIx, NodeIx), u32>,
+    /// How many sockets were opened.
+    opened: u32,
+    /// Sockets opened whose handshake has not got through: their first data waits for the SYN.
+    connecting: std::collections::BTreeSet<(NodeIx, NodeIx, u32)>,
+    /// Sockets their owner closed: a server that has read a newer socket of the same client resets
+    /// what arrives on them ([`Inbox::take_request`]).
+    closed: std::collections::BTreeSet<(NodeIx, u32)>,
+}
+
+impl Sockets {
+    fn current(&self, from: NodeIx, to: NodeIx) -> u32 {
+        self.newest.get(&(from, to)).copied().unwrap_or(0)
+    }
 }
 
 /// The unacknowledged data of one connection: when the first of it was sent (the retransmission
-/// timer counts from there), how many retransmissions the sender's kernel makes before it gives up
-/// ([`TCP_RETRIES2`], or [`TCP_ORPHAN_RETRIES`] once its process is dead), and the messages in order.
+/// timer counts from there), whether it waits for a SYN to get through (its socket's handshake, on a
+/// SYN's schedule), how many retransmissions the sender's kernel makes before it gives up
+/// ([`TCP_RETRIES2`], or [`TCP_ORPHAN_RETRIES`] once its process is dead or its socket closed), and
+/// the messages in order.
 struct Held {
     first_ns: u64,
+    syn: bool,
     retries: u32,
     messages: Vec<Message>,
+}
+
+impl Held {
+    /// When what is held gets through a link healed at `heal_ns`, if the kernel has not given up.
+    fn through_after(&self, heal_ns: u64) -> Option<u64> {
+        match self.syn {
+            true => syn_retransmission_after(self.first_ns, heal_ns),
+            false => retransmission_within(self.first_ns, heal_ns, self.retries),
+        }
+    }
 }
 
 impl Net {
@@ -338,6 +452,7 @@ impl Net {
             loss: BTreeMap::new(),
             drop_reply: BTreeMap::new(),
             link_clear_ns: BTreeMap::new(),
+            sockets: Sockets::default(),
             held: BTreeMap::new(),
             rng: stream(seed, Stream::Network, 0),
             kernel_rng: stream(seed, Stream::Kernel, 0),
@@ -411,6 +526,7 @@ impl Net {
             process_dead: false,
             closed: Vec::new(),
             requests: BinaryHeap::new(),
+            newest: BTreeMap::new(),
             reader: WakeSlot::new(),
             waiting: Vec::new(),
             replies: callers(false),
@@ -444,16 +560,17 @@ impl Net {
         for (_, held) in s.held.iter_mut().filter(|(c, _)| c.from == node && c.from_life == life) {
             held.retries = TCP_ORPHAN_RETRIES;
         }
-        let links = s.link_clear_ns.keys().copied().chain(s.held.keys().map(|c| (c.from, c.to)));
+        let links = s.link_clear_ns.keys().map(|(a, b, _)| (*a, *b)).chain(s.held.keys().map(|c| (c.from, c.to)));
         let peers: std::collections::BTreeSet<NodeIx> =
             links.filter_map(|(a, b)| (a == node).then_some(b).or((b == node).then_some(a))).collect();
         let now = sim_now_ns();
         for peer in peers {
-            match s.conn(node, peer) {
+            let socket = s.sockets.current(node, peer);
+            match s.conn(node, peer, socket) {
                 Some(conn) if s.holds(&conn) => s.hold(conn, Message::Closed { life }, now),
                 // A cut link to a host that is down: nothing to close.
                 None if s.cuts.contains_key(&(node, peer)) => {}
-                _ => s.deliver(node, peer, Message::Closed { life }, now),
+                _ => s.deliver(node, peer, socket, Message::Closed { life }, now),
             }
         }
     }
@@ -468,16 +585,18 @@ impl Net {
         self.state().call_timeouts
     }
 
-    /// Send `msg` from `from` to `to` now.
+    /// Send `msg` from `from` to `to` now, on the socket the two talk on.
     fn send(&self, from: NodeIx, to: NodeIx, msg: Message) {
-        self.state().send(from, to, msg, sim_now_ns());
+        let mut s = self.state();
+        let socket = s.sockets.current(from, to);
+        s.send(from, to, socket, msg, sim_now_ns());
     }
 }
 
 impl NetState {
-    /// Send `msg` from `from` to `to` at `now_ns`: count it, hold it while the link is cut, else
-    /// deliver it.
-    fn send(&mut self, from: NodeIx, to: NodeIx, msg: Message, now_ns: u64) {
+    /// Send `msg` from `from` to `to` on `socket` at `now_ns`: count it, hold it while the link is
+    /// cut, else deliver it (a connecting socket's handshake is then through).
+    fn send(&mut self, from: NodeIx, to: NodeIx, socket: u32, msg: Message, now_ns: u64) {
         // A crashed host sends nothing: what its dying code tries to say (a socket closed as its
         // tasks are dropped) dies with it.
         // A killed process sends nothing either (its kernel's own FINs go by `Net::kill_process`).
@@ -485,18 +604,21 @@ impl NetState {
             return;
         }
         self.messages += 1;
-        match self.conn(from, to) {
+        match self.conn(from, to, socket) {
             Some(conn) if self.holds(&conn) => self.hold(conn, msg, now_ns),
             // A host that is down cannot take the retransmissions; one restarted later resets them.
             None if self.cuts.contains_key(&(from, to)) => {}
-            _ => self.deliver(from, to, msg, now_ns),
+            _ => {
+                self.sockets.connecting.remove(&(from, to, socket));
+                self.deliver(from, to, socket, msg, now_ns);
+            }
         }
     }
 
-    /// The connection `from → to` between the nodes' lives now, unless either host is down.
-    fn conn(&self, from: NodeIx, to: NodeIx) -> Option<Conn> {
+    /// The connection `from → to` on `socket` between the nodes' lives now, unless either host is down.
+    fn conn(&self, from: NodeIx, to: NodeIx, socket: u32) -> Option<Conn> {
         let life = |n: NodeIx| self.inboxes.get(&n).map(|i| i.incarnation);
-        Some(Conn { from, to, from_life: life(from)?, to_life: life(to)? })
+        Some(Conn { from, to, from_life: life(from)?, to_life: life(to)?, socket })
     }
 
     /// Whether data on `conn` must wait for a retransmission: its link is cut, or earlier data waits
@@ -505,32 +627,64 @@ impl NetState {
         self.cuts.contains_key(&(conn.from, conn.to)) || self.held.contains_key(conn)
     }
 
-    /// Keep `msg`, sent at `sent_ns`, in its sender's kernel until `conn` gets through.
+    /// Keep `msg`, sent at `sent_ns`, in its sender's kernel until `conn` gets through: the first
+    /// data of a connecting socket waits for its SYN.
     fn hold(&mut self, conn: Conn, msg: Message, sent_ns: u64) {
         let orphan = self.inboxes.get(&conn.from).is_some_and(|i| i.process_dead);
         let retries = if orphan { TCP_ORPHAN_RETRIES } else { TCP_RETRIES2 };
-        let held = self.held.entry(conn).or_insert_with(|| Held { first_ns: sent_ns, retries, messages: Vec::new() });
+        let syn = self.sockets.connecting.contains(&(conn.from, conn.to, conn.socket));
+        let held =
+            self.held.entry(conn).or_insert_with(|| Held { first_ns: sent_ns, syn, retries, messages: Vec::new() });
         held.messages.push(msg);
     }
 
     /// `conn`'s link healed at `now_ns`: what it held goes, in order, at the sender's next
-    /// retransmission — unless the sender gave up by then, or either end has a new life (a crashed
-    /// sender's buffers are gone; a restarted receiver resets the old connection).
+    /// retransmission (of the SYN, on a socket still connecting) — unless the sender gave up by then,
+    /// or either end has a new life (a crashed sender's buffers are gone; a restarted receiver resets
+    /// the old connection).
     fn release(&mut self, conn: Conn, now_ns: u64) {
         let Some(held) = self.held.remove(&conn) else { return };
-        let Some(retransmit_ns) = retransmission_within(held.first_ns, now_ns, held.retries) else { return };
-        if self.conn(conn.from, conn.to) != Some(conn) {
+        let Some(retransmit_ns) = held.through_after(now_ns) else { return };
+        if self.conn(conn.from, conn.to, conn.socket) != Some(conn) {
             return;
         }
+        self.sockets.connecting.remove(&(conn.from, conn.to, conn.socket));
         for msg in held.messages {
-            self.deliver(conn.from, conn.to, msg, retransmit_ns);
+            self.deliver(conn.from, conn.to, conn.socket, msg, retransmit_ns);
         }
     }
 
-    /// Put `msg`, sent (or retransmitted) at `sent_ns`, into the receiver's inbox, unless its sender's
-    /// kernel gave up retransmitting it ([`NetState::route`]). A reply that `drop-reply` loses breaks
-    /// its connection instead ([`CallError::Broken`]).
-    fn deliver(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
+    /// `node` opens a socket to `peer` ([`Rpc::open`]).
+    fn open(&mut self, node: NodeIx, peer: NodeIx) -> Socket {
+        self.sockets.opened += 1;
+        let socket = self.sockets.opened;
+        self.sockets.newest.insert((node, peer), socket);
+        self.sockets.newest.insert((peer, node), socket);
+        self.sockets.connecting.insert((node, peer, socket));
+        Socket(socket)
+    }
+
+    /// `node` closes its socket to `peer` ([`Rpc::close`]).
+    fn close(&mut self, node: NodeIx, peer: NodeIx, Socket(socket): Socket) {
+        self.sockets.closed.insert((node, socket));
+        self.sockets.connecting.remove(&(node, peer, socket));
+        let life = self.inboxes.get(&node).map(|i| i.incarnation);
+        let mine = |c: &Conn| (c.from, c.to, c.socket) == (node, peer, socket) && Some(c.from_life) == life;
+        let held: Vec<Conn> = self.held.keys().filter(|c| mine(c)).copied().collect();
+        for conn in held {
+            match self.held.get(&conn).is_some_and(|h| h.syn) {
+                // `tcp_close` on a `SYN_SENT` socket: it is gone, and its SYN with it.
+                true => drop(self.held.remove(&conn)),
+                // `tcp_close` with data unacknowledged: an orphan, retransmitting to its end.
+                false => self.held.get_mut(&conn).expect("just seen").retries = TCP_ORPHAN_RETRIES,
+            }
+        }
+    }
+
+    /// Put `msg`, sent (or retransmitted) at `sent_ns` on `socket`, into the receiver's inbox, unless
+    /// its sender's kernel gave up retransmitting it ([`NetState::route`]). A reply that `drop-reply`
+    /// loses breaks its connection instead ([`CallError::Broken`]).
+    fn deliver(&mut self, from: NodeIx, to: NodeIx, socket: u32, msg: Message, sent_ns: u64) {
         let msg = match msg {
             Message::Reply { tag, body: Ok(_), life } if self.drops_reply(from) => {
                 Message::Reply { tag, body: Err(CallError::Broken), life }
@@ -538,8 +692,8 @@ impl NetState {
             msg => msg,
         };
         let arrive_ns = match msg {
-            Message::Closed { .. } => self.route_kernel(from, to, sent_ns),
-            Message::Reply { .. } | Message::Request { .. } => self.route(from, to, sent_ns),
+            Message::Closed { .. } => self.route_kernel(from, to, socket, sent_ns),
+            Message::Reply { .. } | Message::Request { .. } => self.route(from, to, socket, sent_ns),
         };
         let Some(arrive_ns) = arrive_ns else { return };
         self.deliveries += 1;
@@ -554,14 +708,14 @@ impl NetState {
                 // A connection to an earlier life: the restarted host's kernel resets it.
                 let reset = Message::Reply { tag: reply_tag, body: Err(CallError::Reset), life: inbox.incarnation };
                 if reply_tag != 0 {
-                    self.deliver(to, from, reset, arrive_ns);
+                    self.deliver(to, from, socket, reset, arrive_ns);
                 }
             }
             Message::Request { reply_tag, .. } if inbox.process_dead => {
                 // No process listens: the kernel resets the connection (`tcp_v4_send_reset`).
                 if reply_tag != 0 {
                     let reset = Message::Reply { tag: reply_tag, body: Err(CallError::Reset), life: inbox.incarnation };
-                    self.deliver_kernel(to, from, reset, arrive_ns);
+                    self.deliver_kernel(to, from, socket, reset, arrive_ns);
                 }
             }
             Message::Reply { .. } | Message::Closed { .. } if inbox.process_dead => {}
@@ -581,7 +735,8 @@ impl NetState {
             // The receiver is woken when the message arrives, not before: a message costs one timer
             // and one wake-up of the task that takes it.
             Message::Request { reply_tag, body, .. } => {
-                inbox.requests.push(Queued { at: (arrive_ns, seq), request: (ReplyTo { from, reply_tag }, body) });
+                let reply_to = ReplyTo { from, reply_tag, socket };
+                inbox.requests.push(Queued { at: (arrive_ns, seq), request: (reply_to, body) });
                 wake_at(arrive_ns, &inbox.reader);
             }
             Message::Reply { tag, body, life } => {
@@ -594,8 +749,8 @@ impl NetState {
     }
 
     /// A kernel's reply on a link: routed as a message, its latency drawn from the kernel's stream.
-    fn deliver_kernel(&mut self, from: NodeIx, to: NodeIx, msg: Message, sent_ns: u64) {
-        let Some(arrive_ns) = self.route_kernel(from, to, sent_ns) else { return };
+    fn deliver_kernel(&mut self, from: NodeIx, to: NodeIx, socket: u32, msg: Message, sent_ns: u64) {
+        let Some(arrive_ns) = self.route_kernel(from, to, socket, sent_ns) else { return };
         let Some(inbox) = self.inboxes.get_mut(&to) else { return };
         if let Message::Reply { tag, body, life } = msg {
             if let Some(waiting) = inbox.waiting(tag) {
@@ -605,13 +760,14 @@ impl NetState {
         }
     }
 
-    /// When what a kernel sends on its own (a FIN, an RST) from `from` to `to` at `sent_ns` arrives:
-    /// a latency from the kernel's stream, never before the link's earlier messages. Not lost.
-    fn route_kernel(&mut self, from: NodeIx, to: NodeIx, sent_ns: u64) -> Option<u64> {
+    /// When what a kernel sends on its own (a FIN, an RST) from `from` to `to` on `socket` at
+    /// `sent_ns` arrives: a latency from the kernel's stream, never before the connection's earlier
+    /// messages. Not lost.
+    fn route_kernel(&mut self, from: NodeIx, to: NodeIx, socket: u32, sent_ns: u64) -> Option<u64> {
         let extra =
             self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
         let latency = self.kernel_rng.gen_range(LATENCY_NS.0..=LATENCY_NS.1) + extra.as_nanos() as u64;
-        let clear = self.link_clear_ns.entry((from, to)).or_default();
+        let clear = self.link_clear_ns.entry((from, to, socket)).or_default();
         *clear = (sent_ns + latency).max(*clear);
         Some(*clear)
     }
@@ -622,13 +778,14 @@ impl NetState {
         rate > 0.0 && self.rng.gen_bool(rate.min(1.0))
     }
 
-    /// When a message put on the wire at `sent_ns` from `from` to `to` arrives, or `None` if `loss`
-    /// lost it and all [`TCP_RETRIES2`] retransmissions (the kernel gives the connection up). Each
+    /// When a message put on the wire at `sent_ns` from `from` to `to` on `socket` arrives, or `None`
+    /// if `loss` lost it and all [`TCP_RETRIES2`] retransmissions (the kernel gives the connection
+    /// up); never before the connection's earlier messages. Each
     /// transmission is lost at the higher rate of the two ends' `loss` faults still on when it goes;
     /// the sender's kernel retransmits after each loss ([`retransmissions`]), so a lost message
     /// arrives a retransmission timeout or more late, and the link's later messages wait behind it —
     /// TCP delivers a stream in order, with nothing removed.
-    fn route(&mut self, from: NodeIx, to: NodeIx, sent_ns: u64) -> Option<u64> {
+    fn route(&mut self, from: NodeIx, to: NodeIx, socket: u32, sent_ns: u64) -> Option<u64> {
         let lossy = [from, to].iter().any(|n| self.loss.contains_key(n));
         let mut sent_ns = sent_ns;
         if lossy {
@@ -646,7 +803,7 @@ impl NetState {
         let extra =
             self.delay.get(&from).copied().unwrap_or_default() + self.delay.get(&to).copied().unwrap_or_default();
         let latency = self.rng.gen_range(LATENCY_NS.0..=LATENCY_NS.1) + extra.as_nanos() as u64;
-        let clear = self.link_clear_ns.entry((from, to)).or_default();
+        let clear = self.link_clear_ns.entry((from, to, socket)).or_default();
         *clear = (sent_ns + latency).max(*clear);
         Some(*clear)
     }
@@ -657,6 +814,11 @@ fn set_or_clear<V>(map: &mut BTreeMap<NodeIx, V>, node: NodeIx, v: Option<V>) {
         Some(v) => map.insert(node, v),
         None => map.remove(&node),
     };
+}
+
+/// A received request's body as the type its node serves.
+fn downcast_request<Q: Any + Send>(body: Payload) -> Q {
+    *body.downcast::<Q>().expect("a node receives only the requests it serves")
 }
 
 /// The fate of a TCP keep-alive probe (see [`Rpc::probe`]).
@@ -697,10 +859,11 @@ pub enum Input<Q> {
     Closed { peer: NodeIx, life: u32 },
 }
 
-/// Where the answer to a received request goes (see [`Rpc::reply`]).
+/// Where the answer to a received request goes (see [`Rpc::reply`]): back on the socket it came on.
 pub struct ReplyTo {
     pub from: NodeIx,
     reply_tag: u64,
+    socket: u32,
 }
 
 /// One node's endpoint for this life of the node: it makes calls and serves them. Clones share it.
@@ -744,9 +907,10 @@ impl Rpc {
     /// connection to the retransmission timer, which gives up after `tcp_retries2`).
     pub fn probe(&self, peer: NodeIx, incarnation: u32) -> Probe {
         let s = self.net.state();
-        let conn = Conn { from: self.me, to: peer, from_life: self.incarnation, to_life: incarnation };
+        let socket = s.sockets.current(self.me, peer);
+        let conn = Conn { from: self.me, to: peer, from_life: self.incarnation, to_life: incarnation, socket };
         if let Some(held) = s.held.get(&conn) {
-            let gave_up = retransmission_within(held.first_ns, sim_now_ns(), held.retries).is_none();
+            let gave_up = held.through_after(sim_now_ns()).is_none();
             return Probe::Retransmitting { gave_up };
         }
         if s.cuts.contains_key(&(self.me, peer)) || s.cuts.contains_key(&(peer, self.me)) {
@@ -770,23 +934,41 @@ impl Rpc {
         (life == incarnation && at <= sim_now_ns()).then_some(at)
     }
 
+    /// Open a new connection to `to` (`socket`, `connect`), for [`Rpc::call_on`]: its first data
+    /// waits for its handshake — sent into a cut, it goes at the first SYN retransmission after the
+    /// heal (1, 3, 7, 15, 31, 63 s after the SYN; given up at 127 s: `tcp_syn_retries`), not on data's
+    /// 200 ms schedule — and nothing another socket holds delays it.
+    pub fn open(&self, to: NodeIx) -> Socket {
+        self.net.state().open(self.me, to)
+    }
+
+    /// Close `socket`, opened to `to`, as Linux's `tcp_close` does: unacknowledged data stays in the
+    /// kernel, an orphan retransmitting `TCP_ORPHAN_RETRIES` times, and may still reach the peer after
+    /// a heal; a socket whose handshake never got through (`SYN_SENT`) is gone, and its data with it —
+    /// an abandoned connect is never delivered.
+    pub fn close(&self, to: NodeIx, socket: Socket) {
+        self.net.state().close(self.me, to, socket);
+    }
+
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
     pub async fn call<Q, R>(&self, to: NodeIx, req: Q, timeout: Duration) -> Result<R, CallError>
     where
         Q: Any + Send,
         R: Any + Send,
     {
-        self.call_on(to, None, req, timeout).await.map(|(reply, _)| reply)
+        self.call_on(to, None, None, req, timeout).await.map(|(reply, _)| reply)
     }
 
-    /// [`Rpc::call`] on a connection: `conn` is the life of `to` that the connection was opened with
-    /// (`None`: open one now). The reply comes with the life that answered, which the caller keeps
+    /// [`Rpc::call`] on a connection: `socket` is the one the caller opened ([`Rpc::open`]; `None`: the
+    /// pair's shared connection), `conn` the life of `to` that the connection was opened with (`None`:
+    /// open one now). The reply comes with the life that answered, which the caller keeps
     /// as its connection. A request on a connection to an earlier life is refused with
     /// [`CallError::Reset`] — a restarted host resets connections it does not know — and is not
     /// applied: that is how a client library learns that its server restarted, and reconnects.
     pub async fn call_on<Q, R>(
         &self,
         to: NodeIx,
+        socket: Option<Socket>,
         conn: Option<u32>,
         req: Q,
         timeout: Duration,
@@ -807,7 +989,8 @@ impl Rpc {
                 Some(inbox) => inbox.waiting.push((tag, waiting)),
                 None => return Err(CallError::Timeout),
             };
-            s.send(self.me, to, Message::Request { reply_tag: tag, body: Box::new(req), conn }, now);
+            let socket = socket.map_or_else(|| s.sockets.current(self.me, to), |Socket(s)| s);
+            s.send(self.me, to, socket, Message::Request { reply_tag: tag, body: Box::new(req), conn }, now);
         }
         let _pending = Pending { rpc: self, tag };
         // The reply once it has arrived, or `None` once the deadline has passed (a reply that arrives
@@ -859,14 +1042,11 @@ impl Rpc {
     pub async fn next_request<Q: Any + Send>(&self) -> (ReplyTo, Q) {
         std::future::poll_fn(|cx| {
             let mut s = self.net.state();
+            let s = &mut *s;
             let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
-            match inbox.requests.peek() {
-                Some(Queued { at: (at, _), .. }) if *at <= sim_now_ns() => {
-                    let (reply_to, body) = inbox.requests.pop().expect("just seen").request;
-                    let body = body.downcast::<Q>().expect("a node receives only the requests it serves");
-                    Poll::Ready((reply_to, *body))
-                }
-                _ => {
+            match inbox.take_request(sim_now_ns(), &s.sockets.closed) {
+                Some((reply_to, body)) => Poll::Ready((reply_to, downcast_request(body))),
+                None => {
                     inbox.reader.set(cx.waker());
                     Poll::Pending
                 }
@@ -881,6 +1061,7 @@ impl Rpc {
     pub async fn next_input<Q: Any + Send>(&self) -> Input<Q> {
         std::future::poll_fn(|cx| {
             let mut s = self.net.state();
+            let s = &mut *s;
             let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
             let now = sim_now_ns();
             if let Some(i) =
@@ -889,13 +1070,9 @@ impl Rpc {
                 let (_, peer, life) = inbox.closed.remove(i);
                 return Poll::Ready(Input::Closed { peer, life });
             }
-            match inbox.requests.peek() {
-                Some(Queued { at: (at, _), .. }) if *at <= now => {
-                    let (reply_to, body) = inbox.requests.pop().expect("just seen").request;
-                    let body = body.downcast::<Q>().expect("a node receives only the requests it serves");
-                    Poll::Ready(Input::Request(reply_to, *body))
-                }
-                _ => {
+            match inbox.take_request(now, &s.sockets.closed) {
+                Some((reply_to, body)) => Poll::Ready(Input::Request(reply_to, downcast_request(body))),
+                None => {
                     inbox.reader.set(cx.waker());
                     Poll::Pending
                 }
@@ -908,7 +1085,7 @@ impl Rpc {
     pub fn reply<R: Any + Send>(&self, to: &ReplyTo, reply: R) {
         if to.reply_tag != 0 {
             let reply = Message::Reply { tag: to.reply_tag, body: Ok(Box::new(reply)), life: self.incarnation };
-            self.net.send(self.me, to.from, reply);
+            self.net.state().send(self.me, to.from, to.socket, reply, sim_now_ns());
         }
     }
 }
@@ -965,7 +1142,7 @@ mod tests {
     fn messages_on_one_link_never_overtake_each_other() {
         in_world(|net| {
             let mut s = net.state();
-            let arrivals: Vec<u64> = (0..50).map(|_| s.route(A, B, 0).unwrap()).collect();
+            let arrivals: Vec<u64> = (0..50).map(|_| s.route(A, B, 0, 0).unwrap()).collect();
             assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
             assert!(arrivals[0] >= LATENCY_NS.0 && arrivals[0] <= LATENCY_NS.1);
         });
@@ -1047,7 +1224,7 @@ mod tests {
             assert_eq!(closed.len(), 1, "B had a connection with A: it sees the close");
             let (at, peer, life) = closed[0];
             assert_eq!((peer, life), (A, 0));
-            assert!(at >= s.link_clear_ns[&(A, B)] && at <= LATENCY_NS.1, "one network delay later");
+            assert!(at >= s.link_clear_ns[&(A, B, 0)] && at <= LATENCY_NS.1, "one network delay later");
             let reply = s.inboxes.get_mut(&B).unwrap().waiting(5).unwrap().reply.take();
             assert!(matches!(reply, Some((_, 0, Err(CallError::Reset)))), "its call ends with a reset");
             drop(s);
@@ -1104,7 +1281,7 @@ mod tests {
         in_world(|net| {
             let mut s = net.state();
             s.delay.insert(B, Duration::from_secs(1));
-            let at = s.route(A, B, 0).unwrap();
+            let at = s.route(A, B, 0, 0).unwrap();
             assert!(at >= 1_000_000_000 + LATENCY_NS.0);
         });
     }
@@ -1146,7 +1323,7 @@ mod tests {
             s.loss.insert(B, (0.5, u64::MAX));
             // Sent 10 s apart, so that none waits behind an earlier one.
             let sent = (0..200).map(|i| i * 10_000_000_000);
-            let delays: Vec<u64> = sent.map(|at| s.route(A, B, at).expect("nothing is removed") - at).collect();
+            let delays: Vec<u64> = sent.map(|at| s.route(A, B, 0, at).expect("nothing is removed") - at).collect();
             let late = delays.iter().filter(|d| **d >= TCP_RTO_MIN_NS).count();
             assert!((60..140).contains(&late), "about half wait for a retransmission: {late}");
             assert!(delays.iter().all(|d| *d <= LATENCY_NS.1 || *d >= TCP_RTO_MIN_NS), "whole timeouts");
@@ -1202,5 +1379,134 @@ mod tests {
                 assert_eq!(!net.state().inboxes[&B].closed.is_empty(), delivered, "the FIN too");
             });
         }
+    }
+
+    /// `A`'s endpoint, for calls on sockets of its own.
+    fn rpc_a(net: &Net) -> Rpc {
+        Rpc { me: A, incarnation: 0, net: net.clone(), clock: Clock::default(), next_tag: Rc::new(Cell::new(1)) }
+    }
+
+    /// `from` sends a request with `tag` to `to` on `socket`.
+    fn tell_on(net: &Net, from: NodeIx, to: NodeIx, Socket(socket): Socket, tag: u64) {
+        let request = Message::Request { reply_tag: tag, body: Box::new(()), conn: None };
+        net.state().send(from, to, socket, request, sim_now_ns());
+    }
+
+    #[test]
+    fn syns_back_off_from_1s_and_give_up_after_tcp_syn_retries() {
+        let s = 1_000_000_000;
+        // Sent at 0: retransmitted at 1, 3, 7, 15, 31, 63 s; `connect` fails at 127 s.
+        let at = |heal_s: u64| syn_retransmission_after(0, heal_s * s).map(|ns| ns / s);
+        assert_eq!([at(0), at(2), at(4), at(8), at(16), at(40)], [1, 3, 7, 15, 31, 63].map(Some));
+        assert_eq!(at(64), None, "tcp_syn_retries");
+    }
+
+    #[test]
+    fn a_reconnect_after_a_cut_is_not_delayed_by_the_old_connections_retransmissions() {
+        in_world_async(|net| async move {
+            let rpc = rpc_a(&net);
+            let old = rpc.open(B);
+            tell_on(&net, A, B, old, 0);
+            net.cut(A, B, true);
+            tell_on(&net, A, B, old, 1);
+            // The client gives the connection up 2 s into the cut and reconnects after the heal at
+            // 7 s: the old socket retransmits at 6.4 and 12.8 s, the new one sends at once.
+            sleep_until(2_000_000_000).await;
+            rpc.close(B, old);
+            sleep_until(7_000_000_000).await;
+            net.cut(A, B, false);
+            let new = rpc.open(B);
+            tell_on(&net, A, B, new, 2);
+            let arrived = queued(&net, B);
+            let at = |tag| arrived.iter().find(|(_, t)| *t == tag).unwrap().0;
+            assert!(at(2) <= 7_000_000_000 + LATENCY_NS.1, "{arrived:?}");
+            assert!(at(1) >= 12_800_000_000, "the orphan still retransmits on its own schedule: {arrived:?}");
+        });
+    }
+
+    #[test]
+    fn a_connect_into_a_cut_gets_through_at_the_first_syn_retransmission_after_the_heal() {
+        for (heal_ms, through_ms) in [(500, 1000), (2500, 3000), (5000, 7000)] {
+            in_world_async(move |net| async move {
+                net.cut(A, B, true);
+                let socket = rpc_a(&net).open(B);
+                tell_on(&net, A, B, socket, 1);
+                sleep_until(heal_ms * 1_000_000).await;
+                net.cut(A, B, false);
+                let arrived = queued(&net, B);
+                let through_ns = through_ms * 1_000_000;
+                assert!(arrived.len() == 1 && arrived[0].0 >= through_ns, "healed at {heal_ms} ms: {arrived:?}");
+                assert!(arrived[0].0 <= through_ns + LATENCY_NS.1, "healed at {heal_ms} ms: {arrived:?}");
+            });
+        }
+    }
+
+    #[test]
+    fn an_abandoned_connect_is_never_delivered() {
+        in_world_async(|net| async move {
+            let rpc = rpc_a(&net);
+            net.cut(A, B, true);
+            let socket = rpc.open(B);
+            tell_on(&net, A, B, socket, 1);
+            // The client's connect timeout passes at 2 s: it closes the socket in `SYN_SENT`.
+            sleep_until(2_000_000_000).await;
+            rpc.close(B, socket);
+            net.cut(A, B, false);
+            sleep_until(200_000_000_000).await;
+            assert!(queued(&net, B).is_empty());
+            assert!(net.state().held.is_empty(), "nothing left to retransmit");
+        });
+    }
+
+    #[test]
+    fn a_closed_sockets_data_is_an_orphan_and_not_read_once_the_new_connection_was() {
+        in_world_async(|net| async move {
+            let rpc = rpc_a(&net);
+            let old = rpc.open(B);
+            tell_on(&net, A, B, old, 0);
+            net.cut(A, B, true);
+            tell_on(&net, A, B, old, 1);
+            rpc.close(B, old);
+            // An orphan: 8 retransmissions after the probe, the last at 51.2 s, given up at 102.4 s rather than after 15 min.
+            assert_eq!(net.state().held.values().map(|h| h.retries).collect::<Vec<_>>(), [TCP_ORPHAN_RETRIES]);
+            let new = rpc.open(B);
+            tell_on(&net, A, B, new, 2);
+            sleep_until(5_000_000_000).await;
+            net.cut(A, B, false);
+            sleep_until(10_000_000_000).await;
+            let s = &mut *net.state();
+            let inbox = s.inboxes.get_mut(&B).unwrap();
+            let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
+            let tags: Vec<u64> = read.map(|(reply_to, _)| reply_to.reply_tag).collect();
+            // The orphan's data goes at 6.4 s, the new socket's SYN (sent at 0) at 7 s: the old
+            // request is read, the server not having heard from the new connection yet.
+            assert_eq!(tags, [0, 1, 2]);
+        });
+    }
+
+    #[test]
+    fn data_on_a_closed_socket_arriving_after_the_new_connection_is_not_read() {
+        in_world_async(|net| async move {
+            let rpc = rpc_a(&net);
+            let old = rpc.open(B);
+            tell_on(&net, A, B, old, 0);
+            net.cut(A, B, true);
+            sleep_until(1_000_000_000).await;
+            tell_on(&net, A, B, old, 1);
+            rpc.close(B, old);
+            // Healed at 7.5 s: the orphan retransmits at 7.4 and 13.8 s, the new socket's SYN (sent at
+            // 7 s) at 8 s.
+            sleep_until(7_000_000_000).await;
+            let new = rpc.open(B);
+            tell_on(&net, A, B, new, 2);
+            sleep_until(7_500_000_000).await;
+            net.cut(A, B, false);
+            sleep_until(20_000_000_000).await;
+            let s = &mut *net.state();
+            let inbox = s.inboxes.get_mut(&B).unwrap();
+            let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
+            let tags: Vec<u64> = read.map(|(reply_to, _)| reply_to.reply_tag).collect();
+            assert_eq!(tags, [0, 2], "the server closed the old connection when it read the new one");
+        });
     }
 }

@@ -182,7 +182,7 @@ impl EtcdClient {
     /// the call's fate unknown.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let router = &self.env.router;
-        match self.env.rpc.call_on(self.env.server, router.server_life.get(), request, self.timeout).await {
+        match self.env.rpc.call_on(self.env.server, None, router.server_life.get(), request, self.timeout).await {
             Ok((reply, life)) => {
                 router.server_life.set(Some(life));
                 Ok(reply)

@@ -96,7 +96,7 @@ impl Connection {
     pub async fn open(env: ClientEnv, conn: ConnId, read_timeout: Duration) -> Option<Connection> {
         env.router.start(&env.rpc);
         let hello = SqlRequest::Connect { conn, incarnation: env.rpc.incarnation() };
-        let ((), life) = env.rpc.call_on::<_, ()>(env.server, None, hello, CONNECT_TIMEOUT).await.ok()?;
+        let ((), life) = env.rpc.call_on::<_, ()>(env.server, None, None, hello, CONNECT_TIMEOUT).await.ok()?;
         env.router.servers.borrow_mut().insert(conn, (env.server, life));
         Some(Connection { env, conn, next_seq: Cell::new(1), read_timeout, closed: Cell::new(false) })
     }

@@ -12,10 +12,13 @@
 //!   its list) plus a random 0–999 ms (`startConnect`), drawn from the seed (the client node's
 //!   [`Stream::ZkReattach`](crate::rng::Stream::ZkReattach)), and gives the attempt T
 //!   (`connectTimeout` = T / servers, while `CONNECTING`); a refused connection (the server's process
-//!   is down) fails at once. go-zookeeper waits 1 s and dials for 1 s. So a client cut off for longer
-//!   than its read timeout re-attaches only once an attempt gets through: one sent into the cut gets
-//!   through after the heal (TCP's next retransmission) if that is within its T, and otherwise the
-//!   next attempt starts 1–2 s after it gave up.
+//!   is down) fails at once. go-zookeeper waits 1 s and dials for 1 s. Each attempt opens a socket of
+//!   its own (`ClientCnxnSocketNIO.connect`) and one that fails is closed (`cleanup`), as is the
+//!   connection given up: see [`crate::net`] for what the kernel does with each. So a client cut off
+//!   for longer than its read timeout re-attaches only once an attempt gets through: one sent into the
+//!   cut gets through after the heal at its SYN's next retransmission (1, 3, 7 s … after it) if that
+//!   is within its T — nothing the old connection still holds delays it — and otherwise the next
+//!   attempt starts 1–2 s after it gave up, its abandoned connect never delivered.
 //! - A server that restarted resets the old connection: the next request on it fails at once
 //!   (`ConnectionLoss`, not applied) and the client is `Disconnected`.
 //! - A server process that dies (its kernel closes the connection) is noticed at once, idle or not:
@@ -55,7 +58,7 @@ use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
 use crate::history::EventKind;
-use crate::net::{CallError, Rpc};
+use crate::net::{CallError, Rpc, Socket};
 use crate::rng::{ChaCha8Rng, Rng};
 use crate::signal;
 use std::cell::{Cell, RefCell};
@@ -175,15 +178,33 @@ impl Host {
         }
     }
 
+    /// Send `request` on `socket` (a simulated client's) and connection `conn`.
     async fn call_on(
         &self,
+        socket: Option<Socket>,
         conn: Option<u32>,
         request: ZkRequest,
         timeout: Duration,
     ) -> Result<(ZkReply, u32), CallError> {
         match self {
-            Host::Sim(env) => env.rpc.call_on(env.server, conn, request, timeout).await,
+            Host::Sim(env) => env.rpc.call_on(env.server, socket, conn, request, timeout).await,
             Host::Real { link, .. } => link.call_on(conn, request, timeout).await,
+        }
+    }
+
+    /// A new socket to the server, for a connect (a real process's [`Link`] opens its own on a
+    /// `Connect`).
+    fn open(&self) -> Option<Socket> {
+        match self {
+            Host::Sim(env) => Some(env.rpc.open(env.server)),
+            Host::Real { .. } => None,
+        }
+    }
+
+    /// Close a socket [`Host::open`] gave.
+    fn close(&self, socket: Socket) {
+        if let Host::Sim(env) = self {
+            env.rpc.close(env.server, socket);
         }
     }
 
@@ -283,7 +304,7 @@ impl Router {
         for shared in sessions {
             let Host::Sim(env) = &shared.host else { continue };
             if env.server == server && shared.conn.get() == Some(life) {
-                shared.conn.set(None);
+                shared.drop_connection();
                 shared.set_state(ConnState::Disconnected);
             }
         }
@@ -322,6 +343,9 @@ struct Shared {
     last_sent_ms: Cell<i64>,
     /// The life of the server the current connection was opened to (`None`: none open).
     conn: Cell<Option<u32>>,
+    /// The current connection's socket (a simulated client's): each connect opens its own, as
+    /// `ClientCnxnSocketNIO.connect` does, and a connection given up is closed (`cleanup`).
+    socket: Cell<Option<Socket>>,
     state: signal::Sender<ConnState>,
     /// Counts the connections lost: a request waiting when it changes fails at once.
     losses: signal::Sender<u64>,
@@ -349,9 +373,13 @@ impl ZkClient {
     /// Open a session as `library` behaves.
     pub async fn connect_as(host: Host, requested: Duration, library: Library) -> Option<ZkClient> {
         let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
-        let (session, timeout_ms, life) = match host.call_on(None, request, requested).await {
+        let socket = host.open();
+        let (session, timeout_ms, life) = match host.call_on(socket, None, request, requested).await {
             Ok((ZkReply::Connected { session, timeout_ms }, life)) => (session, timeout_ms, life),
-            _ => return None,
+            _ => {
+                socket.into_iter().for_each(|s| host.close(s));
+                return None;
+            }
         };
         let now = host.monotonic_ms();
         let shared = Rc::new(Shared {
@@ -362,6 +390,7 @@ impl ZkClient {
             last_heard_ms: Cell::new(now),
             last_sent_ms: Cell::new(now),
             conn: Cell::new(Some(life)),
+            socket: Cell::new(socket),
             state: signal::channel(ConnState::Connected).0,
             losses: signal::channel(0).0,
             failed_reattaches: signal::channel(0).0,
@@ -453,6 +482,15 @@ impl Shared {
         }
     }
 
+    /// Give the connection up: its socket is closed (`ClientCnxn.SendThread.cleanup`), and what it
+    /// still holds for the server is the kernel's (see [`Rpc::close`]).
+    fn drop_connection(&self) {
+        self.conn.set(None);
+        if let Some(socket) = self.socket.take() {
+            self.host.close(socket);
+        }
+    }
+
     fn register(&self, path: &str) -> Watch {
         let (tx, rx) = oneshot::channel();
         self.host.router().watchers.borrow_mut().entry((self.session, path.to_string())).or_default().push(tx);
@@ -477,12 +515,12 @@ impl Shared {
         }
         self.last_sent_ms.set(self.host.monotonic_ms());
         self.activity.send_modify(|n| *n += 1);
-        let conn = self.conn.get();
+        let (socket, conn) = (self.socket.get(), self.conn.get());
         let mut losses = self.losses.subscribe();
         losses.borrow_and_update();
         let reply = tokio::select! {
             biased;
-            reply = self.host.call_on(conn, request, timeout) => reply,
+            reply = self.host.call_on(socket, conn, request, timeout) => reply,
             // The connection was declared lost meanwhile: the request fails now, applied or not.
             _ = losses.changed() => return Err(CallError::Timeout),
         };
@@ -497,7 +535,8 @@ impl Shared {
                 Ok(reply)
             }
             Err(e @ (CallError::Reset | CallError::Broken)) => {
-                if self.conn.replace(None).is_some() {
+                if self.conn.get().is_some() {
+                    self.drop_connection();
                     self.set_state(ConnState::Disconnected);
                 }
                 Err(e)
@@ -530,12 +569,16 @@ impl Shared {
 }
 
 /// One attempt to re-attach the session on a new connection, after the library's wait: what the
-/// real send thread does each time round its loop while not connected.
+/// real send thread does each time round its loop while not connected. The attempt opens its own
+/// socket; one that fails (refused, or its connect timeout passed) is closed, so that a connect still
+/// waiting for its SYN to get through a cut is abandoned with it (`SendThread.run` → `cleanup`).
 async fn reattach(shared: &Shared) {
     let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut());
     shared.host.sleep(delay).await;
     let timeout = shared.library.connect_timeout(shared.timeout);
+    shared.socket.set(shared.host.open());
     if shared.request(shared.reattach_request(), timeout).await.is_err() {
+        shared.drop_connection();
         shared.failed_reattaches.send_modify(|n| *n += 1);
     }
 }
@@ -577,7 +620,7 @@ async fn pinger(shared: Rc<Shared>) {
                 let idle_recv = now - shared.last_heard_ms.get();
                 if idle_recv >= read_timeout {
                     // SessionTimeoutException: the connection is closed and a new one will be opened.
-                    shared.conn.set(None);
+                    shared.drop_connection();
                     shared.set_state(ConnState::Disconnected);
                     continue;
                 }
