@@ -1,5 +1,6 @@
 //! `locksim conform`: the simulated servers against the real ones (see `crate::conform`).
 
+use crate::conform::client::kazoo::KazooClientSide;
 use crate::conform::client::netns::Netns;
 use crate::conform::client::sql::SqlClientSide;
 use crate::conform::client::zk::ZkClientSide;
@@ -22,7 +23,7 @@ use std::sync::Mutex;
 #[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
                   stops between them, and plays it on the model and on the real server; the first answer \
                   that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
-                  A client family (sql-client, zk-client) plays a client library under a fault instead — a cut of its \
+                  A client family (sql-client, zk-client, kazoo-client) plays a client library under a fault instead — a cut of its \
                   connection, its process killed, its host dead — on the model and for real, the real \
                   server and client in a network namespace of their own (root and `ip` needed), and \
                   compares what each saw and when.\n\n\
@@ -69,6 +70,9 @@ enum Which {
     /// Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is
     /// disconnected, which requests fail, whether its session comes back (needs root and java).
     ZkClient,
+    /// Client side: kazoo 2.10 (scenarios/real/.venv, made by scenarios/real/setup) on zk-client's plans —
+    /// its jittered pings, its backoff, the requests it holds while disconnected (needs root).
+    KazooClient,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -99,7 +103,7 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     if args.server.is_some() && args.family == Which::All {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
-    if args.server.is_some() && matches!(args.family, Which::SqlClient | Which::ZkClient) {
+    if args.server.is_some() && matches!(args.family, Which::SqlClient | Which::ZkClient | Which::KazooClient) {
         anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
     }
     super::check_outputs([&args.json], [])?;
@@ -121,6 +125,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.family, Which::All | Which::ZkClient) {
         reports.push(client_family(&ZkClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::KazooClient) {
+        reports.push(client_family(&KazooClientSide, &args)?);
     }
     let mut bad = 0;
     for r in &reports {

@@ -19,6 +19,7 @@
 //! A real play that could not keep the plan's times is *inconclusive*: played once more, never reported
 //! as a mismatch.
 
+pub mod kazoo;
 pub mod netns;
 pub mod sql;
 pub mod zk;
@@ -76,7 +77,7 @@ pub struct Margin {
 
 /// A client library checked against a real one.
 pub trait ClientFamily: Sync {
-    /// `sql-client`, `zk-client`.
+    /// `sql-client`, `zk-client`, `kazoo-client`.
     const NAME: &'static str;
     type Plan: fmt::Display + Clone + Send + Sync;
 

@@ -15,7 +15,9 @@
 //!   is down) fails at once. go-zookeeper waits 1 s and dials for 1 s. So a client cut off for longer
 //!   than its read timeout re-attaches only once an attempt gets through: one sent into the cut gets
 //!   through after the heal (TCP's next retransmission) if that is within its T, and otherwise the
-//!   next attempt starts 1–2 s after it gave up.
+//!   next attempt starts 1–2 s after it gave up. kazoo ([`Library::Kazoo`]) keeps time its own way:
+//!   jittered pings, disconnected by an unanswered ping, re-attaching on an exponential backoff from
+//!   0.1 s, and queueing requests while disconnected.
 //! - A server that restarted resets the old connection: the next request on it fails at once
 //!   (`ConnectionLoss`, not applied) and the client is `Disconnected`.
 //! - A server process that dies (its kernel closes the connection) is noticed at once, idle or not:
@@ -75,8 +77,38 @@ pub enum Library {
     Java,
     /// go-zookeeper (`zk/conn.go`): a watch channel is closed only when the session expires
     /// (`invalidateWatches` after `authenticate` returns `ErrSessionExpired`); across a disconnection it
-    /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting.
+    /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting. It
+    /// pings on a fixed ticker (`sendLoop`: `time.NewTicker(c.pingInterval)`, `pingInterval` =
+    /// `recvTimeout / 2`, `recvTimeout` = T·2/3), started with each connection and never put back by a
+    /// send; it is disconnected when a read waits `recvTimeout` (`recvLoop`'s `SetReadDeadline`).
     Go,
+    /// kazoo 2.10 (`kazoo/protocol/connection.py` `ConnectionHandler`, `kazoo/client.py`), its rules
+    /// differing from the Java client's in every step:
+    /// - *Pings* (`_connect_attempt`'s loop): each time round, after every send, receive or timeout, it
+    ///   draws a jitter `random.randint(1, 40) / 100` s and waits until `last_send + read_timeout/2 −
+    ///   jitter` (at least the jitter); a ping goes out when that passes. Only sends put the ping back
+    ///   (`last_send`); receiving does not.
+    /// - *Disconnected* (SUSPENDED) when a wait of that loop ends in silence while a ping is outstanding
+    ///   (`ConnectionDropped("outstanding heartbeat ping not received")`): about a read timeout after the
+    ///   last send, whatever was heard since — not a read timeout after the last word from the server.
+    ///   A closed connection (`socket connection broken`) is noticed at once, as with Java.
+    /// - *Requests* have no timeout of their own: one in flight fails with `ConnectionLoss` when the
+    ///   connection is declared lost (`_session_callback` → `_notify_pending`); one made while
+    ///   disconnected is queued (`_call`: `CONNECTING` is no reason to refuse) and sent once the session is
+    ///   re-attached, however many attempts fail first (a failed attempt leaves the state `CONNECTING`,
+    ///   so nothing is notified); it fails with `SessionExpiredError` when the session turns out expired.
+    /// - *Re-attaching* is `KazooClient`'s `connection_retry`, a `KazooRetry(max_tries=None, delay=0.1,
+    ///   backoff=2, max_jitter=0.4, max_delay=3600)` (`_RETRY_COMPAT_DEFAULTS`): before each attempt it
+    ///   sleeps its current delay × `random.uniform(0.6, 1.4)`, and the next delay is that sleep × 2;
+    ///   a connection that gets its session resets it to 0.1 s (`retry.reset()` in `_connect_attempt`).
+    ///   An attempt is given T to connect and T for the `ConnectResponse` (`create_connection(timeout=
+    ///   T)`, `_invoke(T / hosts)`); a refused one fails at once.
+    /// - *Watches* end at SUSPENDED: `_reset_watchers` hands every watcher a `NONE` event and forgets
+    ///   it, and kazoo sends no `SetWatches` on the new connection (as the model's Java arm: a waiter
+    ///   looks again).
+    /// - After an expiry the real client opens a new session on its own, a retry delay later; here
+    ///   [`ZkClient`] ends with its session and the recipe's handle opens the next one when next used.
+    Kazoo,
 }
 
 impl Library {
@@ -86,10 +118,18 @@ impl Library {
     /// `SendThread.startConnect` sleeps `ThreadLocalRandom.nextLong(1000)` ms when it is not the first
     /// connection. go-zookeeper: `Conn.connect` waits `time.Second` when the host provider says it
     /// went round (`retryStart`), with no random part.
-    fn reattach_delay(self, jitter: &mut ChaCha8Rng) -> Duration {
+    /// kazoo: `KazooRetry.__call__` sleeps `_cur_delay × uniform(1 − max_jitter, 1 + max_jitter)` and
+    /// makes the next delay that sleep × `backoff`, at most `max_delay` (`retry` holds the current
+    /// delay, in µs).
+    fn reattach_delay(self, jitter: &mut ChaCha8Rng, retry: &Cell<u64>) -> Duration {
         match self {
             Library::Java => Duration::from_millis(1000 + jitter.gen_range(0..1000)),
             Library::Go => Duration::from_secs(1),
+            Library::Kazoo => {
+                let sleep_us = retry.get() * jitter.gen_range(600..=1400) / 1000;
+                retry.set((sleep_us * KAZOO_RETRY_BACKOFF).min(KAZOO_RETRY_MAX_DELAY_US));
+                Duration::from_micros(sleep_us)
+            }
         }
     }
 
@@ -98,13 +138,35 @@ impl Library {
     /// from the attempt's start, then throws `SessionTimeoutException`. go-zookeeper: its dialer's
     /// `connectTimeout`, 1 s by default (the `ConnectRequest` after a dial that succeeded may take ten
     /// read timeouts, which only a paused server would use: not modelled).
+    /// kazoo: `_connect` opens the socket with `timeout = T` (the requested session timeout, which the
+    /// conformance server keeps), then reads the `ConnectResponse` within T / hosts; the model's attempt
+    /// is one call, given T.
     fn connect_timeout(self, session_timeout: Duration) -> Duration {
         match self {
-            Library::Java => session_timeout / SERVERS,
+            Library::Java | Library::Kazoo => session_timeout / SERVERS,
             Library::Go => Duration::from_secs(1),
         }
     }
+
+    /// How long a request may wait for its reply before it fails with `ConnectionLoss`: the read timeout
+    /// (Java, go-zookeeper); kazoo's wait has no end of its own (`AsyncResult.get()`), a request fails
+    /// only when the connection is declared lost.
+    fn request_timeout(self, read_timeout: Duration) -> Duration {
+        match self {
+            Library::Java | Library::Go => read_timeout,
+            Library::Kazoo => KAZOO_REQUEST_WAIT,
+        }
+    }
 }
+
+/// kazoo's connection retry (`KazooRetry` with `_RETRY_COMPAT_DEFAULTS`): first delay 0.1 s, doubled
+/// after each sleep, at most an hour.
+const KAZOO_RETRY_DELAY_US: u64 = 100_000;
+const KAZOO_RETRY_BACKOFF: u64 = 2;
+const KAZOO_RETRY_MAX_DELAY_US: u64 = 3_600_000_000;
+
+/// A kazoo request's wait for its reply: longer than any run (the connection's loss ends it first).
+const KAZOO_REQUEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The servers in a client's connect string: the model's ensemble is one server.
 const SERVERS: u32 = 1;
@@ -330,6 +392,14 @@ struct Shared {
     /// Counts the sends and receives: the send thread looks again at each (`ClientCnxn.SendThread`'s
     /// loop runs when a packet is queued and when the socket has something to read).
     activity: signal::Sender<u64>,
+    /// When the current connection got its session (monotonic ms): go-zookeeper's ping ticker starts
+    /// then; and the last of its ticks a ping went out for.
+    connected_ms: Cell<i64>,
+    ticks_pinged: Cell<i64>,
+    /// kazoo: a ping sent and not yet answered (`ConnectionHandler.ping_outstanding`).
+    ping_outstanding: Cell<bool>,
+    /// kazoo: the connection retry's current delay, in µs ([`Library::reattach_delay`]).
+    retry_delay_us: Cell<u64>,
 }
 
 /// A session with the ZooKeeper server. Clones share it; its pinger stops when the last clone is
@@ -366,6 +436,10 @@ impl ZkClient {
             losses: signal::channel(0).0,
             failed_reattaches: signal::channel(0).0,
             activity: signal::channel(0).0,
+            connected_ms: Cell::new(now),
+            ticks_pinged: Cell::new(0),
+            ping_outstanding: Cell::new(false),
+            retry_delay_us: Cell::new(KAZOO_RETRY_DELAY_US),
         });
         shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
         shared.host.record("connected");
@@ -401,6 +475,11 @@ impl ZkClient {
         self.shared.now() == ConnState::Expired
     }
 
+    /// The client library the session behaves as.
+    pub fn library(&self) -> Library {
+        self.shared.library
+    }
+
     /// Run one operation; with `watch` set, also return the watch it registered (if the server set one).
     pub async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
         let watch_path = match &op {
@@ -414,8 +493,13 @@ impl ZkClient {
         if let ZkOp::RemoveWatches { path } = &op {
             self.shared.host.router().watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
         }
+        if self.shared.library == Library::Kazoo && self.shared.queued_until_reattached().await == ConnState::Expired {
+            // `_notify_pending(EXPIRED_SESSION)`, and `_call` in that state: `SessionExpiredError`, unsent.
+            return Err(ClientError::Zk(ZkError::SessionExpired));
+        }
         let request = ZkRequest::Op { session: self.shared.session, op };
-        let reply = self.shared.request(request, self.shared.read_timeout()).await;
+        let timeout = self.shared.library.request_timeout(self.shared.read_timeout());
+        let reply = self.shared.request(request, timeout).await;
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
@@ -443,7 +527,7 @@ impl Shared {
         });
         if state != ConnState::Connected {
             self.losses.send_modify(|n| *n += 1);
-            if state == ConnState::Expired || self.library == Library::Java {
+            if state == ConnState::Expired || self.library != Library::Go {
                 // Every watcher hears of the state change: its watch ends.
                 self.host.router().end_watches(self.session);
             }
@@ -518,10 +602,33 @@ impl Shared {
             tokio::select! {
                 biased;
                 changed = state.changed() => changed.map_err(|_| CallError::Reset)?,
-                _ = failed.changed() => return Err(CallError::Reset),
+                _ = failed.changed(), if self.library != Library::Kazoo => return Err(CallError::Reset),
             }
         }
         Ok(())
+    }
+
+    /// kazoo's queue (`KazooClient._call` → `_queue`): a request made while disconnected waits, whatever
+    /// attempts fail meanwhile, until the session is re-attached or found expired; the state then.
+    async fn queued_until_reattached(&self) -> ConnState {
+        let mut state = self.state.subscribe();
+        loop {
+            let now = *state.borrow_and_update();
+            if now != ConnState::Disconnected || state.changed().await.is_err() {
+                return now;
+            }
+        }
+    }
+
+    /// A new connection has the session: the library's per-connection schedule starts again
+    /// (go-zookeeper's ticker; kazoo's `last_send`, `ping_outstanding.clear()` and `retry.reset()`).
+    fn reattached(&self) {
+        let now = self.host.monotonic_ms();
+        self.connected_ms.set(now);
+        self.ticks_pinged.set(0);
+        self.last_sent_ms.set(now);
+        self.ping_outstanding.set(false);
+        self.retry_delay_us.set(KAZOO_RETRY_DELAY_US);
     }
 
     fn reattach_request(&self) -> ZkRequest {
@@ -532,37 +639,76 @@ impl Shared {
 /// One attempt to re-attach the session on a new connection, after the library's wait: what the
 /// real send thread does each time round its loop while not connected.
 async fn reattach(shared: &Shared) {
-    let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut());
+    let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut(), &shared.retry_delay_us);
     shared.host.sleep(delay).await;
     let timeout = shared.library.connect_timeout(shared.timeout);
-    if shared.request(shared.reattach_request(), timeout).await.is_err() {
-        shared.failed_reattaches.send_modify(|n| *n += 1);
+    match shared.request(shared.reattach_request(), timeout).await {
+        Err(_) => shared.failed_reattaches.send_modify(|n| *n += 1),
+        Ok(ZkReply::Connected { .. }) => shared.reattached(),
+        // Expired: `retry.reset()` too, before kazoo's next (new) session.
+        Ok(_) => shared.retry_delay_us.set(KAZOO_RETRY_DELAY_US),
     }
 }
 
-/// Most time between pings (`MAX_SEND_PING_INTERVAL`).
+/// Most time between the Java client's pings (`MAX_SEND_PING_INTERVAL`).
 const MAX_SEND_PING_INTERVAL_MS: i64 = 10_000;
 
 /// How late a timer must fire for its node to have been paused: then the application's next step
 /// runs before what the timer found is handed over.
 const RESUMED_LATE_MS: i64 = 50;
 
+/// The library's send loop: [`send_thread`] (Java's `ClientCnxn.SendThread`, go-zookeeper's send and
+/// receive loops) or [`kazoo_loop`].
+async fn pinger(shared: Rc<Shared>) {
+    match shared.library {
+        Library::Java | Library::Go => send_thread(shared).await,
+        Library::Kazoo => kazoo_loop(shared).await,
+    }
+}
+
+/// A paused node's timer fired late: the application's tasks, ready since the resume, take their next
+/// step first. `wake_at`: when the timer was due.
+async fn after_a_pause(clock: &Host, wake_at: i64) {
+    if clock.monotonic_ms() - wake_at >= RESUMED_LATE_MS {
+        clock.sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The connection is lost (`SessionTimeoutException`, `ConnectionDropped`): closed, and a new one will be
+/// opened.
+fn drop_connection(shared: &Shared) {
+    shared.conn.set(None);
+    shared.set_state(ConnState::Disconnected);
+}
+
+/// Send a ping beside the loop, so that a lost one does not delay the next look; kazoo's
+/// `ping_outstanding` is cleared by its answer.
+async fn send_ping(shared: &Rc<Shared>) {
+    shared.host.renewal_due().await;
+    let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
+    let pinging = shared.clone();
+    shared.ping_outstanding.set(true);
+    shared.host.spawn_detached(async move {
+        let timeout = pinging.library.request_timeout(pinging.read_timeout());
+        if pinging.request(ping, timeout).await.is_ok() {
+            pinging.ping_outstanding.set(false);
+        }
+    });
+}
+
 /// `ClientCnxn.SendThread.run`: ping when idle for sends, declare the connection lost the moment the
 /// read timeout passes without a word; while disconnected, re-attach attempt after attempt
 /// ([`reattach`]). A connection closed or reset under it wakes it at once, as the socket's error
-/// ends the real loop's `select`.
-async fn pinger(shared: Rc<Shared>) {
+/// ends the real loop's `select`. go-zookeeper is the same but for its pings, on a fixed ticker from the
+/// connection's start (`sendLoop`).
+async fn send_thread(shared: Rc<Shared>) {
     let clock = &shared.host;
     let read_timeout = shared.read_timeout().as_millis() as i64;
     let mut state = shared.state.subscribe();
     let mut activity = shared.activity.subscribe();
     let mut wake_at = clock.monotonic_ms();
     loop {
-        let now = clock.monotonic_ms();
-        if now - wake_at >= RESUMED_LATE_MS {
-            // Paused: the application's tasks, ready since the resume, take their next step first.
-            clock.sleep(Duration::from_millis(1)).await;
-        }
+        after_a_pause(clock, wake_at).await;
         let now = clock.monotonic_ms();
         let current = *state.borrow_and_update();
         activity.borrow_and_update();
@@ -576,22 +722,16 @@ async fn pinger(shared: Rc<Shared>) {
             ConnState::Connected => {
                 let idle_recv = now - shared.last_heard_ms.get();
                 if idle_recv >= read_timeout {
-                    // SessionTimeoutException: the connection is closed and a new one will be opened.
-                    shared.conn.set(None);
-                    shared.set_state(ConnState::Disconnected);
+                    drop_connection(&shared);
                     continue;
                 }
-                let idle_send = now - shared.last_sent_ms.get();
-                let mut to_ping = read_timeout / 2 - idle_send - if idle_send > 1000 { 1000 } else { 0 };
-                if to_ping <= 0 || idle_send > MAX_SEND_PING_INTERVAL_MS {
-                    shared.host.renewal_due().await;
-                    // The ping runs beside the loop, so a lost one does not delay the next check.
-                    let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
-                    let pinging = shared.clone();
-                    shared.host.spawn_detached(async move {
-                        let _ = pinging.request(ping, pinging.read_timeout()).await;
-                    });
-                    to_ping = read_timeout / 2;
+                let mut to_ping = ping_due_in(&shared, now, read_timeout);
+                if to_ping <= 0 {
+                    send_ping(&shared).await;
+                    to_ping = match shared.library {
+                        Library::Go => ping_due_in(&shared, now, read_timeout),
+                        _ => read_timeout / 2,
+                    };
                 }
                 (read_timeout - idle_recv).min(to_ping)
             }
@@ -605,6 +745,88 @@ async fn pinger(shared: Rc<Shared>) {
             _ = state.changed() => {}
             _ = activity.changed() => {}
             () = clock.sleep(Duration::from_millis(next as u64)) => {}
+        }
+    }
+}
+
+/// How long until the next ping (≤ 0: now). Java (`SendThread.run`): half the read timeout after the
+/// last send, less a second when idle for more than one (`readTimeout/2 - idleSend - 1000`), and at
+/// least every `MAX_SEND_PING_INTERVAL`. go-zookeeper (`sendLoop`'s `pingTicker`): every
+/// `pingInterval` = `recvTimeout / 2` from the connection's start, whatever was sent meanwhile.
+fn ping_due_in(shared: &Shared, now: i64, read_timeout: i64) -> i64 {
+    match shared.library {
+        Library::Go => {
+            let interval = read_timeout / 2;
+            let since = now - shared.connected_ms.get();
+            if since / interval > shared.ticks_pinged.get() {
+                // A tick the loop has not pinged for: its ping goes now. Ticks missed meanwhile (a
+                // paused process) were dropped: a `time.Ticker`'s channel holds one.
+                shared.ticks_pinged.set(since / interval);
+                0
+            } else {
+                interval - since % interval
+            }
+        }
+        _ => {
+            let idle_send = now - shared.last_sent_ms.get();
+            let to_ping = read_timeout / 2 - idle_send - if idle_send > 1000 { 1000 } else { 0 };
+            if idle_send > MAX_SEND_PING_INTERVAL_MS {
+                0
+            } else {
+                to_ping
+            }
+        }
+    }
+}
+
+/// kazoo's `ConnectionHandler._connect_attempt` loop, and its `zk_loop` around it while disconnected:
+/// each time round, draw a jitter of 10–400 ms (`random.randint(1, 40) / 100`, from the node's seeded
+/// re-attach stream), wait until `last_send + read_timeout/2 − jitter` (at least the jitter) or until
+/// something is sent or received; a wait that ends in silence with a ping outstanding drops the
+/// connection; a request sent starts the loop again (`continue`); otherwise, past the deadline, ping.
+async fn kazoo_loop(shared: Rc<Shared>) {
+    let clock = &shared.host;
+    let half_read_timeout = shared.read_timeout().as_millis() as i64 / 2;
+    let mut state = shared.state.subscribe();
+    let mut activity = shared.activity.subscribe();
+    let mut wake_at = clock.monotonic_ms();
+    loop {
+        after_a_pause(clock, wake_at).await;
+        let current = *state.borrow_and_update();
+        activity.borrow_and_update();
+        match current {
+            ConnState::Expired => return,
+            ConnState::Disconnected => {
+                reattach(&shared).await;
+                wake_at = clock.monotonic_ms();
+                continue;
+            }
+            ConnState::Connected => {}
+        }
+        let now = clock.monotonic_ms();
+        let jitter = 10 * shared.host.router().jitter.borrow_mut().gen_range(1..=40i64);
+        let last_send = shared.last_sent_ms.get();
+        let deadline = last_send + half_read_timeout - jitter;
+        let wait = (deadline - now).max(jitter);
+        wake_at = now + wait;
+        let silence = tokio::select! {
+            biased;
+            _ = state.changed() => continue,
+            _ = activity.changed() => false,
+            () = clock.sleep(Duration::from_millis(wait as u64)) => true,
+        };
+        if silence && shared.ping_outstanding.get() {
+            // `ConnectionDropped("outstanding heartbeat ping not received")`.
+            shared.ping_outstanding.set(false);
+            drop_connection(&shared);
+            continue;
+        }
+        if shared.last_sent_ms.get() != last_send {
+            // A request went out: "Requests act as implicit pings" — `last_send` moved, look again.
+            continue;
+        }
+        if clock.monotonic_ms() >= deadline {
+            send_ping(&shared).await;
         }
     }
 }
