@@ -276,9 +276,11 @@ fn said(r: &Report) -> String {
     let kinds: Vec<String> = r.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
     for (seed, why) in &r.inconclusive {
-        out.push_str(&format!(
-            "  seed {seed} inconclusive: {why} (the machine was too busy to keep the script's times)\n"
-        ));
+        let because = match why.starts_with(client::UNDECIDED) {
+            true => "",
+            false => " (the machine was too busy to keep the script's times)",
+        };
+        out.push_str(&format!("  seed {seed} inconclusive: {why}{because}\n"));
     }
     for m in &r.mismatches {
         out.push_str(&format!(

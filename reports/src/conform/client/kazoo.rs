@@ -60,7 +60,38 @@ impl ClientFamily for KazooClientSide {
     fn margin(plan: &Plan, what: &str) -> Margin {
         margin(plan, what)
     }
+
+    fn undecided(plan: &Plan, model: &Timeline, real: &Timeline) -> Option<String> {
+        undecided(plan, model, real)
+    }
 }
+
+/// After a server kill, whether kazoo re-attaches its session or finds it expired is a draw: its
+/// backoff's gaps grow past a second or two by the time the server is back, and the restarted server
+/// gives each session a fresh T from when it has loaded — which the real server does a second or two
+/// after the model's. When exactly one side found the session expired, and no sooner than T after the
+/// restart (so not an early expiry: the restarted server renewed it), the outcome turned on the draws
+/// and the real server's start, not on a rule: undecided.
+fn undecided(plan: &Plan, model: &Timeline, real: &Timeline) -> Option<String> {
+    let ZkFault::ServerKill { down_ms } = plan.fault else { return None };
+    let expired_at = |t: &Timeline| t.0.iter().find(|e| e.what == EXPIRED).map(|e| e.at_ms);
+    let reattached = |t: &Timeline| t.0.iter().any(|e| e.what == RECONNECTED);
+    let renewed_until = plan.fault_ms + down_ms + plan.timeout_ms;
+    let one_side = match (expired_at(model), expired_at(real)) {
+        (None, Some(at)) if reattached(model) && !reattached(real) => Some(("real", at)),
+        (Some(at), None) if reattached(real) && !reattached(model) => Some(("model's", at)),
+        _ => None,
+    };
+    let (side, at) = one_side.filter(|(_, at)| *at + EXPIRY_TICK_MS >= renewed_until)?;
+    Some(format!(
+        "{} kazoo's backoff came back at {at} ms, after the restarted server had expired the {side} session \
+         (the other re-attached in time): a draw of the backoff and the real server's start time",
+        super::UNDECIDED
+    ))
+}
+
+/// The conformance server's tickTime: a session expires on a tick, up to one before T is up.
+const EXPIRY_TICK_MS: u64 = 200;
 
 /// How far apart kazoo's disconnection in a cut may fall on the two sides: from the request sent into
 /// the cut (its last send), it is dropped after one wait of `read_timeout/2 − jitter` if a ping was
@@ -175,6 +206,28 @@ mod tests {
         assert!(at(GOT) >= at(RECONNECTED) && at(GOT) >= 4000, "answered once the server is back: {kazoo}");
         let java = ZkClientSide.model(&p, 1);
         assert!(java.0.iter().any(|e| e.what == GET_LOST), "{java}");
+    }
+
+    fn timeline(events: &[(u64, &str)]) -> Timeline {
+        let mut t = Timeline::default();
+        for (at, what) in events {
+            t.push(*at, *what);
+        }
+        t
+    }
+
+    #[test]
+    fn a_session_lost_to_the_backoff_on_one_side_only_is_undecided_and_an_early_expiry_is_not() {
+        // Seed 28 of a run: killed at 1.1 s, back at 4.1 s; the real kazoo's next attempt came at 9.3 s.
+        let p = Plan { timeout_ms: 4000, fault_ms: 1100, fault: ZkFault::ServerKill { down_ms: 3000 } };
+        let model = timeline(&[(313, CREATED), (1109, DISCONNECTED), (6141, RECONNECTED), (6152, GOT), (11108, GOT)]);
+        let real =
+            timeline(&[(302, CREATED), (1107, DISCONNECTED), (9305, EXPIRED), (9306, GET_EXPIRED), (11104, NO_NODE)]);
+        assert!(undecided(&p, &model, &real).is_some_and(|why| why.starts_with(crate::conform::client::UNDECIDED)));
+        // Expired before the restarted server could have: a mismatch to show, not a draw.
+        let early = timeline(&[(302, CREATED), (1107, DISCONNECTED), (5000, EXPIRED), (11104, NO_NODE)]);
+        assert_eq!(undecided(&p, &model, &early), None);
+        assert_eq!(undecided(&p, &model, &model), None);
     }
 
     #[test]
