@@ -6,11 +6,13 @@ mod common;
 
 use common::{locksim, stderr, stdout, Marked};
 use locksim_reports::conform::client::etcd::{self, EtcdClientSide, EtcdFault};
+use locksim_reports::conform::client::kazoo::KazooClientSide;
 use locksim_reports::conform::client::netns::Netns;
 use locksim_reports::conform::client::sql::{HolderFault, Plan, SqlClientSide};
 use locksim_reports::conform::client::zk::{self, ZkClientSide, ZkFault};
 use locksim_reports::conform::client::{self, check, ClientFamily, Margin, Outcome, Timeline};
 use locksim_reports::conform::servers::{Kind, Server};
+use locksim_sim::backend::zk::client::Library;
 use locksim_sim::rng::ChaCha8Rng;
 
 /// The tests that play plans take turns: a plan keeps time, and a busy machine makes it inconclusive.
@@ -164,6 +166,94 @@ fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
             Outcome::Mismatch { why, .. } => assert!(why.contains("`disconnected`"), "noticed at once for real: {why}"),
             other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
         }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Whether kazoo's virtualenv is there (`scenarios/real/setup`); where it is not and not required, the
+/// test says so and passes.
+fn kazoo_ready() -> bool {
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/real/.venv/bin/python");
+    match std::path::Path::new(python).exists() {
+        true => true,
+        false if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!(
+                "skipped: no {python} (run scenarios/real/setup; LOCKSIM_REQUIRE_SERVERS=1 makes this a failure)"
+            );
+            false
+        }
+        false => panic!("no {python}: run scenarios/real/setup"),
+    }
+}
+
+#[test]
+fn conform_kazoo_client_agrees_with_kazoo() {
+    let _turn = turn();
+    if !kazoo_ready() || std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "kazoo-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("kazoo-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("short cut") && out.contains("cut past expiry") && out.contains("server kill"), "{out}");
+}
+
+/// The model's kazoo with a planted bug: it speaks as the Java client, which fails a request made while
+/// disconnected at the next refused attempt where kazoo holds it until the session is back.
+struct KazooAsJava;
+
+impl ClientFamily for KazooAsJava {
+    const NAME: &'static str = "kazoo-client (planted bug)";
+    type Plan = zk::Plan;
+
+    fn server() -> Kind {
+        KazooClientSide::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> zk::Plan {
+        KazooClientSide::plan(rng)
+    }
+
+    fn kind(plan: &zk::Plan) -> &'static str {
+        KazooClientSide::kind(plan)
+    }
+
+    fn model(&self, plan: &zk::Plan, seed: u64) -> Timeline {
+        zk::model_as(plan, seed, false, Library::Java)
+    }
+
+    fn real(&self, plan: &zk::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        KazooClientSide.real(plan, server, net)
+    }
+
+    fn margin(plan: &zk::Plan, what: &str) -> Margin {
+        KazooClientSide::margin(plan, what)
+    }
+}
+
+#[test]
+fn a_kazoo_model_that_speaks_as_the_java_client_is_caught() {
+    let _turn = turn();
+    if !kazoo_ready() {
+        return;
+    }
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let is_kill = |s: &u64| matches!(client::plan::<KazooClientSide>(*s).fault, ZkFault::ServerKill { .. });
+        let seed = (0..100).find(is_kill).unwrap();
+        match check(&KazooAsJava, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("`get /x: connection loss`"), "kazoo holds the request for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+        // The faithful model agrees on the same plan.
+        assert!(matches!(
+            check(&KazooClientSide, &mut server, &net, seed).unwrap(),
+            Outcome::Agree | Outcome::Inconclusive(_)
+        ));
     })
     .join()
     .unwrap();

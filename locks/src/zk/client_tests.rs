@@ -183,3 +183,131 @@ fn the_java_client_pings_half_the_read_timeout_after_its_last_request() {
     });
     assert!((4_500..4_600).contains(&disconnected), "disconnected at {disconnected} ms");
 }
+
+/// When the client is first `Disconnected` (ms since the start).
+async fn disconnected_at(ctx: &Ctx, zk: &ZkClient) -> i64 {
+    let mut state = zk.state();
+    while *state.borrow_and_update() != ConnState::Disconnected {
+        state.changed().await.expect("the session lives");
+    }
+    ctx.monotonic_ms()
+}
+
+/// A cut of the client from `at_ms` for 20 s.
+fn cut_from(at_ms: u64) -> Fault {
+    fault(at_ms, "client-0", Action::Partition { peers: vec!["zk-0".into()], duration: Some(Duration::from_secs(20)) })
+}
+
+/// Session 6 s (read timeout 4 s), a request answered at 0.5 s, cut off from 2 s; with `ask_ms`, one more
+/// request sent into the cut then. When the client is disconnected.
+fn disconnect_in_a_cut(library: Library, ask_ms: Option<u64>) -> i64 {
+    run(library, vec![cut_from(2_000)], move |ctx, zk| async move {
+        ctx.sleep(Duration::from_millis(500)).await;
+        zk.exists("/x").await.expect("answered");
+        let (asking, sleeper) = (zk.clone(), ctx.clone());
+        let _asker = ctx.spawn(async move {
+            if let Some(at) = ask_ms {
+                sleeper.sleep(Duration::from_millis(at - 500)).await;
+                let _ = asking.exists("/x").await;
+            }
+        });
+        disconnected_at(&ctx, &zk).await
+    })
+}
+
+#[test]
+fn kazoo_is_disconnected_by_an_unanswered_ping_a_jittered_read_timeout_after_its_last_send() {
+    // `_connect_attempt`: a ping `last_send + read_timeout/2 − jitter` (jitter 10–400 ms) after the
+    // request at 0.5 s — into the cut — and, the next wait ending in silence with it outstanding,
+    // `ConnectionDropped` up to another half read timeout less a jitter later: 3.7–4.48 s. The Java
+    // client: a read timeout after the last word from the server, 4.5 s.
+    let kazoo = disconnect_in_a_cut(Library::Kazoo, None);
+    assert!((3_700..4_490).contains(&kazoo), "kazoo disconnected at {kazoo} ms");
+    let java = disconnect_in_a_cut(Library::Java, None);
+    assert!((4_500..4_600).contains(&java), "Java disconnected at {java} ms");
+}
+
+#[test]
+fn a_request_sent_into_a_cut_puts_kazoos_disconnection_back_and_not_javas() {
+    // "Requests act as implicit pings": a request at 3 s moves `last_send`, so the outstanding ping is
+    // given up on only half a read timeout (less a jitter) after it, 4.6–5 s. Java's read timeout
+    // counts from the last word heard, whatever is sent: 4.5 s either way.
+    let kazoo = disconnect_in_a_cut(Library::Kazoo, Some(3_000));
+    assert!((4_600..5_010).contains(&kazoo), "kazoo disconnected at {kazoo} ms");
+    let java = disconnect_in_a_cut(Library::Java, Some(3_000));
+    assert!((4_500..4_600).contains(&java), "Java disconnected at {java} ms");
+}
+
+/// The server is killed at 1 s and back `down_ms` later; the client asks at `ask_ms`: when it is
+/// re-attached, and when and how the request ended.
+fn across_a_server_kill(library: Library, down_ms: u64, ask_ms: u64) -> (i64, i64, Result<(), ClientError>) {
+    run(library, vec![server_down(down_ms)], move |ctx, zk| async move {
+        disconnected_at(&ctx, &zk).await;
+        ctx.sleep(Duration::from_millis(ask_ms - ctx.monotonic_ms() as u64)).await;
+        let asked = zk.exists("/x").await.map(drop);
+        let answered = ctx.monotonic_ms();
+        let mut state = zk.state();
+        while *state.borrow_and_update() != ConnState::Connected {
+            state.changed().await.expect("the session lives");
+        }
+        (ctx.monotonic_ms(), answered, asked)
+    })
+}
+
+#[test]
+fn kazoo_reattaches_a_tenth_of_a_second_after_a_kill_and_backs_off_from_there() {
+    // `KazooRetry`: sleeps of 0.1 s × uniform(0.6, 1.4), each next delay twice the last sleep. Down for
+    // 300 ms, the server is back before the 1 s + random second the Java client waits at least.
+    let (kazoo, _, _) = across_a_server_kill(Library::Kazoo, 300, 1_050);
+    assert!((1_300..1_900).contains(&kazoo), "kazoo re-attached at {kazoo} ms");
+    let (java, _, _) = across_a_server_kill(Library::Java, 300, 1_050);
+    assert!(java >= 2_000, "Java re-attached at {java} ms");
+}
+
+#[test]
+fn kazoo_queues_a_request_made_while_disconnected_until_the_session_is_back() {
+    // Down for 5 s: kazoo's `_call` queues the request while CONNECTING and refused attempts leave it
+    // there; it is answered on the re-attached session. The Java client fails it with the first
+    // refused attempt (`ClientCnxn.cleanup`).
+    let (back, answered, asked) = across_a_server_kill(Library::Kazoo, 5_000, 1_500);
+    assert_eq!(asked, Ok(()), "answered after the restart");
+    assert!(answered >= 6_000 && answered >= back, "answered at {answered} ms, re-attached at {back} ms");
+    let (_, failed, asked) = across_a_server_kill(Library::Java, 5_000, 1_500);
+    assert_eq!(asked, Err(ClientError::ConnectionLoss));
+    assert!(failed < 3_600, "failed with the first refused attempt, at {failed} ms");
+}
+
+#[test]
+fn kazoo_is_lost_only_when_its_session_expired() {
+    // `lost_on = "lost"`: Curator 3 also says LOST a session timeout after SUSPENDED (here 4 + 6 s);
+    // kazoo only when the re-attach after the heal at 22 s finds the session expired.
+    let lost_at = |library| {
+        run(library, vec![cut_from(2_000)], |ctx, zk| async move {
+            let why = lost(&zk, "lost", &ctx).await;
+            (ctx.monotonic_ms(), why)
+        })
+    };
+    let (curator, why) = lost_at(Library::Java);
+    assert!((10_000..10_100).contains(&curator), "{why} at {curator} ms");
+    let (kazoo, why) = lost_at(Library::Kazoo);
+    assert!(kazoo >= 22_000 && why == "session expired", "{why} at {kazoo} ms");
+}
+
+#[test]
+fn go_zookeeper_pings_on_a_fixed_ticker_whatever_it_sent() {
+    // `sendLoop`'s `pingTicker` (every recvTimeout/2 = 2 s from the connection) pings at 2 s although a
+    // request went at 0.5 s: the ping is answered before the cut at 2.2 s, and the read deadline
+    // (`recvTimeout` = 4 s after the last read) runs out at 6 s. Java's ping, half the read timeout
+    // after the last send, went into the cut at 2.5 s: disconnected at 4.5 s.
+    let at_2200 = |library| {
+        run(library, vec![cut_from(2_200)], |ctx, zk| async move {
+            ctx.sleep(Duration::from_millis(500)).await;
+            zk.exists("/x").await.expect("answered");
+            disconnected_at(&ctx, &zk).await
+        })
+    };
+    let go = at_2200(Library::Go);
+    assert!((6_000..6_100).contains(&go), "go-zookeeper disconnected at {go} ms");
+    let java = at_2200(Library::Java);
+    assert!((4_500..4_600).contains(&java), "Java disconnected at {java} ms");
+}

@@ -229,6 +229,46 @@ pub const LOST_ON: ParamSpec = ParamSpec {
     doc: "when the holder treats the lock as lost: first disconnection, session loss, or never",
 };
 
+/// The client library a Curator-style queue recipe runs on: `"curator"` (ZooKeeper's Java client and
+/// Curator's `RetryLoop`) or `"kazoo"` (kazoo 2.10: its connection handler, [`Library::Kazoo`], and its
+/// recipes' `KazooRetry`; see [`Flavour`]).
+pub const CLIENT: ParamSpec = ParamSpec {
+    name: "client",
+    kind: ParamKind::Choice(&["curator", "kazoo"]),
+    default: ParamValue::Choice("curator"),
+    doc: "the client library: Curator on ZooKeeper's Java client, or kazoo 2.10 (its pings, reconnects, retries, and LOST only on expiry)",
+};
+
+/// Which client library's rules a recipe follows around its calls, from its [`CLIENT`] parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// Curator on the Java client: `RetryLoop` waits up to 15 s for a connection, then
+    /// `ExponentialBackoffRetry(1000, 3)`; LOST also T after SUSPENDED (Curator 3).
+    Curator,
+    /// kazoo: no wait for a connection (a request made while disconnected is queued by the client);
+    /// `KazooRetry(max_tries=None)` (`Lock._retry`, `KazooClient.retry`): 0.1 s × uniform(0.6, 1.4),
+    /// doubling, at most 60 s; LOST only when the session expired.
+    Kazoo,
+}
+
+impl Flavour {
+    /// The flavour a recipe's parameters choose (Curator where the recipe has no [`CLIENT`]).
+    pub fn of(params: &Params) -> Flavour {
+        match params.has("client").then(|| params.choice("client")) {
+            Some("kazoo") => Flavour::Kazoo,
+            _ => Flavour::Curator,
+        }
+    }
+
+    /// The client library sessions speak.
+    pub fn library(self) -> Library {
+        match self {
+            Flavour::Curator => Library::Java,
+            Flavour::Kazoo => Library::Kazoo,
+        }
+    }
+}
+
 /// A session timeout of zero cannot keep a session: a `validate` for recipes with [`SESSION_TIMEOUT`].
 pub fn positive_session(recipe: &Params, _: &Params) -> Result<(), String> {
     match recipe.duration("session_timeout") {
@@ -324,15 +364,19 @@ impl ZkApi for ZkSession {
 /// Resolves, with the reason, when a holder whose lock lives in `client`'s session must treat it as lost
 /// by `policy` — the values of [`LOST_ON`]: `"never"`, `"suspended"` (the first disconnection) or
 /// `"lost"` (expiry, or Curator 3's simulated expiry after a session timeout of disconnection).
+///
+/// kazoo has no simulated expiry: its LOST is the session's expiry (or the client's close) only
+/// (`KazooClient._session_callback`: `KazooState.LOST` for `CLOSED_STATES`).
 pub async fn lost(client: &ZkClient, policy: &str, ctx: &Ctx) -> String {
     let mut state = client.state();
+    let curator = client.library() != Library::Kazoo;
     loop {
         let now = *state.borrow_and_update();
         match (policy, now) {
             ("never", _) => return std::future::pending().await,
             (_, ConnState::Expired) => return "session expired".into(),
             ("suspended", ConnState::Disconnected) => return "connection suspended".into(),
-            ("lost", ConnState::Disconnected) => {
+            ("lost", ConnState::Disconnected) if curator => {
                 // Curator 3: LOST when SUSPENDED lasts the session timeout.
                 let timeout = client.timeout();
                 tokio::select! {
@@ -366,6 +410,8 @@ pub async fn ensure_path(zk: &impl ZkApi, path: &str) -> Result<(), ClientError>
 /// Curator clients are built with: first wait while disconnected ([`until_connected`]), then call; a
 /// connection loss is tried again up to 3 times, after sleeping `1000 ms × max(1, random(0..2^(n+1)))`
 /// before the n-th retry. Other errors come back at once.
+///
+/// A kazoo session ([`Library::Kazoo`]) is retried as kazoo's recipes are ([`kazoo_retried`]).
 pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
     ctx: &Ctx,
     zk: &ZkClient,
@@ -373,6 +419,9 @@ pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>
 ) -> Result<T, ClientError> {
     const BASE_SLEEP: Duration = Duration::from_millis(1000);
     const MAX_RETRIES: u32 = 3;
+    if zk.library() == Library::Kazoo {
+        return kazoo_retried(ctx, call).await;
+    }
     until_connected(ctx, zk).await;
     let mut retries = 0;
     loop {
@@ -381,6 +430,30 @@ pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>
                 let factor = (ctx.random_u64() % (1 << (retries + 1))).max(1) as u32;
                 retries += 1;
                 ctx.sleep(BASE_SLEEP * factor).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// kazoo's `KazooRetry(max_tries=None)` (`kazoo/retry.py`, as `Lock._retry` and `KazooClient.retry`
+/// make it): a connection loss is tried again without end, after sleeping the current delay ×
+/// `random.uniform(0.6, 1.4)` (first delay 0.1 s; the next is that sleep × 2, at most 60 s). There is no
+/// wait for a connection first: the client queues a request made while disconnected. An expired
+/// session is not retried here: it fails the call, and the recipe's next call opens a new session (kazoo
+/// retries `SessionExpiredError` too, on the new session its client has opened meanwhile).
+pub async fn kazoo_retried<T, F: std::future::Future<Output = Result<T, ClientError>>>(
+    ctx: &Ctx,
+    mut call: impl FnMut() -> F,
+) -> Result<T, ClientError> {
+    const MAX_DELAY_US: u64 = 60_000_000;
+    let mut delay_us = 100_000;
+    loop {
+        match call().await {
+            Err(ClientError::ConnectionLoss) => {
+                let sleep_us = delay_us * (600 + ctx.random_u64() % 801) / 1000;
+                delay_us = (sleep_us * 2).min(MAX_DELAY_US);
+                ctx.sleep(Duration::from_micros(sleep_us)).await;
             }
             other => return other,
         }
@@ -396,7 +469,12 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
 /// the state (Curator 5's `getZooKeeper` no longer checks timeouts): the ZooKeeper client queues it until
 /// it reconnects, or fails it with `ConnectionLoss` when its attempt fails, and the retry policy decides.
 /// An expired session is not waited for: its call fails at once.
+///
+/// kazoo has no such wait: on a kazoo session this returns at once.
 pub async fn until_connected(ctx: &Ctx, zk: &ZkClient) {
+    if zk.library() == Library::Kazoo {
+        return;
+    }
     let mut state = zk.state();
     let reconnected = async {
         while *state.borrow_and_update() == ConnState::Disconnected {

@@ -16,7 +16,7 @@
 //! timeout still believes it holds its side while the other side is granted (`double-holder`).
 
 use super::sequential::{Driver, Held, Queue, Sequential};
-use super::{ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{ACQUIRE_TIMEOUT, CLIENT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::ctx::Ctx;
@@ -26,7 +26,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     family: &super::FAMILY,
     summary: "Curator InterProcessReadWriteLock: one queue of read and write nodes; readers share (reads > 0)",
     source: "Apache Curator InterProcessReadWriteLock",
-    params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON],
+    params: &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON, CLIENT],
     offers_token: true,
     offers_shared: true,
     guard: crate::Guard::Lock,

@@ -20,11 +20,21 @@
 //!    node with Curator's guaranteed delete: if the reply is lost, it is retried in the background until
 //!    it succeeds or the session is gone. A release by a client that does not hold the lock is refused.
 //!
+//! With `client = "kazoo"` the same queue runs as kazoo's `Lock` (`kazoo/recipe/lock.py`, whose
+//! `_inner_acquire` is these steps with a `<uuid>__lock__` prefix found again after a connection loss)
+//! on kazoo's client: no 15 s wait for a connection (kazoo queues the request), connection losses
+//! retried by `KazooRetry` (0.1 s doubling, jittered, without end), watches ended at SUSPENDED (kazoo's
+//! `_reset_watchers` wakes the waiter, which looks again), and LOST only when the session expired. Not
+//! followed: kazoo's release retries its delete in the foreground (`client.retry`), here in the
+//! background as Curator's guaranteed delete.
+//!
 //! Expected (catalog): one notification per release (no herd). A holder paused past its session
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
 //! leaves an orphan ahead of everyone, held alive by our own session: nobody gets the lock.
 
-use super::{lost, retried, until_connected, words, ZkApi, ZkSession, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
+use super::{
+    lost, retried, until_connected, words, Flavour, ZkApi, ZkSession, ACQUIRE_TIMEOUT, CLIENT, LOST_ON, SESSION_TIMEOUT,
+};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
@@ -33,7 +43,7 @@ use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::fault::TriggerEvent;
 use std::time::Duration;
 
-const PARAMS: &[ParamSpec] = &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON];
+const PARAMS: &[ParamSpec] = &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON, CLIENT];
 
 pub const PROTECTED: RecipeSpec = RecipeSpec {
     id: "zk.sequential",
@@ -137,7 +147,8 @@ pub(super) fn sequence(child: &str) -> &str {
 
 impl Sequential {
     pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Sequential {
-        let session = ZkSession::new(&ctx, servers, params.duration("session_timeout"));
+        let session =
+            ZkSession::new(&ctx, servers, params.duration("session_timeout")).speaking(Flavour::of(params).library());
         Sequential { ctx, params: params.clone(), session, protected, cleanup: Vec::new() }
     }
 

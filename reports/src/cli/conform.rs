@@ -1,6 +1,7 @@
 //! `locksim conform`: the simulated servers against the real ones (see `crate::conform`).
 
 use crate::conform::client::etcd::EtcdClientSide;
+use crate::conform::client::kazoo::KazooClientSide;
 use crate::conform::client::netns::Netns;
 use crate::conform::client::sql::SqlClientSide;
 use crate::conform::client::zk::ZkClientSide;
@@ -23,9 +24,9 @@ use std::sync::Mutex;
 #[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
                   stops between them, and plays it on the model and on the real server; the first answer \
                   that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
-                  A client family (sql-client, zk-client, etcd-client) plays a client library under a fault instead — a cut of its \
+                  A client family (sql-client, zk-client, kazoo-client, etcd-client) plays a client library under a fault instead — a cut of its \
                   connection, its process killed, its host dead — on the model and for real, the real \
-                  server and client in a network namespace of their own (root and `ip` needed), and \
+                  server and client in a network namespace of their own (root, `ip` and `nft` needed), and \
                   compares what each saw and when.\n\n\
                   The real servers come from Debian packages: run .ci/install-servers once (as root). \
                   locksim starts each in a temporary directory on a free loopback port and stops it at the \
@@ -73,6 +74,9 @@ enum Which {
     /// Client side: clientv3's lease keep-alive loop (`etcdctl lease keep-alive`, Debian's etcd-client)
     /// under cuts and a server kill — when it gives up, whether it comes back (needs root).
     EtcdClient,
+    /// Client side: kazoo 2.10 (scenarios/real/.venv, made by scenarios/real/setup) on zk-client's plans —
+    /// its jittered pings, its backoff, the requests it holds while disconnected (needs root).
+    KazooClient,
 }
 
 /// What one family's run showed, as `--json` writes it.
@@ -103,7 +107,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     if args.server.is_some() && args.family == Which::All {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
-    if args.server.is_some() && matches!(args.family, Which::SqlClient | Which::ZkClient | Which::EtcdClient) {
+    if args.server.is_some()
+        && matches!(args.family, Which::SqlClient | Which::ZkClient | Which::KazooClient | Which::EtcdClient)
+    {
         anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
     }
     super::check_outputs([&args.json], [])?;
@@ -125,6 +131,9 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.family, Which::All | Which::ZkClient) {
         reports.push(client_family(&ZkClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::KazooClient) {
+        reports.push(client_family(&KazooClientSide, &args)?);
     }
     if matches!(args.family, Which::All | Which::EtcdClient) {
         reports.push(client_family(&EtcdClientSide, &args)?);
@@ -276,9 +285,11 @@ fn said(r: &Report) -> String {
     let kinds: Vec<String> = r.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
     for (seed, why) in &r.inconclusive {
-        out.push_str(&format!(
-            "  seed {seed} inconclusive: {why} (the machine was too busy to keep the script's times)\n"
-        ));
+        let because = match why.starts_with(client::UNDECIDED) {
+            true => "",
+            false => " (the machine was too busy to keep the script's times)",
+        };
+        out.push_str(&format!("  seed {seed} inconclusive: {why}{because}\n"));
     }
     for m in &r.mismatches {
         out.push_str(&format!(

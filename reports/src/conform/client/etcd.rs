@@ -343,9 +343,7 @@ fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timelin
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    crate::real::client::die_with_parent(&mut command);
-    let mut child = command
-        .spawn()
+    let mut child = super::spawn_dying_with_locksim(&mut command)
         .map_err(|e| anyhow::anyhow!("cannot start etcdctl (Debian's etcd-client; run .ci/install-servers): {e}"))?;
     let client = Killed(&mut child);
     // Every line, stamped when it is read: `lease … keepalived with TTL(n)` per answer, and `lease …

@@ -20,6 +20,7 @@
 //! as a mismatch.
 
 pub mod etcd;
+pub mod kazoo;
 pub mod netns;
 pub mod sql;
 pub mod zk;
@@ -77,7 +78,7 @@ pub struct Margin {
 
 /// A client library checked against a real one.
 pub trait ClientFamily: Sync {
-    /// `sql-client`, `zk-client`.
+    /// `sql-client`, `zk-client`, `kazoo-client`.
     const NAME: &'static str;
     type Plan: fmt::Display + Clone + Send + Sync;
 
@@ -95,6 +96,22 @@ pub trait ClientFamily: Sync {
     fn real(&self, plan: &Self::Plan, server: &mut Server, net: &netns::Netns) -> anyhow::Result<Timeline>;
     /// How far from the model's time a real event `what` of `plan` may come.
     fn margin(plan: &Self::Plan, what: &str) -> Margin;
+    /// Why `model` and `real` cannot be compared, if they cannot: the plan's outcome turned on
+    /// something neither side controls (the real play is then played once more, and if it is
+    /// undecided again the seed is inconclusive). None by default.
+    fn undecided(_plan: &Self::Plan, _model: &Timeline, _real: &Timeline) -> Option<String> {
+        None
+    }
+}
+
+/// How a reason from [`ClientFamily::undecided`] begins (a late play's says what was late).
+pub const UNDECIDED: &str = "undecided:";
+
+/// Start a real client's process so that it dies with locksim, however locksim ends (Ctrl-C
+/// included), rather than run on after its play (see `crate::real::client`).
+pub fn spawn_dying_with_locksim(command: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    crate::real::client::die_with_parent(command);
+    command.spawn()
 }
 
 /// A real play missed a time of the plan by more than it can afford: inconclusive, not a mismatch.
@@ -173,8 +190,8 @@ pub fn plan<F: ClientFamily>(seed: u64) -> F::Plan {
     F::plan(&mut stream(seed, Stream::Conformance, 1))
 }
 
-/// Play `seed` on the model and on `server` (in namespace `net`); a real play that was late is played
-/// once more.
+/// Play `seed` on the model and on `server` (in namespace `net`); a real play that was late, or
+/// [`ClientFamily::undecided`], is played once more.
 pub fn check<F: ClientFamily>(
     family: &F,
     server: &mut Server,
@@ -187,10 +204,14 @@ pub fn check<F: ClientFamily>(
     for _ in 0..2 {
         match family.real(&plan, server, net) {
             Ok(real) => {
+                if let Some(why) = F::undecided(&plan, &model, &real) {
+                    late = why;
+                    continue;
+                }
                 return Ok(match differ(&model, &real, |what| F::margin(&plan, what)) {
                     None => Outcome::Agree,
                     Some(why) => Outcome::Mismatch { plan: plan.to_string(), model, real, why },
-                })
+                });
             }
             Err(e) => match e.downcast::<Late>() {
                 Ok(Late(why)) => late = why,

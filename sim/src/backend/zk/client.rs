@@ -18,7 +18,9 @@
 //!   for longer than its read timeout re-attaches only once an attempt gets through: one sent into the
 //!   cut gets through after the heal at its SYN's next retransmission (1, 3, 7 s … after it) if that
 //!   is within its T — nothing the old connection still holds delays it — and otherwise the next
-//!   attempt starts 1–2 s after it gave up, its abandoned connect never delivered.
+//!   attempt starts 1–2 s after it gave up, its abandoned connect never delivered. kazoo
+//!   ([`Library::Kazoo`]) keeps time its own way: jittered pings, disconnected by an unanswered ping,
+//!   re-attaching on an exponential backoff from 0.1 s, and queueing requests while disconnected.
 //! - A server that restarted resets the old connection: the next request on it fails at once
 //!   (`ConnectionLoss`, not applied) and the client is `Disconnected`.
 //! - A server process that dies (its kernel closes the connection) is noticed at once, idle or not:
@@ -69,6 +71,9 @@ use std::rc::Rc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+mod send_loop;
+use send_loop::pinger;
+
 /// The client library a session behaves as, where the libraries differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Library {
@@ -78,8 +83,38 @@ pub enum Library {
     Java,
     /// go-zookeeper (`zk/conn.go`): a watch channel is closed only when the session expires
     /// (`invalidateWatches` after `authenticate` returns `ErrSessionExpired`); across a disconnection it
-    /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting.
+    /// stays and is set again on the new connection (`sendSetWatches`), so a waiter keeps waiting. It
+    /// pings on a fixed ticker (`sendLoop`: `time.NewTicker(c.pingInterval)`, `pingInterval` =
+    /// `recvTimeout / 2`, `recvTimeout` = T·2/3), started with each connection and never put back by a
+    /// send; it is disconnected when a read waits `recvTimeout` (`recvLoop`'s `SetReadDeadline`).
     Go,
+    /// kazoo 2.10 (`kazoo/protocol/connection.py` `ConnectionHandler`, `kazoo/client.py`), its rules
+    /// differing from the Java client's in every step:
+    /// - *Pings* (`_connect_attempt`'s loop): each time round, after every send, receive or timeout, it
+    ///   draws a jitter `random.randint(1, 40) / 100` s and waits until `last_send + read_timeout/2 −
+    ///   jitter` (at least the jitter); a ping goes out when that passes. Only sends put the ping back
+    ///   (`last_send`); receiving does not.
+    /// - *Disconnected* (SUSPENDED) when a wait of that loop ends in silence while a ping is outstanding
+    ///   (`ConnectionDropped("outstanding heartbeat ping not received")`): about a read timeout after the
+    ///   last send, whatever was heard since — not a read timeout after the last word from the server.
+    ///   A closed connection (`socket connection broken`) is noticed at once, as with Java.
+    /// - *Requests* have no timeout of their own: one in flight fails with `ConnectionLoss` when the
+    ///   connection is declared lost (`_session_callback` → `_notify_pending`); one made while
+    ///   disconnected is queued (`_call`: `CONNECTING` is no reason to refuse) and sent once the session is
+    ///   re-attached, however many attempts fail first (a failed attempt leaves the state `CONNECTING`,
+    ///   so nothing is notified); it fails with `SessionExpiredError` when the session turns out expired.
+    /// - *Re-attaching* is `KazooClient`'s `connection_retry`, a `KazooRetry(max_tries=None, delay=0.1,
+    ///   backoff=2, max_jitter=0.4, max_delay=3600)` (`_RETRY_COMPAT_DEFAULTS`): before each attempt it
+    ///   sleeps its current delay × `random.uniform(0.6, 1.4)`, and the next delay is that sleep × 2;
+    ///   a connection that gets its session resets it to 0.1 s (`retry.reset()` in `_connect_attempt`).
+    ///   An attempt is given T to connect and T for the `ConnectResponse` (`create_connection(timeout=
+    ///   T)`, `_invoke(T / hosts)`); a refused one fails at once.
+    /// - *Watches* end at SUSPENDED: `_reset_watchers` hands every watcher a `NONE` event and forgets
+    ///   it, and kazoo sends no `SetWatches` on the new connection (as the model's Java arm: a waiter
+    ///   looks again).
+    /// - After an expiry the real client opens a new session on its own, a retry delay later; here
+    ///   [`ZkClient`] ends with its session and the recipe's handle opens the next one when next used.
+    Kazoo,
 }
 
 impl Library {
@@ -89,10 +124,18 @@ impl Library {
     /// `SendThread.startConnect` sleeps `ThreadLocalRandom.nextLong(1000)` ms when it is not the first
     /// connection. go-zookeeper: `Conn.connect` waits `time.Second` when the host provider says it
     /// went round (`retryStart`), with no random part.
-    fn reattach_delay(self, jitter: &mut ChaCha8Rng) -> Duration {
+    /// kazoo: `KazooRetry.__call__` sleeps `_cur_delay × uniform(1 − max_jitter, 1 + max_jitter)` and
+    /// makes the next delay that sleep × `backoff`, at most `max_delay` (`retry` holds the current
+    /// delay, in µs).
+    fn reattach_delay(self, jitter: &mut ChaCha8Rng, retry: &Cell<u64>) -> Duration {
         match self {
             Library::Java => Duration::from_millis(1000 + jitter.gen_range(0..1000)),
             Library::Go => Duration::from_secs(1),
+            Library::Kazoo => {
+                let sleep_us = retry.get() * jitter.gen_range(600..=1400) / 1000;
+                retry.set((sleep_us * KAZOO_RETRY_BACKOFF).min(KAZOO_RETRY_MAX_DELAY_US));
+                Duration::from_micros(sleep_us)
+            }
         }
     }
 
@@ -101,13 +144,35 @@ impl Library {
     /// from the attempt's start, then throws `SessionTimeoutException`. go-zookeeper: its dialer's
     /// `connectTimeout`, 1 s by default (the `ConnectRequest` after a dial that succeeded may take ten
     /// read timeouts, which only a paused server would use: not modelled).
+    /// kazoo: `_connect` opens the socket with `timeout = T` (the requested session timeout, which the
+    /// conformance server keeps), then reads the `ConnectResponse` within T / hosts; the model's attempt
+    /// is one call, given T.
     fn connect_timeout(self, session_timeout: Duration) -> Duration {
         match self {
-            Library::Java => session_timeout / SERVERS,
+            Library::Java | Library::Kazoo => session_timeout / SERVERS,
             Library::Go => Duration::from_secs(1),
         }
     }
+
+    /// How long a request may wait for its reply before it fails with `ConnectionLoss`: the read timeout
+    /// (Java, go-zookeeper); kazoo's wait has no end of its own (`AsyncResult.get()`), a request fails
+    /// only when the connection is declared lost.
+    fn request_timeout(self, read_timeout: Duration) -> Duration {
+        match self {
+            Library::Java | Library::Go => read_timeout,
+            Library::Kazoo => KAZOO_REQUEST_WAIT,
+        }
+    }
 }
+
+/// kazoo's connection retry (`KazooRetry` with `_RETRY_COMPAT_DEFAULTS`): first delay 0.1 s, doubled
+/// after each sleep, at most an hour.
+const KAZOO_RETRY_DELAY_US: u64 = 100_000;
+const KAZOO_RETRY_BACKOFF: u64 = 2;
+const KAZOO_RETRY_MAX_DELAY_US: u64 = 3_600_000_000;
+
+/// A kazoo request's wait for its reply: longer than any run (the connection's loss ends it first).
+const KAZOO_REQUEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The servers in a client's connect string: the model's ensemble is one server.
 const SERVERS: u32 = 1;
@@ -354,6 +419,14 @@ struct Shared {
     /// Counts the sends and receives: the send thread looks again at each (`ClientCnxn.SendThread`'s
     /// loop runs when a packet is queued and when the socket has something to read).
     activity: signal::Sender<u64>,
+    /// When the current connection got its session (monotonic ms): go-zookeeper's ping ticker starts
+    /// then; and the last of its ticks a ping went out for.
+    connected_ms: Cell<i64>,
+    ticks_pinged: Cell<i64>,
+    /// kazoo: a ping sent and not yet answered (`ConnectionHandler.ping_outstanding`).
+    ping_outstanding: Cell<bool>,
+    /// kazoo: the connection retry's current delay, in µs ([`Library::reattach_delay`]).
+    retry_delay_us: Cell<u64>,
 }
 
 /// A session with the ZooKeeper server. Clones share it; its pinger stops when the last clone is
@@ -395,6 +468,10 @@ impl ZkClient {
             losses: signal::channel(0).0,
             failed_reattaches: signal::channel(0).0,
             activity: signal::channel(0).0,
+            connected_ms: Cell::new(now),
+            ticks_pinged: Cell::new(0),
+            ping_outstanding: Cell::new(false),
+            retry_delay_us: Cell::new(KAZOO_RETRY_DELAY_US),
         });
         shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
         shared.host.record("connected");
@@ -430,6 +507,11 @@ impl ZkClient {
         self.shared.now() == ConnState::Expired
     }
 
+    /// The client library the session behaves as.
+    pub fn library(&self) -> Library {
+        self.shared.library
+    }
+
     /// Run one operation; with `watch` set, also return the watch it registered (if the server set one).
     pub async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
         let watch_path = match &op {
@@ -443,8 +525,13 @@ impl ZkClient {
         if let ZkOp::RemoveWatches { path } = &op {
             self.shared.host.router().watchers.borrow_mut().remove(&(self.shared.session, path.clone()));
         }
+        if self.shared.library == Library::Kazoo && self.shared.queued_until_reattached().await == ConnState::Expired {
+            // `_notify_pending(EXPIRED_SESSION)`, and `_call` in that state: `SessionExpiredError`, unsent.
+            return Err(ClientError::Zk(ZkError::SessionExpired));
+        }
         let request = ZkRequest::Op { session: self.shared.session, op };
-        let reply = self.shared.request(request, self.shared.read_timeout()).await;
+        let timeout = self.shared.library.request_timeout(self.shared.read_timeout());
+        let reply = self.shared.request(request, timeout).await;
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
@@ -472,7 +559,7 @@ impl Shared {
         });
         if state != ConnState::Connected {
             self.losses.send_modify(|n| *n += 1);
-            if state == ConnState::Expired || self.library == Library::Java {
+            if state == ConnState::Expired || self.library != Library::Go {
                 // Every watcher hears of the state change: its watch ends.
                 self.host.router().end_watches(self.session);
             }
@@ -557,10 +644,33 @@ impl Shared {
             tokio::select! {
                 biased;
                 changed = state.changed() => changed.map_err(|_| CallError::Reset)?,
-                _ = failed.changed() => return Err(CallError::Reset),
+                _ = failed.changed(), if self.library != Library::Kazoo => return Err(CallError::Reset),
             }
         }
         Ok(())
+    }
+
+    /// kazoo's queue (`KazooClient._call` → `_queue`): a request made while disconnected waits, whatever
+    /// attempts fail meanwhile, until the session is re-attached or found expired; the state then.
+    async fn queued_until_reattached(&self) -> ConnState {
+        let mut state = self.state.subscribe();
+        loop {
+            let now = *state.borrow_and_update();
+            if now != ConnState::Disconnected || state.changed().await.is_err() {
+                return now;
+            }
+        }
+    }
+
+    /// A new connection has the session: the library's per-connection schedule starts again
+    /// (go-zookeeper's ticker; kazoo's `last_send`, `ping_outstanding.clear()` and `retry.reset()`).
+    fn reattached(&self) {
+        let now = self.host.monotonic_ms();
+        self.connected_ms.set(now);
+        self.ticks_pinged.set(0);
+        self.last_sent_ms.set(now);
+        self.ping_outstanding.set(false);
+        self.retry_delay_us.set(KAZOO_RETRY_DELAY_US);
     }
 
     fn reattach_request(&self) -> ZkRequest {
@@ -568,86 +678,28 @@ impl Shared {
     }
 }
 
-/// One attempt to re-attach the session on a new connection, after the library's wait: what the
-/// real send thread does each time round its loop while not connected. The attempt opens its own
-/// socket; one that fails (refused, or its connect timeout passed) is closed, so that a connect still
-/// waiting for its SYN to get through a cut is abandoned with it (`SendThread.run` → `cleanup`).
-async fn reattach(shared: &Shared) {
-    let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut());
-    shared.host.sleep(delay).await;
-    let timeout = shared.library.connect_timeout(shared.timeout);
-    shared.socket.set(shared.host.open());
-    if shared.request(shared.reattach_request(), timeout).await.is_err() {
-        shared.drop_connection();
-        shared.failed_reattaches.send_modify(|n| *n += 1);
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{stream, Stream};
 
-/// Most time between pings (`MAX_SEND_PING_INTERVAL`).
-const MAX_SEND_PING_INTERVAL_MS: i64 = 10_000;
-
-/// How late a timer must fire for its node to have been paused: then the application's next step
-/// runs before what the timer found is handed over.
-const RESUMED_LATE_MS: i64 = 50;
-
-/// `ClientCnxn.SendThread.run`: ping when idle for sends, declare the connection lost the moment the
-/// read timeout passes without a word; while disconnected, re-attach attempt after attempt
-/// ([`reattach`]). A connection closed or reset under it wakes it at once, as the socket's error
-/// ends the real loop's `select`.
-async fn pinger(shared: Rc<Shared>) {
-    let clock = &shared.host;
-    let read_timeout = shared.read_timeout().as_millis() as i64;
-    let mut state = shared.state.subscribe();
-    let mut activity = shared.activity.subscribe();
-    let mut wake_at = clock.monotonic_ms();
-    loop {
-        let now = clock.monotonic_ms();
-        if now - wake_at >= RESUMED_LATE_MS {
-            // Paused: the application's tasks, ready since the resume, take their next step first.
-            clock.sleep(Duration::from_millis(1)).await;
+    #[test]
+    fn kazoos_reattach_delays_double_from_a_tenth_of_a_second_with_forty_percent_jitter() {
+        // `KazooRetry.__call__`: sleep `_cur_delay × uniform(0.6, 1.4)`, then `_cur_delay = sleep × 2`;
+        // `reset()` puts it back to 0.1 s. The Java client: 1 s + random(0..1 s) every time.
+        let mut jitter = stream(7, Stream::ZkReattach, 0);
+        let retry = Cell::new(KAZOO_RETRY_DELAY_US);
+        let mut last_us = None;
+        for _ in 0..12 {
+            let delay = Library::Kazoo.reattach_delay(&mut jitter, &retry).as_micros() as u64;
+            let base = last_us.map_or(KAZOO_RETRY_DELAY_US, |l: u64| l * 2);
+            assert!((base * 6 / 10..=base * 14 / 10).contains(&delay), "{delay} µs after {last_us:?}");
+            last_us = Some(delay);
         }
-        let now = clock.monotonic_ms();
-        let current = *state.borrow_and_update();
-        activity.borrow_and_update();
-        let next = match current {
-            ConnState::Expired => return,
-            ConnState::Disconnected => {
-                reattach(&shared).await;
-                wake_at = clock.monotonic_ms();
-                continue;
-            }
-            ConnState::Connected => {
-                let idle_recv = now - shared.last_heard_ms.get();
-                if idle_recv >= read_timeout {
-                    // SessionTimeoutException: the connection is closed and a new one will be opened.
-                    shared.drop_connection();
-                    shared.set_state(ConnState::Disconnected);
-                    continue;
-                }
-                let idle_send = now - shared.last_sent_ms.get();
-                let mut to_ping = read_timeout / 2 - idle_send - if idle_send > 1000 { 1000 } else { 0 };
-                if to_ping <= 0 || idle_send > MAX_SEND_PING_INTERVAL_MS {
-                    shared.host.renewal_due().await;
-                    // The ping runs beside the loop, so a lost one does not delay the next check.
-                    let ping = ZkRequest::Op { session: shared.session, op: ZkOp::Ping };
-                    let pinging = shared.clone();
-                    shared.host.spawn_detached(async move {
-                        let _ = pinging.request(ping, pinging.read_timeout()).await;
-                    });
-                    to_ping = read_timeout / 2;
-                }
-                (read_timeout - idle_recv).min(to_ping)
-            }
-        };
-        let next = next.max(1);
-        wake_at = clock.monotonic_ms() + next;
-        // Looked at again after any send or receive, as the real loop is: a ping is due half the read
-        // timeout after the last send, not at a time worked out before it.
-        tokio::select! {
-            biased;
-            _ = state.changed() => {}
-            _ = activity.changed() => {}
-            () = clock.sleep(Duration::from_millis(next as u64)) => {}
+        assert!(last_us.unwrap() > 20_000_000, "doubling: {last_us:?} µs after twelve attempts");
+        for _ in 0..12 {
+            let java = Library::Java.reattach_delay(&mut jitter, &retry);
+            assert!((1000..2000).contains(&java.as_millis()), "{java:?}");
         }
     }
 }
