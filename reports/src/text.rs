@@ -5,7 +5,6 @@ use locksim_scenarios::run::SeedResult;
 use locksim_scenarios::sweep::{ScenarioResult, Summary};
 use locksim_sim::history::History;
 
-/// The one command that replays a seed.
 /// `text` safe inside HTML, XML and SVG, text or attribute.
 pub fn escape_xml(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -24,8 +23,22 @@ pub fn escape_markdown(text: &str) -> String {
     out
 }
 
+/// The one command that replays a seed.
 pub fn repro_line(path: &str, seed: u64) -> String {
-    format!("locksim repro {path} --seed {seed}")
+    format!("{} repro {path} --seed {seed}", program())
+}
+
+static PROGRAM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name the command that is running (a user's own-lock binary is not `locksim`), for the lines that
+/// tell people what to type. The first name given stays.
+pub fn set_program(name: &str) {
+    let _ = PROGRAM.set(name.to_string());
+}
+
+/// The running command's name for lines people paste: `locksim` unless [`set_program`] said otherwise.
+pub fn program() -> &'static str {
+    PROGRAM.get().map_or("locksim", String::as_str)
 }
 
 /// How to see a run's example seed again: its repro line — or, for real runs, which run it was (a real

@@ -32,6 +32,21 @@ fn run_exits_0_when_the_verdict_is_as_expected_and_names_a_repro() {
     assert!(stdout(&o).contains("reproduce: locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed "));
 }
 
+/// An own-lock crate's binary runs `cli::main` under its own name; the lines to paste say that name.
+#[test]
+fn reproduce_lines_name_the_binary_that_printed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("my-locks");
+    std::fs::copy(env!("CARGO_BIN_EXE_locksim"), &mine).unwrap();
+    let o = std::process::Command::new(&mine)
+        .args(["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "0..5"])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("reproduce: my-locks repro scenarios/catalog/"), "{}", stdout(&o));
+}
+
 #[test]
 fn run_exits_1_when_a_verdict_differs() {
     let (_dir, flipped) = scenario_file(

@@ -78,6 +78,10 @@ pub fn main(registry: Registry) -> ExitCode {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("locksim: internal error: {info}"));
     }));
+    // Lines to paste name the binary that printed them: an own-lock crate's, when it is one.
+    if let Some(name) = std::env::args_os().next().as_deref().map(Path::new).and_then(Path::file_name) {
+        crate::text::set_program(&name.to_string_lossy());
+    }
     let args = Cli::parse();
     match dispatch(args, &registry) {
         Ok(code) => code,
