@@ -264,7 +264,7 @@ fn a_missing_file_and_bad_arguments_exit_2() {
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--jobs", "0"]);
     assert_eq!(o.status.code(), Some(2), "--jobs 0 is refused");
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "7"]);
-    assert!(stdout(&o).contains(": 1 seeds"), "one seed: {}", stdout(&o));
+    assert!(stdout(&o).contains(": 1 seed,"), "one seed: {}", stdout(&o));
     let (_dir, binary) = scenario_file("latin1.toml", "");
     std::fs::write(&binary, b"name = \"caf\xe9\"\n").unwrap();
     let o = locksim(&["run", binary.to_str().unwrap()]);
@@ -310,4 +310,26 @@ fn list_shows_recipes_with_parameters_faults_and_scenarios() {
         assert!(out.contains(needle), "list output lacks {needle}");
     }
     assert!(!out.contains("(invalid"), "every shipped scenario loads:\n{out}");
+}
+
+#[test]
+fn report_names_the_files_it_wrote_once_each_and_counts_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let o = locksim(&[
+        "run",
+        "scenarios/catalog/redis-del-gc-pause.toml",
+        "--seeds",
+        "0..1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("): 1 seed, "), "{}", stdout(&o));
+    let out = format!("{}/", dir.path().join("report").display());
+    let o = locksim(&["report", json.to_str().unwrap(), "--out", &out]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o);
+    assert!(said.starts_with("1 run merged from 1 file: 1 as expected, 0 not\n"), "{said}");
+    assert!(said.contains(&format!("wrote {out}index.html and {out}report.md")), "{said}");
 }
