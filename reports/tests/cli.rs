@@ -74,7 +74,7 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "bad-duration.toml",
             "duration = \"20s\"",
             "duration = \"20 seconds\"",
-            ":8:12: expected a duration such as \"250ms\", \"5s\" or \"2m\", found \"20 seconds\"",
+            ":8:12: duration: expected a duration such as \"250ms\", \"5s\" or \"2m\", found \"20 seconds\"",
         ),
         (
             "unknown-recipe.toml",
@@ -126,8 +126,8 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "",
             ":10:1: a `pause` fault needs `duration`",
         ),
-        ("too-large.toml", "clients = 3", "clients = 99999999999999999999", ":7:11: expected a whole number within range"),
-        ("not-a-number.toml", "clients = 3", "clients = \"3\"", ":7:11: invalid type: string \"3\", expected a whole number"),
+        ("too-large.toml", "clients = 3", "clients = 99999999999999999999", ":7:11: clients: expected a whole number within range"),
+        ("not-a-number.toml", "clients = 3", "clients = \"3\"", ":7:11: clients: invalid type: string \"3\", expected a whole number"),
         ("zero-ttl.toml", "ttl = \"5s\"", "ttl = \"0ms\"", ":2:1: ttl must be at least 1ms (Redis refuses PX 0"),
         (
             "path-name.toml",
@@ -152,6 +152,18 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "[expect]",
             "[faults.random]\nkinds = []\nevery = \"2s\"\nduration = \"1s\"\n[expect]",
             ":15:9: kinds: expected at least one fault kind",
+        ),
+        (
+            "nth-too-large.toml",
+            "at = \"5s\"",
+            "at = \"5s\"\non = \"acquire-ok\"\nnth = 99999999999999999999",
+            ":12:7: nth: expected a whole number within range, found a larger one",
+        ),
+        (
+            "nth-out-of-range.toml",
+            "at = \"5s\"",
+            "at = \"5s\"\non = \"acquire-ok\"\nnth = 0",
+            ":12:7: nth: expected a whole number from 1 to 1000000",
         ),
         (
             "reads-exclusive.toml",
