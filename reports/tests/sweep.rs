@@ -140,3 +140,20 @@ fn the_shards_of_a_sweep_merge_into_the_sweep_of_all_their_seeds() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("by faults.schedule.0.duration, not of"), "{}", stderr(&o));
 }
+
+#[test]
+fn out_creates_only_its_last_directory_as_mkdir_does() {
+    let (dir, file) = pause_file(PAUSE);
+    let deep = dir.path().join("no/such/sweep");
+    let o = sweep(&file, "recipe.ttl=1s..2s/1s", &["--out", deep.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let wanted =
+        format!("its parent {} does not exist (create it first); nothing was run", deep.parent().unwrap().display());
+    assert!(stderr(&o).contains(&wanted), "{}", stderr(&o));
+    assert!(!dir.path().join("no").exists(), "no parent was made");
+    assert_eq!(stdout(&o), "");
+    let out = dir.path().join("sweep");
+    let o = sweep(&file, "recipe.ttl=1s..2s/1s", &["--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(out.join("sweep.svg").exists());
+}

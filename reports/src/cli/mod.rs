@@ -152,6 +152,25 @@ fn writable_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     writable_file(&dir.join(".locksim-write-check"))
 }
 
+/// [`writable_dir`] creating only the last component, as `mkdir` does: a mistyped `--out` must not
+/// leave a trail of directories behind (one trial made some at the filesystem root).
+fn new_or_existing_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            anyhow::bail!(
+                "{}: cannot create the output directory: its parent {} does not exist (create it first); nothing was run",
+                dir.display(),
+                parent.display()
+            );
+        }
+        std::fs::create_dir(dir).map_err(|e| {
+            anyhow::anyhow!("{}: cannot create the output directory ({e}); nothing was run", dir.display())
+        })?;
+    }
+    writable_dir(dir)
+}
+
 /// Check every output path a command was given, before it runs anything.
 fn check_outputs<'a>(
     files: impl IntoIterator<Item = &'a Option<std::path::PathBuf>>,

@@ -72,7 +72,9 @@ pub fn sweep(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     if scenarios[0].only_real() {
         anyhow::bail!("{shown}: {}", locksim_locks::command::ONLY_REAL);
     }
-    super::check_outputs([], args.out.as_deref())?;
+    if let Some(dir) = &args.out {
+        super::new_or_existing_dir(dir)?;
+    }
     if !args.merge.is_empty() {
         let points = merge(&shown, &scenarios[0], &vary, &args.merge)?;
         return finish(&args, &scenarios[0], &vary.key, points);
