@@ -125,7 +125,8 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
     let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
     let first = first_violation.map_or(String::new(), |s| format!("; the first violation after {s:.2} s"));
     eprintln!(
-        "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s{first}",
+        "{} in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s{first}",
+        text::count(seeds, "seed", "seeds"),
         seeds as f64 / wall,
         simulated / wall
     );
