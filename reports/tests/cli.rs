@@ -345,3 +345,27 @@ fn report_names_the_files_it_wrote_once_each_and_counts_in_words() {
     assert!(said.starts_with("1 run merged from 1 file: 1 as expected, 0 not\n"), "{said}");
     assert!(said.contains(&format!("wrote {out}index.html and {out}report.md")), "{said}");
 }
+
+/// The README's commands, run from a clone, leave nothing in it but under `target/`; none needs `sudo`
+/// (a root machine has none); and the own-lock example is copied with its `Cargo.lock`.
+#[test]
+fn the_readme_commands_write_under_target_and_work_as_root() {
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
+    let mut checked = 0;
+    for line in readme.lines().map(str::trim) {
+        let command = line.strip_prefix("$ ").unwrap_or(line);
+        assert!(!command.starts_with("sudo "), "{line:?}: say \"as root\" instead");
+        if !(command.starts_with("locksim ") || command.starts_with("cargo run")) {
+            continue;
+        }
+        let words: Vec<&str> = command.split('#').next().unwrap().split_whitespace().collect();
+        for pair in words.windows(2) {
+            if ["--out", "--json", "--junit", "-o", "--timeline", "--history", "--shrink-dir"].contains(&pair[0]) {
+                assert!(pair[1].starts_with("target/"), "{line:?}: {} {} is not under target/", pair[0], pair[1]);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} outputs found in the README's commands");
+    assert!(readme.contains("`Cargo.lock`"), "the README tells users to copy own-locks/Cargo.lock");
+}

@@ -27,8 +27,8 @@ use std::process::ExitCode;
     long_about = None,
     after_help = "Start with:\n  locksim list\n  locksim run scenarios/catalog/redis-del-gc-pause.toml --seeds 0..200\n  \
                   locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed 0 --trace\n\n\
-                  In CI:\n  locksim suite scenarios/suites/smoke.toml --junit junit.xml\n  \
-                  locksim suite scenarios/suites/full.toml --json results.json && locksim report results.json --out report\n\n\
+                  In CI:\n  locksim suite scenarios/suites/smoke.toml --junit target/junit.xml\n  \
+                  locksim suite scenarios/suites/full.toml --json target/results.json && locksim report target/results.json --out target/report\n\n\
                   Exit codes: 0 as expected, 1 a verdict differed from the scenario's [expect], 2 bad input."
 )]
 struct Cli {
