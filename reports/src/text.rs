@@ -5,7 +5,6 @@ use locksim_scenarios::run::SeedResult;
 use locksim_scenarios::sweep::{ScenarioResult, Summary};
 use locksim_sim::history::History;
 
-/// The one command that replays a seed.
 /// `text` safe inside HTML, XML and SVG, text or attribute.
 pub fn escape_xml(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -24,8 +23,22 @@ pub fn escape_markdown(text: &str) -> String {
     out
 }
 
+/// The one command that replays a seed.
 pub fn repro_line(path: &str, seed: u64) -> String {
-    format!("locksim repro {path} --seed {seed}")
+    format!("{} repro {path} --seed {seed}", program())
+}
+
+static PROGRAM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name the command that is running (a user's own-lock binary is not `locksim`), for the lines that
+/// tell people what to type. The first name given stays.
+pub fn set_program(name: &str) {
+    let _ = PROGRAM.set(name.to_string());
+}
+
+/// The running command's name for lines people paste: `locksim` unless [`set_program`] said otherwise.
+pub fn program() -> &'static str {
+    PROGRAM.get().map_or("locksim", String::as_str)
 }
 
 /// How to see a run's example seed again: its repro line — or, for real runs, which run it was (a real
@@ -36,6 +49,15 @@ pub fn example_line(result: &ScenarioResult) -> Option<String> {
         true => format!("real run with seed {seed} (real runs do not replay; see run --real --history-dir)"),
         false => repro_line(&result.path, seed),
     })
+}
+
+/// `1 seed`, `2 seeds`: a count and its noun, singular for one.
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
 }
 
 /// `81 unsafe (40.5%, 95% CI 33.9–47.4%)`: how many seeds were unsafe, as a rate with its interval.
@@ -57,7 +79,7 @@ pub fn kinds_summary(result: &ScenarioResult) -> String {
 /// unsafe.
 pub fn to_violation(result: &ScenarioResult) -> Option<String> {
     let t = result.to_violation?;
-    let seeds = |n: u64| if n == 1 { "1 seed".to_string() } else { format!("{n} seeds") };
+    let seeds = |n: u64| count(n, "seed", "seeds");
     let median = match t.median {
         Some(m) => format!("from any seed, {} (median)", seeds(m)),
         None => "from most seeds, none before the range ends (median unknown)".into(),
@@ -126,14 +148,18 @@ pub fn finding(f: &Finding) -> String {
 }
 
 pub fn measurements(r: &SeedResult) -> String {
-    let m = &r.measurements;
+    measured(&r.measurements)
+}
+
+fn measured(m: &locksim_scenarios::checkers::Measurements) -> String {
     let mut line = format!(
         "{} acquisitions; latency p50 {} ms, p99 {} ms, max {} ms; {:.1} messages per acquisition",
         m.acquisitions, m.latency_ms_p50, m.latency_ms_p99, m.latency_ms_max, m.messages_per_acquisition
     );
     if !m.recovery_ms.is_empty() || m.unrecovered > 0 {
         let shown: Vec<String> = m.recovery_ms.iter().map(|r| format!("{r} ms")).collect();
-        line.push_str(&format!("; recovery after a holder crash: {}", shown.join(", ")));
+        let shown = if shown.is_empty() { "none measured".to_string() } else { shown.join(", ") };
+        line.push_str(&format!("; recovery after a holder crash: {shown}"));
         if m.unrecovered > 0 {
             line.push_str(&format!(" ({} never recovered)", m.unrecovered));
         }
@@ -167,6 +193,19 @@ pub fn trace(h: &History) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crash_never_recovered_from_reads_as_words() {
+        let m = locksim_scenarios::checkers::Measurements { unrecovered: 1, ..Default::default() };
+        let line = measured(&m);
+        assert!(line.ends_with("; recovery after a holder crash: none measured (1 never recovered)"), "{line}");
+    }
+
+    #[test]
+    fn counts_of_one_are_singular() {
+        assert_eq!(count(1, "real run", "real runs"), "1 real run");
+        assert_eq!(count(2, "real run", "real runs"), "2 real runs");
+    }
 
     #[test]
     fn markdown_and_xml_escaping_leave_no_markup() {

@@ -32,6 +32,21 @@ fn run_exits_0_when_the_verdict_is_as_expected_and_names_a_repro() {
     assert!(stdout(&o).contains("reproduce: locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed "));
 }
 
+/// An own-lock crate's binary runs `cli::main` under its own name; the lines to paste say that name.
+#[test]
+fn reproduce_lines_name_the_binary_that_printed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("my-locks");
+    std::fs::copy(env!("CARGO_BIN_EXE_locksim"), &mine).unwrap();
+    let o = std::process::Command::new(&mine)
+        .args(["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "0..5"])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("reproduce: my-locks repro scenarios/catalog/"), "{}", stdout(&o));
+}
+
 #[test]
 fn run_exits_1_when_a_verdict_differs() {
     let (_dir, flipped) = scenario_file(
@@ -59,7 +74,7 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "bad-duration.toml",
             "duration = \"20s\"",
             "duration = \"20 seconds\"",
-            ":8:12: expected a duration such as \"250ms\", \"5s\" or \"2m\", found \"20 seconds\"",
+            ":8:12: duration: expected a duration such as \"250ms\", \"5s\" or \"2m\", found \"20 seconds\"",
         ),
         (
             "unknown-recipe.toml",
@@ -111,8 +126,8 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "",
             ":10:1: a `pause` fault needs `duration`",
         ),
-        ("too-large.toml", "clients = 3", "clients = 99999999999999999999", ":7:11: expected a whole number within range"),
-        ("not-a-number.toml", "clients = 3", "clients = \"3\"", ":7:11: invalid type: string \"3\", expected a whole number"),
+        ("too-large.toml", "clients = 3", "clients = 99999999999999999999", ":7:11: clients: expected a whole number within range"),
+        ("not-a-number.toml", "clients = 3", "clients = \"3\"", ":7:11: clients: invalid type: string \"3\", expected a whole number"),
         ("zero-ttl.toml", "ttl = \"5s\"", "ttl = \"0ms\"", ":2:1: ttl must be at least 1ms (Redis refuses PX 0"),
         (
             "path-name.toml",
@@ -137,6 +152,18 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             "[expect]",
             "[faults.random]\nkinds = []\nevery = \"2s\"\nduration = \"1s\"\n[expect]",
             ":15:9: kinds: expected at least one fault kind",
+        ),
+        (
+            "nth-too-large.toml",
+            "at = \"5s\"",
+            "at = \"5s\"\non = \"acquire-ok\"\nnth = 99999999999999999999",
+            ":12:7: nth: expected a whole number within range, found a larger one",
+        ),
+        (
+            "nth-out-of-range.toml",
+            "at = \"5s\"",
+            "at = \"5s\"\non = \"acquire-ok\"\nnth = 0",
+            ":12:7: nth: expected a whole number from 1 to 1000000",
         ),
         (
             "reads-exclusive.toml",
@@ -249,7 +276,7 @@ fn a_missing_file_and_bad_arguments_exit_2() {
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--jobs", "0"]);
     assert_eq!(o.status.code(), Some(2), "--jobs 0 is refused");
     let o = locksim(&["run", "scenarios/catalog/redis-del-gc-pause.toml", "--seeds", "7"]);
-    assert!(stdout(&o).contains(": 1 seeds"), "one seed: {}", stdout(&o));
+    assert!(stdout(&o).contains(": 1 seed,"), "one seed: {}", stdout(&o));
     let (_dir, binary) = scenario_file("latin1.toml", "");
     std::fs::write(&binary, b"name = \"caf\xe9\"\n").unwrap();
     let o = locksim(&["run", binary.to_str().unwrap()]);
@@ -295,4 +322,50 @@ fn list_shows_recipes_with_parameters_faults_and_scenarios() {
         assert!(out.contains(needle), "list output lacks {needle}");
     }
     assert!(!out.contains("(invalid"), "every shipped scenario loads:\n{out}");
+}
+
+#[test]
+fn report_names_the_files_it_wrote_once_each_and_counts_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let o = locksim(&[
+        "run",
+        "scenarios/catalog/redis-del-gc-pause.toml",
+        "--seeds",
+        "0..1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("): 1 seed, "), "{}", stdout(&o));
+    let out = format!("{}/", dir.path().join("report").display());
+    let o = locksim(&["report", json.to_str().unwrap(), "--out", &out]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o);
+    assert!(said.starts_with("1 run merged from 1 file: 1 as expected, 0 not\n"), "{said}");
+    assert!(said.contains(&format!("wrote {out}index.html and {out}report.md")), "{said}");
+}
+
+/// The README's commands, run from a clone, leave nothing in it but under `target/`; none needs `sudo`
+/// (a root machine has none); and the own-lock example is copied with its `Cargo.lock`.
+#[test]
+fn the_readme_commands_write_under_target_and_work_as_root() {
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
+    let mut checked = 0;
+    for line in readme.lines().map(str::trim) {
+        let command = line.strip_prefix("$ ").unwrap_or(line);
+        assert!(!command.starts_with("sudo "), "{line:?}: say \"as root\" instead");
+        if !(command.starts_with("locksim ") || command.starts_with("cargo run")) {
+            continue;
+        }
+        let words: Vec<&str> = command.split('#').next().unwrap().split_whitespace().collect();
+        for pair in words.windows(2) {
+            if ["--out", "--json", "--junit", "-o", "--timeline", "--history", "--shrink-dir"].contains(&pair[0]) {
+                assert!(pair[1].starts_with("target/"), "{line:?}: {} {} is not under target/", pair[0], pair[1]);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} outputs found in the README's commands");
+    assert!(readme.contains("`Cargo.lock`"), "the README tells users to copy own-locks/Cargo.lock");
 }

@@ -458,7 +458,7 @@ fn every_builtin_etcd_and_zookeeper_recipe_runs_for_real_and_stays_safe_without_
             let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
             let text = stdout(&out);
             assert_eq!(out.status.code(), Some(0), "{id}: {text}\n{}", stderr(&out));
-            assert!(text.contains(&format!("calm ({id}): 1 real runs, 0 unsafe")), "{text}");
+            assert!(text.contains(&format!("calm ({id}): 1 real run, 0 unsafe")), "{text}");
             let acquisitions: f64 = text
                 .split("measured: ")
                 .nth(1)

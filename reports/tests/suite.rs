@@ -61,6 +61,17 @@ fn a_bad_suite_file_is_one_precise_error_and_exit_2() {
     std::fs::write(&suite, "[[run]]\nscenario = \"x.toml\"\nseeds = \"5..1\"\n").unwrap();
     let err = String::from_utf8_lossy(&locksim(&["suite", suite.to_str().unwrap()]).stderr).into_owned();
     assert!(err.contains("bad.toml:3:9: seeds: the seed range \"5..1\" is empty"), "{err}");
+    std::fs::write(
+        &suite,
+        "[[run]]\nscenario = \"x.toml\"\nseeds = \"0..5\"\nhazards = \"lease-expired-while-held\"\n",
+    )
+    .unwrap();
+    let o = locksim(&["suite", suite.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let wanted = "bad.toml:4:11: hazards: expected a list of hazard names, like [\"lease-expired-while-held\"], \
+                  found string \"lease-expired-while-held\"";
+    assert!(err.contains(wanted), "{err}");
 }
 
 /// The numbers a report shows for each run, as text.

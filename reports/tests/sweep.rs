@@ -69,7 +69,7 @@ fn a_bad_vary_names_the_file_and_key_and_exits_2() {
     let (_dir, file) = pause_file(PAUSE);
     let name = file.display().to_string();
     for (vary, said) in [
-        ("recipe.tll=1s..2s/1s", "unknown key `tll` in [recipe] of redis.set-nx-px"),
+        ("recipe.tll=1s..2s/1s", ": with --vary recipe.tll = 1s: unknown key `tll` in [recipe] of redis.set-nx-px"),
         ("faults.schedule.3.duration=1s..2s/1s", "--vary faults.schedule.3.duration: `faults.schedule` has 1 entries"),
         ("backend.masters=1..2/1", "--vary backend.masters: the file has no `backend`"),
         (
@@ -82,13 +82,27 @@ fn a_bad_vary_names_the_file_and_key_and_exits_2() {
         ),
         ("recipe.ttl=5s..1s/1s", "--vary recipe.ttl: the range is empty"),
         ("recipe.ttl=1s..5s/0s", "--vary recipe.ttl: the step must be above zero"),
-        ("workload.clients=0..2/1", "(with workload.clients = 0):"),
+        // At the user's line of the varied key, not a line of the text rewritten with its value.
+        (
+            "workload.clients=0..2/1",
+            ":8:11: clients: expected a whole number from 1 to 1000, found 0 (with --vary workload.clients = 0)",
+        ),
+        (
+            "workload.duration=1s..2s/1s",
+            ": with --vary workload.duration = 1s: at: the run lasts 1s; a fault at 5s would never start",
+        ),
     ] {
         let o = sweep(&file, vary, &[]);
         assert_eq!(o.status.code(), Some(2), "{vary}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(&format!("{name}{said}")) || !said.starts_with(':'), "{vary}: {}", stderr(&o));
         assert!(stderr(&o).contains(&name) && stderr(&o).contains(said), "{vary}: {}", stderr(&o));
         assert_eq!(stdout(&o), "", "{vary}: nothing runs");
     }
+    // A fault of the file itself is shown at its own line.
+    let (_dir, typo) = pause_file(&PAUSE.replace("release = \"del\"", "releas = \"del\""));
+    let o = sweep(&typo, "recipe.ttl=1s..2s/1s", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("{}:5:1: unknown key `releas`", typo.display())), "{}", stderr(&o));
 }
 
 #[test]
@@ -125,4 +139,21 @@ fn the_shards_of_a_sweep_merge_into_the_sweep_of_all_their_seeds() {
         locksim(&["sweep", file.to_str().unwrap(), "--vary", "recipe.ttl=2s..8s/3s", "--merge", one.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("by faults.schedule.0.duration, not of"), "{}", stderr(&o));
+}
+
+#[test]
+fn out_creates_only_its_last_directory_as_mkdir_does() {
+    let (dir, file) = pause_file(PAUSE);
+    let deep = dir.path().join("no/such/sweep");
+    let o = sweep(&file, "recipe.ttl=1s..2s/1s", &["--out", deep.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let wanted =
+        format!("its parent {} does not exist (create it first); nothing was run", deep.parent().unwrap().display());
+    assert!(stderr(&o).contains(&wanted), "{}", stderr(&o));
+    assert!(!dir.path().join("no").exists(), "no parent was made");
+    assert_eq!(stdout(&o), "");
+    let out = dir.path().join("sweep");
+    let o = sweep(&file, "recipe.ttl=1s..2s/1s", &["--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(out.join("sweep.svg").exists());
 }

@@ -130,8 +130,50 @@ impl Source<'_> {
     }
 
     pub fn parse(&self) -> Result<ScenarioFile, ScenarioError> {
-        toml::from_str(self.text).map_err(|e| self.error(e.span().unwrap_or(0..0), toml_message(&e)))
+        toml::from_str(self.text).map_err(|e| self.toml_error(&e))
     }
+
+    /// A TOML or serde error at its position, naming the key whose value is at fault (`nth: expected
+    /// a whole number within range`, not a bare `expected ...`), and for a list key, what it lists.
+    pub fn toml_error(&self, e: &toml::de::Error) -> ScenarioError {
+        let span = e.span().unwrap_or(0..0);
+        let message = toml_message(e);
+        let message = match key_at(self.text, span.start) {
+            Some(key) if !message.starts_with(&format!("{key}:")) => {
+                // serde says "invalid type: string \"x\", expected a sequence" of a list that is not one.
+                let not_a_list =
+                    message.strip_prefix("invalid type: ").and_then(|m| m.strip_suffix(", expected a sequence"));
+                match (list_of(key), not_a_list) {
+                    (Some(list), Some(found)) => format!("{key}: expected {list}, found {found}"),
+                    _ => format!("{key}: {message}"),
+                }
+            }
+            _ => message,
+        };
+        self.error(span, message)
+    }
+}
+
+/// The key of the `key = value` line whose value holds byte `at`, if `at` is past the `=`.
+fn key_at(text: &str, at: usize) -> Option<&str> {
+    let at = at.min(text.len());
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].split('\n').next().unwrap_or("");
+    let eq = line.find('=')?;
+    let key = line[..eq].trim().trim_matches('"');
+    let plain = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    (plain && at > start + eq).then_some(key)
+}
+
+/// What a key that holds a list of names lists, with an example.
+fn list_of(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "hazards" => "a list of hazard names, like [\"lease-expired-while-held\"]",
+        "findings" | "absent" => "a list of finding kinds, like [\"double-holder\"]",
+        "kinds" => "a list of fault kinds, like [\"pause\", \"crash\"]",
+        "peers" => "a list of node names, like [\"redis-0\"]",
+        _ => return None,
+    })
 }
 
 /// One table being checked key by key: take the keys you know, then [`Section::finish`] rejects the rest.

@@ -229,6 +229,91 @@ impl Shrunk {
             "# Shrunk by `locksim shrink` from {} seed {}; replay with --seed {}.\n",
             s.path, self.seed, self.seed
         );
-        Ok(header + &toml::to_string(&file).expect("a TOML table serialises"))
+        Ok(header + &in_file_order(&file))
+    }
+}
+
+/// Sections in the order of the file format (DESIGN §8) and of the catalog's files.
+const SECTIONS: [&str; 9] =
+    ["name", "description", "recipe", "model", "backend", "workload", "faults", "check", "expect"];
+
+/// Keys that lead their table, in this order (`id` of a recipe, `at` and `kind` of a fault, `kind` and
+/// `clients` of a workload, `[[faults.schedule]]` before `[faults.random]`); the rest follow alphabetically.
+const LEADING: [&str; 15] = [
+    "id", "command", "at", "on", "nth", "client", "kind", "clients", "target", "peers", "duration", "verdict",
+    "findings", "schedule", "random",
+];
+
+fn key_rank(key: &str, order: &[&str]) -> (usize, String) {
+    (order.iter().position(|k| *k == key).unwrap_or(order.len()), key.to_string())
+}
+
+/// `file` as TOML with its sections in the file format's order, not alphabetically (`[expect]`
+/// before `[recipe]`, as `toml::to_string` writes a table).
+pub fn in_file_order(file: &toml::Table) -> String {
+    let mut out = String::new();
+    write_table(&mut out, "", file, &SECTIONS);
+    out
+}
+
+/// Write `table` (named `path`, "" at the top): its values, then its tables and arrays of tables.
+fn write_table(out: &mut String, path: &str, table: &toml::Table, order: &[&str]) {
+    let is_table = |v: &toml::Value| match v {
+        toml::Value::Table(_) => true,
+        toml::Value::Array(a) => !a.is_empty() && a.iter().all(toml::Value::is_table),
+        _ => false,
+    };
+    let mut keys: Vec<&String> = table.keys().collect();
+    keys.sort_by_key(|k| key_rank(k, order));
+    for key in keys.iter().filter(|k| !is_table(&table[k.as_str()])) {
+        out.push_str(&format!("{} = {}\n", toml_key(key), table[key.as_str()]));
+    }
+    for key in keys.iter().filter(|k| is_table(&table[k.as_str()])) {
+        let name = if path.is_empty() { toml_key(key) } else { format!("{path}.{}", toml_key(key)) };
+        match &table[key.as_str()] {
+            toml::Value::Table(t) => {
+                // A table holding only tables (`faults`) needs no header of its own.
+                if t.is_empty() || t.values().any(|v| !is_table(v)) {
+                    out.push_str(&format!("\n[{name}]\n"));
+                }
+                write_table(out, &name, t, &LEADING);
+            }
+            toml::Value::Array(entries) => {
+                for t in entries.iter().filter_map(toml::Value::as_table) {
+                    out.push_str(&format!("\n[[{name}]]\n"));
+                    write_table(out, &name, t, &LEADING);
+                }
+            }
+            _ => unreachable!("only tables and arrays of tables are left"),
+        }
+    }
+}
+
+/// A key as TOML writes it: bare when it can be, quoted otherwise.
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        key.to_string()
+    } else {
+        toml::Value::String(key.to_string()).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shrunk_file_lists_its_sections_in_the_file_format_order() {
+        let text = "name = \"t\"\ndescription = \"d\"\n[recipe]\nid = \"redis.set-nx-px\"\nttl = \"5s\"\n\
+                    [workload]\nkind = \"counter\"\nclients = 3\nduration = \"20s\"\nhold = [\"1ms\", \"2ms\"]\n\
+                    [[faults.schedule]]\nat = \"5s\"\nkind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"\n\
+                    [faults.random]\nkinds = [\"pause\"]\n[check]\nliveness = \"10s\"\n\
+                    [expect]\nverdict = \"unsafe\"\nfindings = [\"double-holder\"]\n";
+        let file: toml::Table = toml::from_str(text).unwrap();
+        let written = in_file_order(&file);
+        let lines: Vec<&str> = written.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines, text.lines().collect::<Vec<_>>(), "{written}");
+        assert_eq!(toml::from_str::<toml::Table>(&written).unwrap(), file);
     }
 }

@@ -90,8 +90,7 @@ impl Suite {
         let shown = path.display().to_string();
         let text = crate::scenario::read_text(path, &shown)?;
         let src = Source { path: &shown, text: &text };
-        let file: SuiteFile =
-            toml::from_str(&text).map_err(|e| src.error(e.span().unwrap_or(0..0), crate::file::toml_message(&e)))?;
+        let file: SuiteFile = toml::from_str(&text).map_err(|e| src.toml_error(&e))?;
         if file.run.is_empty() {
             return Err(src.error(0..0, "a suite needs at least one [[run]] with scenario and seeds").into());
         }

@@ -95,10 +95,53 @@ impl Vary {
         let parts: Vec<&str> = self.key.split('.').collect();
         set(&mut file, &parts, "", value).map_err(|e| format!("{path}: --vary {}: {e}", self.key))?;
         let edited = toml::to_string(&file).expect("a TOML table serializes");
-        // Errors name the key and value: their line numbers are those of the edited text.
         let shown = format!("{path} (with {} = {value})", self.key);
-        Scenario::parse(&shown, &edited, registry).map_err(|e| e.to_string())
+        let e = match Scenario::parse(&shown, &edited, registry) {
+            Ok(scenario) => return Ok(scenario),
+            Err(e) => e,
+        };
+        // The edited text is laid out anew, so its line numbers are not the user's. A fault of the file
+        // itself is shown at its own line; one at the varied key, at that key's line in the file (when
+        // it is written there); any other names the key and value, and no line.
+        if let Err(own) = Scenario::parse(path, text, registry) {
+            return Err(own.to_string());
+        }
+        let with = format!("--vary {} = {value}", self.key);
+        match (key_line(&edited, &parts), key_line(text, &parts)) {
+            (Some(at), Some(own)) if at.0 == e.line => {
+                Err(format!("{path}:{}:{}: {} (with {with})", own.0, own.1, e.message))
+            }
+            _ => Err(format!("{path}: with {with}: {}", e.message)),
+        }
     }
+}
+
+/// The line and the value's column (from 1) of the key `parts` in `text`, for keys written as
+/// `key = value` under a `[table]` or an `[[array]]` entry header (an entry is addressed by its index).
+fn key_line(text: &str, parts: &[&str]) -> Option<(usize, usize)> {
+    let (key, table) = parts.split_last()?;
+    let table = table.join(".");
+    let mut here = String::new();
+    let mut entries: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let name = |t: &str| t.split('#').next().unwrap_or("").replace([' ', '"'], "");
+        if let Some(rest) = trimmed.strip_prefix("[[") {
+            let array = name(rest.split("]]").next().unwrap_or(""));
+            let n = entries.entry(array.clone()).or_insert(0);
+            here = format!("{array}.{n}");
+            *n += 1;
+        } else if let Some(rest) = trimmed.strip_prefix('[') {
+            here = name(rest.split(']').next().unwrap_or(""));
+        } else if here == table {
+            let Some((k, v)) = line.split_once('=') else { continue };
+            if k.trim().trim_matches('"') == *key {
+                let col = line.len() - v.trim_start().len() + 1;
+                return Some((i + 1, col));
+            }
+        }
+    }
+    None
 }
 
 /// Set `parts` (what is left of the key, below `walked`) in `table` to `value`.

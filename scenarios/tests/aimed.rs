@@ -185,6 +185,13 @@ fn the_aimed_nemesis_is_deterministic_and_written_out_replays_the_same_run() {
     };
     let written = shrunk.to_toml(&text(AIMED_NEMESIS)).unwrap();
     assert!(written.contains("on = \"") && written.contains("target = \"trigger\""), "{written}");
+    // In the file format's order, as the catalog's files are written: not alphabetically.
+    let at = |section: &str| written.find(section).unwrap_or_else(|| panic!("{section} in {written}"));
+    assert!(at("\nname =") < at("\n[recipe]") && at("\n[recipe]") < at("\n[workload]"), "{written}");
+    assert!(
+        at("\n[workload]") < at("\n[[faults.schedule]]\nat =") && at("[[faults.schedule]]") < at("\n[expect]"),
+        "{written}"
+    );
     let back = Scenario::parse("w.toml", &written, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}\n{written}"));
     assert_eq!(run_seed(&back, 5).unwrap().history.hash(), a.history.hash());
 }

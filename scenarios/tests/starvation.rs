@@ -100,8 +100,8 @@ fn bad_starvation_keys_are_refused_with_file_line_and_what_was_expected() {
             "t.toml:9:21: starvation_grants: expected a whole number of grants to one other client, 0 or more",
         ),
         ("starvation_wait = \"0s\"", "t.toml:9:19: starvation_wait: expected a duration above zero"),
-        ("starvation_wait = \"soon\"", "t.toml:9:19: expected a duration such as"),
-        ("starvation = \"off\"", "t.toml:9:14: invalid type: string \"off\", expected a boolean"),
+        ("starvation_wait = \"soon\"", "t.toml:9:19: starvation_wait: expected a duration such as"),
+        ("starvation = \"off\"", "t.toml:9:14: starvation: invalid type: string \"off\", expected a boolean"),
         (
             "starvation = false\nstarvation_wait = \"1m\"",
             "t.toml:10:19: starvation_wait: starvation is not checked (starvation = false); leave it out",

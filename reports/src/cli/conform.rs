@@ -303,7 +303,7 @@ fn said(r: &Report) -> String {
         for line in &m.script {
             out.push_str(&format!("      {line}\n"));
         }
-        out.push_str(&format!("    reproduce: locksim conform {} --seeds {}\n", r.family, m.seed));
+        out.push_str(&format!("    reproduce: {} conform {} --seeds {}\n", crate::text::program(), r.family, m.seed));
     }
     out
 }

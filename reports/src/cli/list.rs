@@ -57,8 +57,14 @@ fn params(out: &mut String, specs: &[ParamSpec], indent: &str) {
 
 fn recipes(out: &mut String, registry: &Registry) {
     let _ = writeln!(out, "Recipes ([recipe] id = ..., parameters beside it with their defaults):");
-    let mut families: Vec<&str> = registry.recipes().iter().map(|r| r.family.name).collect();
-    families.dedup();
+    // Each family once, in the order it first appears: a user's recipes come after the built-ins and
+    // may belong to a built-in family, so equal names need not be adjacent.
+    let mut families: Vec<&str> = Vec::new();
+    for r in registry.recipes() {
+        if !families.contains(&r.family.name) {
+            families.push(r.family.name);
+        }
+    }
     for family in families {
         let recipes: Vec<_> = registry.recipes().iter().filter(|r| r.family.name == family).collect();
         let spec = recipes[0].family;
@@ -135,4 +141,24 @@ fn scenarios(out: &mut String, dir: &PathBuf, registry: &Registry) -> anyhow::Re
         };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_recipe_of_a_builtin_family_lists_that_family_once() {
+        let builtin = Registry::builtin();
+        let zk = *builtin.recipes().iter().find(|r| r.family.name == "zk").expect("a zk recipe");
+        let registry = builtin.clone().with(locksim_locks::RecipeSpec { id: "my.zk-poll", ..zk });
+        let mut out = String::new();
+        recipes(&mut out, &registry);
+        for family in ["redis", "zk", "etcd", "sql", "none"] {
+            let heading = format!("[backend] of the {family} family");
+            assert_eq!(out.matches(&heading).count(), 1, "{heading}:\n{out}");
+        }
+        let (zk_block, _) = out.split_once("[backend] of the etcd family").unwrap();
+        assert!(zk_block.contains("my.zk-poll"), "the user's recipe sits in its family's block:\n{out}");
+    }
 }

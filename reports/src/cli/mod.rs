@@ -27,8 +27,8 @@ use std::process::ExitCode;
     long_about = None,
     after_help = "Start with:\n  locksim list\n  locksim run scenarios/catalog/redis-del-gc-pause.toml --seeds 0..200\n  \
                   locksim repro scenarios/catalog/redis-del-gc-pause.toml --seed 0 --trace\n\n\
-                  In CI:\n  locksim suite scenarios/suites/smoke.toml --junit junit.xml\n  \
-                  locksim suite scenarios/suites/full.toml --json results.json && locksim report results.json --out report\n\n\
+                  In CI:\n  locksim suite scenarios/suites/smoke.toml --junit target/junit.xml\n  \
+                  locksim suite scenarios/suites/full.toml --json target/results.json && locksim report target/results.json --out target/report\n\n\
                   Exit codes: 0 as expected, 1 a verdict differed from the scenario's [expect], 2 bad input."
 )]
 struct Cli {
@@ -78,6 +78,10 @@ pub fn main(registry: Registry) -> ExitCode {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("locksim: internal error: {info}"));
     }));
+    // Lines to paste name the binary that printed them: an own-lock crate's, when it is one.
+    if let Some(name) = std::env::args_os().next().as_deref().map(Path::new).and_then(Path::file_name) {
+        crate::text::set_program(&name.to_string_lossy());
+    }
     let args = Cli::parse();
     match dispatch(args, &registry) {
         Ok(code) => code,
@@ -146,6 +150,25 @@ fn writable_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("{}: cannot create the output directory ({e}); nothing was run", dir.display()))?;
     writable_file(&dir.join(".locksim-write-check"))
+}
+
+/// [`writable_dir`] creating only the last component, as `mkdir` does: a mistyped `--out` must not
+/// leave a trail of directories behind (one trial made some at the filesystem root).
+fn new_or_existing_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            anyhow::bail!(
+                "{}: cannot create the output directory: its parent {} does not exist (create it first); nothing was run",
+                dir.display(),
+                parent.display()
+            );
+        }
+        std::fs::create_dir(dir).map_err(|e| {
+            anyhow::anyhow!("{}: cannot create the output directory ({e}); nothing was run", dir.display())
+        })?;
+    }
+    writable_dir(dir)
 }
 
 /// Check every output path a command was given, before it runs anything.

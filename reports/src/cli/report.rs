@@ -27,13 +27,13 @@ pub fn report(args: Args) -> anyhow::Result<ExitCode> {
     crate::report::write(&merged, &args.out)?;
     let wrong: Vec<&str> = merged.runs.iter().filter(|r| !r.as_expected).map(|r| r.scenario.as_str()).collect();
     let mut said = format!(
-        "{} runs merged from {} files: {} as expected, {} not\nwrote {}/index.html and {}/report.md\n",
-        merged.runs.len(),
-        args.results.len(),
+        "{} merged from {}: {} as expected, {} not\nwrote {} and {}\n",
+        crate::text::count(merged.runs.len() as u64, "run", "runs"),
+        crate::text::count(args.results.len() as u64, "file", "files"),
         merged.runs.len() - wrong.len(),
         wrong.len(),
-        args.out.display(),
-        args.out.display()
+        args.out.join("index.html").display(),
+        args.out.join("report.md").display()
     );
     for name in &wrong {
         said.push_str(&format!("  not as expected: {name}\n"));

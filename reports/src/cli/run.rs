@@ -47,9 +47,10 @@ pub struct Args {
 pub fn summary(result: &ScenarioResult, seeds: u64) -> String {
     let kinds = text::kinds_summary(result);
     let mut out = format!(
-        "{} ({}): {seeds} seeds, {}{}\n",
+        "{} ({}): {}, {}{}\n",
         result.scenario,
         result.recipe,
+        text::count(seeds, "seed", "seeds"),
         text::unsafe_count(result),
         if kinds.is_empty() { String::new() } else { format!(" — {kinds}") }
     );
@@ -124,7 +125,8 @@ pub fn run(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<Exi
     let simulated = seeds as f64 * scenario.workload.duration.as_secs_f64();
     let first = first_violation.map_or(String::new(), |s| format!("; the first violation after {s:.2} s"));
     eprintln!(
-        "{seeds} seeds in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s{first}",
+        "{} in {wall:.2} s on {jobs} jobs: {:.0} seeds/s, {:.0} simulated s per wall s{first}",
+        text::count(seeds, "seed", "seeds"),
         seeds as f64 / wall,
         simulated / wall
     );
@@ -184,7 +186,7 @@ fn real(args: Args, registry: &locksim_locks::Registry) -> anyhow::Result<ExitCo
     if let Some(note) = too_few_runs(&scenario, runs).filter(|_| !result.as_expected) {
         super::emit(&format!("{note}\n"))?;
     }
-    eprintln!("{runs} real runs in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!("{} in {:.1} s", text::count(runs, "real run", "real runs"), started.elapsed().as_secs_f64());
     Ok(if result.as_expected { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
@@ -230,8 +232,9 @@ pub fn real_summary(result: &ScenarioResult, runs: u64) -> String {
         if line.starts_with("reproduce:") || line.starts_with("hazards:") {
             continue;
         }
-        let line = match line.split_once(&format!("): {runs} seeds, ")) {
-            Some((head, tail)) => format!("{head}): {runs} real runs, {tail}"),
+        let seeds = text::count(runs, "seed", "seeds");
+        let line = match line.split_once(&format!("): {seeds}, ")) {
+            Some((head, tail)) => format!("{head}): {}, {tail}", text::count(runs, "real run", "real runs")),
             // No messages are counted on real servers.
             None if line.starts_with("measured:") => {
                 let line = line.replace(" per seed;", " per run;").replace("(median over seeds)", "(median over runs)");

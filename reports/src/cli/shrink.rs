@@ -34,13 +34,13 @@ pub fn shrink_to(
     let toml = shrunk.to_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     std::fs::write(out, toml).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
     let line = format!(
-        "{} seed {seed}: {} faults shrunk to {}, still {} ({} runs); replay: locksim repro {} --seed {seed}",
+        "{} seed {seed}: {} shrunk to {}, still {} ({} runs); replay: {}",
         scenario.name,
-        shrunk.faults_before,
+        crate::text::count(shrunk.faults_before as u64, "fault", "faults"),
         shrunk.scenario.schedule.len(),
         shrunk.kind.name(),
         shrunk.tries,
-        out.display()
+        crate::text::repro_line(&out.display().to_string(), seed)
     );
     Ok((shrunk, line))
 }

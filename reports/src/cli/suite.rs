@@ -187,7 +187,7 @@ fn real(args: &Args, suite: &Suite) -> anyhow::Result<ExitCode> {
     }
     let runs = results.len();
     super::emit(&format!("suite {name}: {runs} runs, {} as expected, {failed} not\n", runs - failed))?;
-    eprintln!("{total} real runs in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!("{} in {:.1} s", text::count(total, "real run", "real runs"), started.elapsed().as_secs_f64());
     if let Some(path) = &args.junit {
         let xml = junit(&name, &results, &seconds);
         std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

@@ -16,7 +16,7 @@ use std::time::Instant;
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     locksim sweep scenarios/catalog/redis-del-gc-pause.toml --vary faults.schedule.0.duration=1s..10s/1s --seeds 0..100\n  \
-    locksim sweep scenarios/catalog/redis-del-gc-pause.toml --vary recipe.ttl=1s..12s/1s --out sweep\n  \
+    locksim sweep scenarios/catalog/redis-del-gc-pause.toml --vary recipe.ttl=1s..12s/1s --out target/sweep\n  \
     locksim sweep scenarios/catalog/zk-ephemeral-herd.toml --vary workload.clients=2..16/2\n\n\
     Exit codes: 0 done (violations are results, not failures), 2 bad input or a harness error.")]
 pub struct Args {
@@ -72,7 +72,9 @@ pub fn sweep(args: Args, registry: &Registry) -> anyhow::Result<ExitCode> {
     if scenarios[0].only_real() {
         anyhow::bail!("{shown}: {}", locksim_locks::command::ONLY_REAL);
     }
-    super::check_outputs([], args.out.as_deref())?;
+    if let Some(dir) = &args.out {
+        super::new_or_existing_dir(dir)?;
+    }
     if !args.merge.is_empty() {
         let points = merge(&shown, &scenarios[0], &vary, &args.merge)?;
         return finish(&args, &scenarios[0], &vary.key, points);

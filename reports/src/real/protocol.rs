@@ -77,6 +77,33 @@ pub enum Message {
     Lost { reason: String },
 }
 
+impl Message {
+    /// The message in words, for errors: `{"entered":true}`, never `Entered`.
+    pub fn words(&self) -> String {
+        match self {
+            Message::Ok { token: None } => "{\"ok\":true}".to_string(),
+            Message::Ok { token: Some(t) } => format!("{{\"ok\":true,\"token\":{t}}}"),
+            Message::Fail { reason } => format!("{{\"ok\":false}} (a failure: {reason:?})"),
+            Message::Unknown { reason } => format!("{{\"unknown\":...}} (an unknown outcome: {reason:?})"),
+            Message::Entered => "{\"entered\":true} (the answer to enter)".to_string(),
+            Message::Writing => "{\"writing\":true} (the answer to write)".to_string(),
+            Message::Lost { reason } => format!("{{\"lost\":...}} (the lock is gone: {reason:?})"),
+        }
+    }
+}
+
+/// The error for `client` answering `m` to `to` (a request's name), in words: what it said, and what
+/// `to` expects.
+pub fn unexpected(client: &str, m: &Message, to: &str) -> String {
+    let expected = match to {
+        "acquire" | "acquire (shared)" | "release" => "; expected {\"ok\":...} or {\"unknown\":...}",
+        "enter" => "; expected {\"entered\":true}",
+        "write" => "; expected {\"writing\":true}",
+        _ => "",
+    };
+    format!("{client}: the command answered {} to {to}{expected}", m.words())
+}
+
 /// A line that is not a message, in words naming the client and the line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProtocolError {
@@ -171,6 +198,23 @@ mod tests {
             assert!(line.ends_with('\n'), "{line}");
             assert_eq!(serde_json::from_str::<Value>(line).unwrap(), json);
         }
+    }
+
+    #[test]
+    fn an_answer_to_the_wrong_request_reads_as_words() {
+        let text = unexpected("client-1", &Message::Entered, "acquire");
+        assert_eq!(
+            text,
+            "client-1: the command answered {\"entered\":true} (the answer to enter) to acquire; \
+             expected {\"ok\":...} or {\"unknown\":...}"
+        );
+        let text = unexpected("client-0", &Message::Ok { token: Some(7) }, "write");
+        assert_eq!(
+            text,
+            "client-0: the command answered {\"ok\":true,\"token\":7} to write; expected {\"writing\":true}"
+        );
+        let text = unexpected("client-0", &Message::Fail { reason: "busy".into() }, "enter");
+        assert!(text.contains("answered {\"ok\":false} (a failure: \"busy\") to enter"), "{text}");
     }
 
     #[test]

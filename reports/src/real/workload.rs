@@ -323,6 +323,6 @@ impl Session<'_> {
     }
 
     fn unexpected(&self, m: &Message, to: &str) -> anyhow::Error {
-        anyhow::anyhow!("{}: the command answered {m:?} to {to}", self.run.nodes[self.node.0 as usize])
+        anyhow::anyhow!(super::protocol::unexpected(&self.run.nodes[self.node.0 as usize].to_string(), m, to))
     }
 }
