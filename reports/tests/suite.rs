@@ -144,7 +144,7 @@ fn a_random_nemesis_seed_of_set_nx_px_with_del_shrinks_to_one_pause_that_repro_r
     let dir = scratch("shrink");
     let out = dir.path().join("shrunk.toml");
     let scenario = "scenarios/catalog/redis-nemesis-del.toml";
-    let o = locksim(&["shrink", scenario, "--seed", "0", "--finding", "double-holder", "-o", out.to_str().unwrap()]);
+    let o = locksim(&["shrink", scenario, "--seed", "2", "--finding", "double-holder", "-o", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let said = stdout(&o);
     assert!(said.contains("shrunk to 1, still double-holder"), "{said}");
@@ -152,10 +152,10 @@ fn a_random_nemesis_seed_of_set_nx_px_with_del_shrinks_to_one_pause_that_repro_r
     assert_eq!(text.matches("[[faults.schedule]]").count(), 1, "{text}");
     assert!(text.contains("kind = \"pause\""), "{text}");
     assert!(!text.contains("[faults.random]"), "{text}");
-    let replay = locksim(&["repro", out.to_str().unwrap(), "--seed", "0"]);
+    let replay = locksim(&["repro", out.to_str().unwrap(), "--seed", "2"]);
     assert!(stdout(&replay).contains("double-holder"), "{}", stdout(&replay));
     // And the shrunk file is a scenario that passes as written: unsafe, with that finding.
-    assert_eq!(locksim(&["run", out.to_str().unwrap(), "--seeds", "0"]).status.code(), Some(0));
+    assert_eq!(locksim(&["run", out.to_str().unwrap(), "--seeds", "2"]).status.code(), Some(0));
 }
 
 #[test]
