@@ -1392,6 +1392,15 @@ mod tests {
         net.state().send(from, to, socket, request, sim_now_ns());
     }
 
+    /// The reply tags of the requests `to`'s server reads now, in order ([`Inbox::take_request`]: data
+    /// on a socket the server has closed is not read).
+    fn requests_read(net: &Net, to: NodeIx) -> Vec<u64> {
+        let s = &mut *net.state();
+        let inbox = s.inboxes.get_mut(&to).unwrap();
+        let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
+        read.map(|(reply_to, _)| reply_to.reply_tag).collect()
+    }
+
     #[test]
     fn syns_back_off_from_1s_and_give_up_after_tcp_syn_retries() {
         let s = 1_000_000_000;
@@ -1474,10 +1483,7 @@ mod tests {
             sleep_until(5_000_000_000).await;
             net.cut(A, B, false);
             sleep_until(10_000_000_000).await;
-            let s = &mut *net.state();
-            let inbox = s.inboxes.get_mut(&B).unwrap();
-            let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
-            let tags: Vec<u64> = read.map(|(reply_to, _)| reply_to.reply_tag).collect();
+            let tags = requests_read(&net, B);
             // The orphan's data goes at 6.4 s, the new socket's SYN (sent at 0) at 7 s: the old
             // request is read, the server not having heard from the new connection yet.
             assert_eq!(tags, [0, 1, 2]);
@@ -1502,10 +1508,7 @@ mod tests {
             sleep_until(7_500_000_000).await;
             net.cut(A, B, false);
             sleep_until(20_000_000_000).await;
-            let s = &mut *net.state();
-            let inbox = s.inboxes.get_mut(&B).unwrap();
-            let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
-            let tags: Vec<u64> = read.map(|(reply_to, _)| reply_to.reply_tag).collect();
+            let tags = requests_read(&net, B);
             assert_eq!(tags, [0, 2], "the server closed the old connection when it read the new one");
         });
     }
