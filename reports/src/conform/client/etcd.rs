@@ -437,19 +437,18 @@ mod tests {
     fn the_models_keep_alive_gives_up_a_ttl_after_its_last_answer_and_comes_back_after_a_short_cut() {
         let long = Plan { ttl_s: 3, fault_ms: 2000, fault: EtcdFault::Cut { ms: 6000 } };
         let t = EtcdClientSide.model(&long, 1);
-        let at = |t: &Timeline, what| t.0.iter().find(|e| e.what == what).map(|e| e.at_ms);
         // Answers at 0 and ~1.5 s (TTL/3 after the first, on the 500 ms grid); the deadline 3 s after
         // the last, found by the once-a-second look.
-        let gave_up = at(&t, GAVE_UP).unwrap_or_else(|| panic!("gave up: {t}"));
+        let gave_up = t.at(GAVE_UP).unwrap_or_else(|| panic!("gave up: {t}"));
         assert!((4000..=5100).contains(&gave_up), "{t}");
-        assert_eq!(at(&t, LEASE_GONE), Some(long.end_ms()), "{t}");
-        assert_eq!(at(&t, RESUMED), None, "{t}");
+        assert_eq!(t.at(LEASE_GONE), Some(long.end_ms()), "{t}");
+        assert_eq!(t.at(RESUMED), None, "{t}");
 
         let short = Plan { ttl_s: 5, fault_ms: 2000, fault: EtcdFault::Cut { ms: 800 } };
         let t = EtcdClientSide.model(&short, 1);
-        assert_eq!(at(&t, GAVE_UP), None, "{t}");
-        assert_eq!(at(&t, LEASE_LIVES), Some(short.end_ms()), "{t}");
-        assert!(at(&t, RESUMED).is_some(), "{t}");
+        assert_eq!(t.at(GAVE_UP), None, "{t}");
+        assert_eq!(t.at(LEASE_LIVES), Some(short.end_ms()), "{t}");
+        assert!(t.at(RESUMED).is_some(), "{t}");
     }
 
     #[test]
@@ -473,7 +472,7 @@ mod tests {
         // the loop. Had the first keep-alive waited for the loop's first 500 ms, it would be 3.5 s
         // after that answer.
         let t = EtcdClientSide.model(&p, 3);
-        let gave_up = t.0.iter().find(|e| e.what == GAVE_UP).map(|e| e.at_ms).expect("gave up");
+        let gave_up = t.at(GAVE_UP).expect("gave up");
         assert!((3950..=4000).contains(&gave_up), "{t}");
     }
 }

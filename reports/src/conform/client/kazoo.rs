@@ -74,8 +74,8 @@ impl ClientFamily for KazooClientSide {
 /// and the real server's start, not on a rule: undecided.
 fn undecided(plan: &Plan, model: &Timeline, real: &Timeline) -> Option<String> {
     let ZkFault::ServerKill { down_ms } = plan.fault else { return None };
-    let expired_at = |t: &Timeline| t.0.iter().find(|e| e.what == EXPIRED).map(|e| e.at_ms);
-    let reattached = |t: &Timeline| t.0.iter().any(|e| e.what == RECONNECTED);
+    let expired_at = |t: &Timeline| t.at(EXPIRED);
+    let reattached = |t: &Timeline| t.saw(RECONNECTED);
     let renewed_until = plan.fault_ms + down_ms + plan.timeout_ms;
     let one_side = match (expired_at(model), expired_at(real)) {
         (None, Some(at)) if reattached(model) && !reattached(real) => Some(("real", at)),
@@ -200,13 +200,11 @@ mod tests {
         // attempt.
         let p = Plan { timeout_ms: 4000, fault_ms: 1000, fault: ZkFault::ServerKill { down_ms: 3000 } };
         let kazoo = KazooClientSide.model(&p, 1);
-        let mut whats: Vec<&str> = kazoo.0.iter().map(|e| e.what.as_str()).collect();
-        whats.sort();
-        assert_eq!(whats, [CREATED, DISCONNECTED, GOT, GOT, RECONNECTED], "{kazoo}");
-        let at = |what| kazoo.0.iter().find(|e| e.what == what).map(|e| e.at_ms).unwrap();
+        assert_eq!(kazoo.whats(), [CREATED, DISCONNECTED, GOT, GOT, RECONNECTED], "{kazoo}");
+        let at = |what| kazoo.at(what).unwrap();
         assert!(at(GOT) >= at(RECONNECTED) && at(GOT) >= 4000, "answered once the server is back: {kazoo}");
         let java = ZkClientSide.model(&p, 1);
-        assert!(java.0.iter().any(|e| e.what == GET_LOST), "{java}");
+        assert!(java.saw(GET_LOST), "{java}");
     }
 
     fn timeline(events: &[(u64, &str)]) -> Timeline {

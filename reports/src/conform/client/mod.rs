@@ -53,6 +53,23 @@ impl Timeline {
         self.0.push(Event { at_ms, what: what.into() });
     }
 
+    /// When `what` was first seen.
+    pub fn at(&self, what: &str) -> Option<u64> {
+        self.0.iter().find(|e| e.what == what).map(|e| e.at_ms)
+    }
+
+    /// Whether `what` was seen.
+    pub fn saw(&self, what: &str) -> bool {
+        self.at(what).is_some()
+    }
+
+    /// What was seen, each as often as it was, in alphabetical order.
+    pub fn whats(&self) -> Vec<&str> {
+        let mut whats: Vec<&str> = self.0.iter().map(|e| e.what.as_str()).collect();
+        whats.sort();
+        whats
+    }
+
     /// In time order (events of one instant keep the order they were pushed in).
     pub fn sorted(mut self) -> Timeline {
         self.0.sort_by_key(|e| e.at_ms);

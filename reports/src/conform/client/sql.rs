@@ -395,12 +395,12 @@ mod tests {
     fn the_model_ends_a_cut_off_session_at_the_last_check_and_a_killed_one_at_once() {
         let plan =
             |fault| Plan { idle_s: 1, interval_s: 1, count: 2, blocked_ms: 0, observe_ms: 200, fault_ms: 300, fault };
-        let granted = |t: &Timeline| t.0.iter().find(|e| e.what == OBSERVER_GRANTED).map(|e| e.at_ms);
+        let granted = |t: &Timeline| t.at(OBSERVER_GRANTED);
         // Heard last at the grant (~0 s): probes at 1 and 2 s unanswered, reset at 3 s — the link
         // healed at 2.5 s does not save it (the holder says nothing until 3.7 s).
         let cut = SqlClientSide.model(&plan(HolderFault::Cut { ms: 2200 }), 1);
         assert!(granted(&cut).is_some_and(|at| (3000..3100).contains(&at)), "{cut}");
-        assert!(cut.0.iter().any(|e| e.what == NEXT_FAILED), "{cut}");
+        assert!(cut.saw(NEXT_FAILED), "{cut}");
         let host = SqlClientSide.model(&plan(HolderFault::HostCrash), 1);
         assert!(granted(&host).is_some_and(|at| (3000..3100).contains(&at)), "{host}");
         let kill = SqlClientSide.model(&plan(HolderFault::Kill), 1);

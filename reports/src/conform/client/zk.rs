@@ -495,10 +495,8 @@ mod tests {
     fn the_model_fails_the_held_request_at_the_disconnect_and_expires_after_a_long_cut() {
         let p = Plan { timeout_ms: 3000, fault_ms: 1000, fault: ZkFault::Cut { ms: 6000 } };
         let t = ZkClientSide.model(&p, 1);
-        let mut whats: Vec<&str> = t.0.iter().map(|e| e.what.as_str()).collect();
-        whats.sort();
-        assert_eq!(whats, [CREATED, DISCONNECTED, EXPIRED, GET_LOST], "{t}");
-        let at = |what| t.0.iter().find(|e| e.what == what).map(|e| e.at_ms).unwrap();
+        assert_eq!(t.whats(), [CREATED, DISCONNECTED, EXPIRED, GET_LOST], "{t}");
+        let at = |what| t.at(what).unwrap();
         assert_eq!(at(DISCONNECTED), at(GET_LOST), "failed at the disconnect (ClientCnxn.cleanup): {t}");
         assert!(at(EXPIRED) > 7000, "learnt only after the heal: {t}");
     }
@@ -513,7 +511,7 @@ mod tests {
                 continue;
             }
             let t = ZkClientSide.model(&p, seed);
-            let expired = t.0.iter().find(|e| e.what == EXPIRED).map(|e| e.at_ms).expect("expired");
+            let expired = t.at(EXPIRED).expect("expired");
             let heal = p.fault_ms + ms;
             // Not behind what the old connection still holds: its retransmissions (at 6.4, 12.8 s … after
             // the cut's first send) once made it up to ~6 s.
