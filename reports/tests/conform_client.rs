@@ -36,6 +36,46 @@ fn isolated(kind: Kind) -> Option<(Netns, Server)> {
     }
 }
 
+/// Family `F` with its model replaced by `model`, a planted bug, played against `F`'s real side: the
+/// comparison must catch it.
+struct Planted<F: ClientFamily> {
+    family: F,
+    model: fn(&F::Plan, u64) -> Timeline,
+}
+
+impl<F: ClientFamily> ClientFamily for Planted<F> {
+    const NAME: &'static str = F::NAME;
+    type Plan = F::Plan;
+
+    fn server() -> Kind {
+        F::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> F::Plan {
+        F::plan(rng)
+    }
+
+    fn kind(plan: &F::Plan) -> &'static str {
+        F::kind(plan)
+    }
+
+    fn model(&self, plan: &F::Plan, seed: u64) -> Timeline {
+        (self.model)(plan, seed)
+    }
+
+    fn real(&self, plan: &F::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        self.family.real(plan, server, net)
+    }
+
+    fn margin(plan: &F::Plan, what: &str) -> Margin {
+        F::margin(plan, what)
+    }
+
+    fn undecided(plan: &F::Plan, model: &Timeline, real: &Timeline) -> Option<String> {
+        F::undecided(plan, model, real)
+    }
+}
+
 #[test]
 fn conform_sql_client_agrees_with_postgres_and_the_kernel() {
     let _turn = turn();
@@ -52,39 +92,12 @@ fn conform_sql_client_agrees_with_postgres_and_the_kernel() {
 
 /// The model's client side with a planted bug: a killed process's kernel closes nothing (its
 /// connection goes as silent as a dead host's), the mistake locksim made before it told the two apart.
-struct KillIsSilence;
-
-impl ClientFamily for KillIsSilence {
-    const NAME: &'static str = "sql-client (planted bug)";
-    type Plan = Plan;
-
-    fn server() -> Kind {
-        SqlClientSide::server()
+fn kill_is_silence(plan: &Plan, seed: u64) -> Timeline {
+    let mut planted = plan.clone();
+    if planted.fault == HolderFault::Kill {
+        planted.fault = HolderFault::HostCrash;
     }
-
-    fn plan(rng: &mut ChaCha8Rng) -> Plan {
-        SqlClientSide::plan(rng)
-    }
-
-    fn kind(plan: &Plan) -> &'static str {
-        SqlClientSide::kind(plan)
-    }
-
-    fn model(&self, plan: &Plan, seed: u64) -> Timeline {
-        let mut planted = plan.clone();
-        if planted.fault == HolderFault::Kill {
-            planted.fault = HolderFault::HostCrash;
-        }
-        SqlClientSide.model(&planted, seed)
-    }
-
-    fn real(&self, plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
-        SqlClientSide.real(plan, server, net)
-    }
-
-    fn margin(plan: &Plan, what: &str) -> Margin {
-        SqlClientSide::margin(plan, what)
-    }
+    SqlClientSide.model(&planted, seed)
 }
 
 #[test]
@@ -93,7 +106,8 @@ fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
     std::thread::spawn(|| {
         let Some((net, mut server)) = isolated(Kind::Postgres) else { return };
         let seed = (0..100).find(|s| client::plan::<SqlClientSide>(*s).fault == HolderFault::Kill).unwrap();
-        match check(&KillIsSilence, &mut server, &net, seed).unwrap() {
+        let planted = Planted { family: SqlClientSide, model: kill_is_silence };
+        match check(&planted, &mut server, &net, seed).unwrap() {
             Outcome::Mismatch { why, .. } => {
                 assert!(why.contains("`observer granted`"), "the session ends at once for real: {why}")
             }
@@ -124,35 +138,8 @@ fn conform_zk_client_agrees_with_the_java_client() {
 
 /// The model's ZooKeeper with a planted bug: a killed server's kernel closes nothing, so its clients
 /// learn of it only by their read timeout.
-struct ServerKillIsSilence;
-
-impl ClientFamily for ServerKillIsSilence {
-    const NAME: &'static str = "zk-client (planted bug)";
-    type Plan = zk::Plan;
-
-    fn server() -> Kind {
-        ZkClientSide::server()
-    }
-
-    fn plan(rng: &mut ChaCha8Rng) -> zk::Plan {
-        ZkClientSide::plan(rng)
-    }
-
-    fn kind(plan: &zk::Plan) -> &'static str {
-        ZkClientSide::kind(plan)
-    }
-
-    fn model(&self, plan: &zk::Plan, seed: u64) -> Timeline {
-        zk::model_with(plan, seed, true)
-    }
-
-    fn real(&self, plan: &zk::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
-        ZkClientSide.real(plan, server, net)
-    }
-
-    fn margin(plan: &zk::Plan, what: &str) -> Margin {
-        ZkClientSide::margin(plan, what)
-    }
+fn server_kill_is_silence(plan: &zk::Plan, seed: u64) -> Timeline {
+    zk::model_with(plan, seed, true)
 }
 
 #[test]
@@ -162,7 +149,8 @@ fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
         let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
         let is_kill = |s: &u64| matches!(client::plan::<ZkClientSide>(*s).fault, ZkFault::ServerKill { .. });
         let seed = (0..100).find(is_kill).unwrap();
-        match check(&ServerKillIsSilence, &mut server, &net, seed).unwrap() {
+        let planted = Planted { family: ZkClientSide, model: server_kill_is_silence };
+        match check(&planted, &mut server, &net, seed).unwrap() {
             Outcome::Mismatch { why, .. } => assert!(why.contains("`disconnected`"), "noticed at once for real: {why}"),
             other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
         }
@@ -202,35 +190,8 @@ fn conform_kazoo_client_agrees_with_kazoo() {
 
 /// The model's kazoo with a planted bug: it speaks as the Java client, which fails a request made while
 /// disconnected at the next refused attempt where kazoo holds it until the session is back.
-struct KazooAsJava;
-
-impl ClientFamily for KazooAsJava {
-    const NAME: &'static str = "kazoo-client (planted bug)";
-    type Plan = zk::Plan;
-
-    fn server() -> Kind {
-        KazooClientSide::server()
-    }
-
-    fn plan(rng: &mut ChaCha8Rng) -> zk::Plan {
-        KazooClientSide::plan(rng)
-    }
-
-    fn kind(plan: &zk::Plan) -> &'static str {
-        KazooClientSide::kind(plan)
-    }
-
-    fn model(&self, plan: &zk::Plan, seed: u64) -> Timeline {
-        zk::model_as(plan, seed, false, Library::Java)
-    }
-
-    fn real(&self, plan: &zk::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
-        KazooClientSide.real(plan, server, net)
-    }
-
-    fn margin(plan: &zk::Plan, what: &str) -> Margin {
-        KazooClientSide::margin(plan, what)
-    }
+fn kazoo_as_java(plan: &zk::Plan, seed: u64) -> Timeline {
+    zk::model_as(plan, seed, false, Library::Java)
 }
 
 #[test]
@@ -243,7 +204,8 @@ fn a_kazoo_model_that_speaks_as_the_java_client_is_caught() {
         let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
         let is_kill = |s: &u64| matches!(client::plan::<KazooClientSide>(*s).fault, ZkFault::ServerKill { .. });
         let seed = (0..100).find(is_kill).unwrap();
-        match check(&KazooAsJava, &mut server, &net, seed).unwrap() {
+        let planted = Planted { family: KazooClientSide, model: kazoo_as_java };
+        match check(&planted, &mut server, &net, seed).unwrap() {
             Outcome::Mismatch { why, .. } => {
                 assert!(why.contains("`get /x: connection loss`"), "kazoo holds the request for real: {why}")
             }
@@ -276,35 +238,8 @@ fn conform_etcd_client_agrees_with_clientv3s_keep_alive() {
 
 /// The model's etcd client with a planted bug: a keep-alive that takes its connection's reset (a
 /// killed server) for the end of its lease, where clientv3 reconnects and keeps it alive.
-struct ResetIsLoss;
-
-impl ClientFamily for ResetIsLoss {
-    const NAME: &'static str = "etcd-client (planted bug)";
-    type Plan = etcd::Plan;
-
-    fn server() -> Kind {
-        EtcdClientSide::server()
-    }
-
-    fn plan(rng: &mut ChaCha8Rng) -> etcd::Plan {
-        EtcdClientSide::plan(rng)
-    }
-
-    fn kind(plan: &etcd::Plan) -> &'static str {
-        EtcdClientSide::kind(plan)
-    }
-
-    fn model(&self, plan: &etcd::Plan, seed: u64) -> Timeline {
-        etcd::model_with(plan, seed, true)
-    }
-
-    fn real(&self, plan: &etcd::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
-        EtcdClientSide.real(plan, server, net)
-    }
-
-    fn margin(plan: &etcd::Plan, what: &str) -> Margin {
-        EtcdClientSide::margin(plan, what)
-    }
+fn reset_is_loss(plan: &etcd::Plan, seed: u64) -> Timeline {
+    etcd::model_with(plan, seed, true)
 }
 
 #[test]
@@ -317,7 +252,8 @@ fn a_keep_alive_that_takes_a_reset_for_a_lost_lease_is_caught() {
             matches!(p.fault, EtcdFault::ServerKill { .. }) && EtcdClientSide::kind(&p) == "server kill"
         };
         let seed = (0..100).find(short_kill).unwrap();
-        match check(&ResetIsLoss, &mut server, &net, seed).unwrap() {
+        let planted = Planted { family: EtcdClientSide, model: reset_is_loss };
+        match check(&planted, &mut server, &net, seed).unwrap() {
             Outcome::Mismatch { why, .. } => {
                 assert!(why.contains("keep-alive gave up") || why.contains("lease"), "kept alive for real: {why}")
             }
