@@ -23,10 +23,34 @@ fn every_catalog_scenario_replays_to_the_same_history() {
 
 #[test]
 fn results_do_not_depend_on_the_number_of_jobs() {
-    let scenario = catalog("redis-nemesis-del");
-    let one = locksim_scenarios::sweep::sweep(&scenario, 0..40, 1, &|| {}).unwrap();
-    let three = locksim_scenarios::sweep::sweep(&scenario, 0..40, 3, &|| {}).unwrap();
-    assert_eq!(serde_json::to_string(&one).unwrap(), serde_json::to_string(&three).unwrap());
+    // A nemesis of each family whose client draws its own timing from the seed (ZooKeeper's
+    // re-attach, etcd's keep-alive loop, Redis's retries).
+    for stem in ["redis-nemesis-del", "zk-leader-election-nemesis", "etcd-mutex-server-crash-nemesis"] {
+        assert_same_at_any_jobs(&catalog(stem), 0..40);
+    }
+}
+
+/// `scenario` over `seeds` on one thread and on three: the same results, history hashes included.
+fn assert_same_at_any_jobs(scenario: &Scenario, seeds: std::ops::Range<u64>) {
+    let one = locksim_scenarios::sweep::sweep(scenario, seeds.clone(), 1, &|| {}).unwrap();
+    let three = locksim_scenarios::sweep::sweep(scenario, seeds, 3, &|| {}).unwrap();
+    assert_eq!(serde_json::to_string(&one).unwrap(), serde_json::to_string(&three).unwrap(), "{}", scenario.name);
+}
+
+#[test]
+fn every_real_scenarios_model_gives_the_same_results_at_any_jobs() {
+    // Their `[model]`s are what `locksim run` simulates without `--real`: kazoo's client among them.
+    let real = catalog_dir().parent().unwrap().join("real");
+    let mut played = 0;
+    for entry in std::fs::read_dir(real).unwrap() {
+        let path = entry.unwrap().path();
+        let suite = ["suite.toml", "smoke.toml"].iter().any(|s| path.ends_with(s));
+        if path.extension().is_some_and(|e| e == "toml") && !suite {
+            assert_same_at_any_jobs(&Scenario::load(&path, &Registry::builtin()).unwrap(), 0..6);
+            played += 1;
+        }
+    }
+    assert!(played >= 30, "{played}");
 }
 
 #[test]
