@@ -1,6 +1,5 @@
-//! The flash sale's floor and ceiling: `none` (no lock at all: read, then write) and
-//! `sql.conditional-update` (no lock: one `UPDATE stock SET n = n - 1 WHERE n > 0` is the whole
-//! purchase, and the database's row lock does the rest).
+//! The flash sale's floor: `none`, no lock at all (read, then write). Its ceiling,
+//! `sql.conditional-update`, is a database recipe ([`crate::sql`]) built on the same [`no_lock`].
 
 use crate::params::Params;
 use crate::{async_trait, Family, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
@@ -21,7 +20,8 @@ impl Lock for NoLock {
     }
 }
 
-fn build(_: &Params, _: Ctx, _: &Servers) -> Box<dyn Lock> {
+/// A lock that is no lock: for the recipes whose clients need none.
+pub fn no_lock(_: &Params, _: Ctx, _: &Servers) -> Box<dyn Lock> {
     Box::new(NoLock)
 }
 
@@ -46,20 +46,5 @@ pub const NONE: RecipeSpec = RecipeSpec {
     promises_fifo: false,
     points: &[],
     validate: crate::no_constraints,
-    build,
-};
-
-pub const CONDITIONAL_UPDATE: RecipeSpec = RecipeSpec {
-    id: "sql.conditional-update",
-    family: &crate::sql::FAMILY,
-    summary: "no lock: one conditional UPDATE (n = n - 1 WHERE n > 0) is the whole critical section",
-    source: "the flash-sale fix: let the database decide (a conditional UPDATE)",
-    params: &[],
-    offers_token: false,
-    offers_shared: false,
-    guard: Guard::ConditionalUpdate,
-    promises_fifo: false,
-    points: &[],
-    validate: crate::no_constraints,
-    build,
+    build: no_lock,
 };

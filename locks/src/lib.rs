@@ -11,7 +11,7 @@
 //!   `zk.leader-election`.
 //! - [`sql`]: the database family — the `SqlApi` connection trait, the PostgreSQL deployment, and
 //!   `sql.for-update`, `sql.unique-insert`, `sql.unique-insert-expiry`, `sql.advisory`.
-//! - [`baseline`]: the flash sale's floor and ceiling, `none` and `sql.conditional-update`.
+//! - [`baseline`]: the flash sale's floor, `none` (its ceiling, `sql.conditional-update`, is in [`sql`]).
 //! - [`command`]: `[recipe] command = [...]`, a lock in any language run as client processes (real mode).
 //! - [`etcd`]: the etcd family — the `EtcdApi` client trait, sessions (leases kept alive), and
 //!   `etcd.txn-lease`, `etcd.txn-lease-wait`, `etcd.mutex`, `etcd.election`.

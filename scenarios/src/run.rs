@@ -11,7 +11,6 @@ use locksim_sim::backend::serve;
 use locksim_sim::fault::{fmt_duration, resolve_random_clients, Fault};
 use locksim_sim::hazard::HazardCounts;
 use locksim_sim::history::{EventKind, History};
-use locksim_sim::net::Rpc;
 use locksim_sim::resource::ResourceState;
 use locksim_sim::rng::{stream, Stream};
 use locksim_sim::world::{Program, World};
@@ -209,7 +208,7 @@ fn resource_program(fencing: bool, initial: i64) -> Program {
     Arc::new(move |env| {
         let state = state.clone();
         Box::pin(async move {
-            let rpc = Rpc::bind(&env);
+            let rpc = env.rpc();
             serve(state, &rpc, &env.clock, &env.recorder).await
         })
     })

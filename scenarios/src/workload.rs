@@ -58,7 +58,7 @@ pub fn client_program(plan: Arc<ClientPlan>, name: String) -> Program {
 /// One client node: its workers' loops, each with a lock of its own built from the node's one context
 /// (so that a recipe may share a session between them through [`Ctx::node_wide`]).
 async fn client(env: NodeEnv, plan: &ClientPlan, name: String) {
-    let rpc = Rc::new(Rpc::bind(&env));
+    let rpc = Rc::new(env.rpc());
     let ctx = Ctx::new(&env, rpc.clone());
     // The first worker is the client node itself, in the history and its random stream.
     let mut workers = vec![Worker { index: 0, node: env.me, name: name.clone() }];

@@ -8,7 +8,7 @@
 use crate::clock::{Clock, TimeCache};
 use crate::fault::{Action, Fault, Target};
 use crate::history::{Armed, EventKind, NodeIx, Recorder, WORKER_MARK};
-use crate::net::Net;
+use crate::net::{Net, Rpc};
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use madsim::runtime::Handle;
 use madsim::task::NodeId;
@@ -42,6 +42,11 @@ fn tick_index(node: NodeIx, life: u32) -> u64 {
 }
 
 impl NodeEnv {
+    /// This node life's endpoint on the network (see [`Rpc::bind`]).
+    pub fn rpc(&self) -> Rpc {
+        Rpc::bind(&self.net, &self.clock, self.me, self.incarnation)
+    }
+
     /// When this life's periodic timer of period `every` first fires, after the program starts: drawn
     /// from the seed ([`Stream::TickPhase`], per node and life), uniform over the whole milliseconds of `[0, every)`. A timer a
     /// server starts with its process — etcd's lessor loop (`lessor.runLoop`: revoke, then

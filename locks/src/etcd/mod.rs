@@ -28,7 +28,7 @@ use locksim_sim::backend::etcd::{
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
-use locksim_sim::net::{CallError, Rpc};
+use locksim_sim::net::CallError;
 use locksim_sim::world::{Program, World};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,7 +78,7 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
             etcd.start_lessor(now_ms + env.timer_start(EXPIRY_CHECK).as_millis() as i64);
         }
         Box::pin(async move {
-            let rpc = Rpc::bind(&env);
+            let rpc = env.rpc();
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });

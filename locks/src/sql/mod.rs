@@ -1,5 +1,5 @@
 //! The database family: the client trait recipes speak, the simulated PostgreSQL deployment, and the
-//! recipes (and the flash sale's ceiling, `sql.conditional-update`, from [`crate::baseline`]).
+//! recipes (and the flash sale's ceiling, `sql.conditional-update`).
 //!
 //! Recipes talk to the database through [`SqlApi`], a connection's `execute` (or `query`, SQL text with
 //! bind parameters: see [`text::Schema`](locksim_sim::backend::sql::text::Schema)), as JDBC, libpq or tokio-postgres do. The
@@ -7,6 +7,7 @@
 //! is a row keyed by its name), `shedlock` (ShedLock's table) and the sequence `fence` (fencing tokens).
 
 mod advisory;
+mod conditional_update;
 mod for_update;
 pub mod real;
 mod shedlock;
@@ -20,20 +21,14 @@ use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, ToValu
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
-use locksim_sim::net::Rpc;
 use locksim_sim::world::{Program, World};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
-pub const RECIPES: &[RecipeSpec] = &[
-    for_update::RECIPE,
-    unique_insert::RECIPE,
-    shedlock::RECIPE,
-    advisory::RECIPE,
-    crate::baseline::CONDITIONAL_UPDATE,
-];
+pub const RECIPES: &[RecipeSpec] =
+    &[for_update::RECIPE, unique_insert::RECIPE, shedlock::RECIPE, advisory::RECIPE, conditional_update::RECIPE];
 
 /// The database server of one world.
 #[derive(Clone, Debug)]
@@ -104,7 +99,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             state.lock().expect("db lock").recover();
         }
         Box::pin(async move {
-            let rpc = Rpc::bind(&env);
+            let rpc = env.rpc();
             // The kernel's keep-alive, beside the server: probe connections that have been silent.
             let (prober_state, prober_rpc, clock, recorder) =
                 (state.clone(), rpc.clone(), env.clock.clone(), env.recorder.clone());

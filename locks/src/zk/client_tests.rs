@@ -42,7 +42,7 @@ fn run<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
         let client: Program = Arc::new(move |env| {
             let (servers, seen, app) = (servers.clone(), seen.clone(), app.clone());
             Box::pin(async move {
-                let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                let ctx = Ctx::new(&env, Rc::new(env.rpc()));
                 let session = ZkSession::new(&ctx, &servers, Duration::from_secs(6)).speaking(library);
                 let zk = session.live().await.expect("the server answers at the start");
                 let result = app(ctx, zk).await;

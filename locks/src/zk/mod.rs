@@ -29,7 +29,6 @@ use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::{NodeIx, Recorder};
-use locksim_sim::net::Rpc;
 use locksim_sim::rng::Stream;
 use locksim_sim::world::{Program, World};
 use std::rc::Rc;
@@ -93,7 +92,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             state.lock().expect("zk lock").recover(env.clock.monotonic_ms());
         }
         Box::pin(async move {
-            let rpc = Rpc::bind(&env);
+            let rpc = env.rpc();
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
@@ -513,7 +512,7 @@ mod tests {
             let client: Program = Arc::new(move |env| {
                 let servers = servers.clone();
                 Box::pin(async move {
-                    let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                    let ctx = Ctx::new(&env, Rc::new(env.rpc()));
                     // Two lock objects of one client on one handle, and a second handle of its own.
                     let first = ZkSession::new(&ctx, &servers, Duration::from_secs(6));
                     let second = first.clone();
@@ -555,7 +554,7 @@ mod tests {
             let client: Program = Arc::new(move |env| {
                 let (servers, ids) = (servers.clone(), ids.clone());
                 Box::pin(async move {
-                    let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+                    let ctx = Ctx::new(&env, Rc::new(env.rpc()));
                     let zk = ZkSession::new(&ctx, &servers, Duration::from_secs(6));
                     let first = zk.live().await.unwrap();
                     let (_, stat) = first.create("/mine", CreateMode::Ephemeral).await.unwrap();

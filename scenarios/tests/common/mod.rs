@@ -52,7 +52,6 @@ pub type Script = fn(Ctx, Make, Say, Servers) -> Pin<Box<dyn Future<Output = ()>
 /// Run `script` on one client node of a world with `recipe`'s servers and these parameters; returns
 /// what it said.
 pub fn drive(recipe: &str, given: &[(&'static str, ParamValue)], script: Script) -> Vec<String> {
-    use locksim_sim::net::Rpc;
     use locksim_sim::world::{Program, World};
     use std::sync::{Arc, Mutex};
 
@@ -65,7 +64,7 @@ pub fn drive(recipe: &str, given: &[(&'static str, ParamValue)], script: Script)
         let params = Params::resolve(spec.params, given);
         let program: Program = Arc::new(move |env| {
             let (servers, params, log) = (servers.clone(), params.clone(), shared.clone());
-            let ctx = Ctx::new(&env, Rc::new(Rpc::bind(&env)));
+            let ctx = Ctx::new(&env, Rc::new(env.rpc()));
             let make_ctx = ctx.clone();
             let script_servers = servers.clone();
             let make: Make = Rc::new(move || (spec.build)(&params, make_ctx.clone(), &servers));

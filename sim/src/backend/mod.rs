@@ -344,7 +344,7 @@ mod tests {
                 Box::pin(async move {
                     // Started (or restarted) between two boundaries.
                     env.clock.sleep(Duration::from_millis(700)).await;
-                    let rpc = Rpc::bind(&env);
+                    let rpc = env.rpc();
                     serve(state, &rpc, &env.clock, &env.recorder).await
                 })
             });
@@ -366,7 +366,7 @@ mod tests {
                 let state = state.clone();
                 state.lock().unwrap().from = start_after.map(|ms| env.clock.monotonic_ms() + ms);
                 Box::pin(async move {
-                    let rpc = Rpc::bind(&env);
+                    let rpc = env.rpc();
                     serve(state, &rpc, &env.clock, &env.recorder).await
                 })
             });

@@ -30,5 +30,5 @@ pub fn registry() -> Registry {
 }
 
 fn main() -> std::process::ExitCode {
-    locksim_reports::cli::main(registry())
+    locksim_cli::main(registry())
 }

@@ -416,7 +416,7 @@ impl RedisNode {
                 true => state.restart(),
             }
         }
-        let rpc = std::rc::Rc::new(Rpc::bind(&env));
+        let rpc = std::rc::Rc::new(env.rpc());
         if let (Some(master), true) = (self.master, env.incarnation > 0) {
             // A restarted replica reconnects and asks for the stream; a restarted master (below) sends
             // its dataset on its own, as a replica's PSYNC after the master's restart finds a new

@@ -429,7 +429,6 @@ fn a_script_that_never_ends_is_stopped_by_the_models_bound() {
 /// (message, ms), and what each PUBLISH answered, under `faults`.
 fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<RedisReply>) {
     use crate::clock::sim_now_ns;
-    use crate::net::Rpc;
     use crate::world::{Program, World};
     use client::{Router, Subscription};
     use std::rc::Rc;
@@ -443,7 +442,7 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
         let subscriber: Program = Arc::new(move |env| {
             let got = got2.clone();
             Box::pin(async move {
-                let rpc = Rpc::bind(&env);
+                let rpc = env.rpc();
                 let router = Rc::new(Router::default());
                 let timeout = Duration::from_secs(1);
                 let mut sub = Subscription::open(&rpc, &router, server, "ch", timeout).await.expect("subscribed");
@@ -457,7 +456,7 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
         let publisher: Program = Arc::new(move |env| {
             let answers = answers2.clone();
             Box::pin(async move {
-                let rpc = Rpc::bind(&env);
+                let rpc = env.rpc();
                 for (at_s, message) in [(1, "before"), (3, "during"), (10, "after-restart")] {
                     madsim::time::sleep(Duration::from_secs(at_s) - Duration::from_nanos(sim_now_ns())).await;
                     let publish = RedisRequest::Publish { channel: "ch".into(), message: message.into() };
@@ -563,7 +562,6 @@ fn what_was_on_the_wire_reaches_the_promoted_replica_and_what_a_cut_held_does_no
 /// (ms), if by 3 s.
 fn replica_has_key_at(lag: Duration) -> Option<u64> {
     use crate::clock::sim_now_ns;
-    use crate::net::Rpc;
     use crate::world::{Program, World};
     use std::sync::{Arc, Mutex};
     let replica_state: Arc<Mutex<RedisState>> = Arc::default();
@@ -584,7 +582,7 @@ fn replica_has_key_at(lag: Duration) -> Option<u64> {
         let client: Program = Arc::new(move |env| {
             let (watch, seen) = (watch.clone(), seen2.clone());
             Box::pin(async move {
-                let rpc = Rpc::bind(&env);
+                let rpc = env.rpc();
                 madsim::time::sleep(Duration::from_secs(1)).await;
                 let set = set("lock", "a", SetCondition::Nx, Some(10_000));
                 let _: RedisReply = rpc.call(server, set, Duration::from_secs(1)).await.unwrap();
@@ -619,7 +617,6 @@ fn a_healthy_replica_link_carries_each_write_at_once_and_a_slow_one_after_its_la
 /// sets a key at 1 s, then `crashed` crashes at 2 s for 1 s: whether the replica has the key at 5 s.
 fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
     use crate::fault::{Action, Fault, Target};
-    use crate::net::Rpc;
     use crate::world::{Program, World};
     use std::sync::{Arc, Mutex};
     let replica_state: Arc<Mutex<RedisState>> = Arc::default();
@@ -640,7 +637,7 @@ fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             Box::pin(async move {
-                let rpc = Rpc::bind(&env);
+                let rpc = env.rpc();
                 madsim::time::sleep(Duration::from_secs(1)).await;
                 let set = set("lock", "a", SetCondition::Nx, Some(100_000));
                 let _: RedisReply = rpc.call(server, set, Duration::from_secs(1)).await.unwrap();

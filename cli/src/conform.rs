@@ -1,0 +1,314 @@
+//! `locksim conform`: the simulated servers against the real ones (see `locksim_live::conform`).
+
+use locksim_live::conform::client::etcd::EtcdClientSide;
+use locksim_live::conform::client::kazoo::KazooClientSide;
+use locksim_live::conform::client::netns::Netns;
+use locksim_live::conform::client::sql::SqlClientSide;
+use locksim_live::conform::client::zk::ZkClientSide;
+use locksim_live::conform::client::{self, ClientFamily};
+use locksim_live::conform::etcd::Etcd;
+use locksim_live::conform::redis::Redis;
+use locksim_live::conform::sql::Sql;
+use locksim_live::conform::zk::Zk;
+use locksim_live::conform::{check, coverage, script_for, Family, Outcome};
+use locksim_live::servers::Server;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[derive(clap::Args)]
+#[command(after_help = "Each seed draws a script of operations from several clients, with server restarts and \
+                  stops between them, and plays it on the model and on the real server; the first answer \
+                  that differs is a mismatch, printed with a shrunk script that still shows it.\n\n\
+                  A client family (sql-client, zk-client, kazoo-client, etcd-client) plays a client library under a fault instead — a cut of its \
+                  connection, its process killed, its host dead — on the model and for real, the real \
+                  server and client in a network namespace of their own (root, `ip` and `nft` needed), and \
+                  compares what each saw and when.\n\n\
+                  The real servers come from Debian packages: run .ci/install-servers once (as root). \
+                  locksim starts each in a temporary directory on a free loopback port and stops it at the \
+                  end.\n\n\
+                  Exit codes: 0 no seed mismatched and some were compared, 1 a mismatch or none compared, \
+                  2 bad input or a server that would not start.")]
+pub struct Args {
+    /// Which server family to check.
+    #[arg(value_enum, default_value = "all")]
+    family: Which,
+    /// Seeds to play: `A..B` (B exclusive) or one seed. Each takes a few seconds of real time.
+    #[arg(long, default_value = "0..20", value_parser = super::parse_seeds)]
+    seeds: std::ops::Range<u64>,
+    /// Use the server already running at HOST:PORT instead of starting one; scripts are then played
+    /// without their restarts and stops. Only with one family.
+    #[arg(long)]
+    server: Option<SocketAddr>,
+    /// Write the counts and every mismatch to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seeds played at once, each on its own server (default: the number of cores). A seed mostly
+    /// waits for its script's times, but a machine too busy to keep them makes seeds inconclusive.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: Option<u16>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Which {
+    /// Every family below.
+    All,
+    /// Redis 7 (`redis-server`).
+    Redis,
+    /// etcd 3.4 (Debian's `etcd-server`) against the 3.5 model, through its JSON gateway.
+    Etcd,
+    /// ZooKeeper 3.8 (Debian's `zookeeper`), on its wire protocol.
+    Zk,
+    /// PostgreSQL 15 (Debian's `postgresql-15`), on its wire protocol.
+    Sql,
+    /// Client side: when PostgreSQL ends a silent client's session (keep-alive, a killed process, a
+    /// dead host), and what the client's next statement finds (needs root: a network namespace).
+    SqlClient,
+    /// Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is
+    /// disconnected, which requests fail, whether its session comes back (needs root and java).
+    ZkClient,
+    /// Client side: clientv3's lease keep-alive loop (`etcdctl lease keep-alive`, Debian's etcd-client)
+    /// under cuts and a server kill — when it gives up, whether it comes back (needs root).
+    EtcdClient,
+    /// Client side: kazoo 2.10 (scenarios/real/.venv, made by scenarios/real/setup) on zk-client's plans —
+    /// its jittered pings, its backoff, the requests it holds while disconnected (needs root).
+    KazooClient,
+}
+
+/// What one family's run showed, as `--json` writes it.
+#[derive(Serialize)]
+struct Report {
+    family: &'static str,
+    seeds: std::ops::Range<u64>,
+    agreed: u64,
+    inconclusive: Vec<(u64, String)>,
+    /// Played on a server locksim did not start: without restarts and stops.
+    without_faults: bool,
+    mismatches: Vec<Mismatch>,
+    /// Steps played, by operation kind.
+    coverage: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Serialize)]
+struct Mismatch {
+    seed: u64,
+    step: String,
+    model: String,
+    real: String,
+    /// The shrunk script, one step per line.
+    script: Vec<String>,
+}
+
+pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
+    if args.server.is_some() && args.family == Which::All {
+        anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
+    }
+    if args.server.is_some()
+        && matches!(args.family, Which::SqlClient | Which::ZkClient | Which::KazooClient | Which::EtcdClient)
+    {
+        anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
+    }
+    super::check_outputs([&args.json], [])?;
+    let mut reports = Vec::new();
+    if matches!(args.family, Which::All | Which::Redis) {
+        reports.push(family(&Redis::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Zk) {
+        reports.push(family(&Zk::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Etcd) {
+        reports.push(family(&Etcd::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::Sql) {
+        reports.push(family(&Sql::default(), &args)?);
+    }
+    if matches!(args.family, Which::All | Which::SqlClient) {
+        reports.push(client_family(&SqlClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::ZkClient) {
+        reports.push(client_family(&ZkClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::KazooClient) {
+        reports.push(client_family(&KazooClientSide, &args)?);
+    }
+    if matches!(args.family, Which::All | Which::EtcdClient) {
+        reports.push(client_family(&EtcdClientSide, &args)?);
+    }
+    let mut bad = 0;
+    for r in &reports {
+        bad += r.mismatches.len();
+        super::emit(&said(r))?;
+        if r.agreed == 0 && r.mismatches.is_empty() {
+            // Nothing was compared: that is no evidence the model is right.
+            super::emit(&format!("  {}: no seed could be compared\n", r.family))?;
+            bad += 1;
+        }
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&reports)? + "\n";
+        std::fs::write(path, json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
+    // One server per job: a script owns its server (it restarts and stops it).
+    let jobs = if args.server.is_some() { 1 } else { super::jobs(args.jobs.map(|j| j.min(64))) };
+    let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let start = || match args.server {
+        Some(addr) => Server::external(F::server(), addr),
+        None => Server::start(F::server()),
+    };
+    let outcomes = lanes(F::NAME, jobs, &args.seeds, start, |server, seed| {
+        let outcome = check(family, server, seed)?;
+        coverage::<F>(&script_for::<F>(server, seed), &mut counts.lock().expect("counts lock"));
+        Ok(outcome)
+    })?;
+    let mut report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    for (seed, outcome) in outcomes {
+        match outcome {
+            Outcome::Agree => report.agreed += 1,
+            Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
+            Outcome::Mismatch { steps, step, model, real } => report.mismatches.push(Mismatch {
+                seed,
+                step: steps[step].to_string(),
+                model,
+                real,
+                script: steps.iter().map(ToString::to_string).collect(),
+            }),
+        }
+    }
+    Ok(report)
+}
+
+/// A client family: each job in a network namespace of its own, with its own server in it.
+fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Report> {
+    let jobs = super::jobs(args.jobs.map(|j| j.min(64)));
+    let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let start = || -> anyhow::Result<(Netns, Server)> {
+        let net = Netns::enter()?;
+        Ok((net, Server::start(F::server())?))
+    };
+    let outcomes = lanes(F::NAME, jobs, &args.seeds, start, |(net, server), seed| {
+        *counts.lock().expect("counts lock").entry(F::kind(&client::plan::<F>(seed))).or_insert(0) += 1;
+        client::check(family, server, net, seed)
+    })?;
+    let mut report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    for (seed, outcome) in outcomes {
+        match outcome {
+            client::Outcome::Agree => report.agreed += 1,
+            client::Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
+            client::Outcome::Mismatch { plan, model, real, why } => report.mismatches.push(Mismatch {
+                seed,
+                step: why,
+                model: format!("\n{model}"),
+                real: format!("\n{real}"),
+                script: vec![plan],
+            }),
+        }
+    }
+    Ok(report)
+}
+
+/// Play `seeds` on `jobs` lanes at once, each with what `start` gives it (its server), with a progress
+/// bar; each seed's outcome.
+fn lanes<S, O: Send>(
+    name: &'static str,
+    jobs: usize,
+    seeds: &std::ops::Range<u64>,
+    start: impl Fn() -> anyhow::Result<S> + Sync,
+    check: impl Fn(&mut S, u64) -> anyhow::Result<O> + Sync,
+) -> anyhow::Result<BTreeMap<u64, O>> {
+    let bar = indicatif::ProgressBar::new(seeds.end - seeds.start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds of {msg}, eta {eta}")
+            .expect("valid template"),
+    );
+    bar.set_message(name);
+    let next = AtomicU64::new(seeds.start);
+    let outcomes: Mutex<BTreeMap<u64, O>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    let mut lane = start()?;
+                    let end = seeds.end;
+                    while let Ok(seed) =
+                        next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then(|| s + 1))
+                    {
+                        let outcome = check(&mut lane, seed)?;
+                        outcomes.lock().expect("outcomes lock").insert(seed, outcome);
+                        bar.inc(1);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        lanes.into_iter().map(|l| l.join().expect("a conformance job panicked")).collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    bar.finish_and_clear();
+    Ok(outcomes.into_inner().expect("outcomes lock"))
+}
+
+impl Report {
+    fn new(family: &'static str, args: &Args, coverage: BTreeMap<&'static str, u64>) -> Report {
+        Report {
+            family,
+            seeds: args.seeds.clone(),
+            agreed: 0,
+            inconclusive: Vec::new(),
+            without_faults: args.server.is_some(),
+            mismatches: Vec::new(),
+            coverage,
+        }
+    }
+}
+
+/// The lines `conform` prints for one family.
+fn said(r: &Report) -> String {
+    let n = r.seeds.end - r.seeds.start;
+    let mut out = format!(
+        "{}: {n} seed{} (seeds {}..{}): {} agreed, {} mismatched, {} inconclusive{}\n",
+        r.family,
+        if n == 1 { "" } else { "s" },
+        r.seeds.start,
+        r.seeds.end,
+        r.agreed,
+        r.mismatches.len(),
+        r.inconclusive.len(),
+        if r.without_faults { " (without restarts and stops: --server)" } else { "" }
+    );
+    let kinds: Vec<String> = r.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
+    for (seed, why) in &r.inconclusive {
+        let because = match why.starts_with(client::UNDECIDED) {
+            true => "",
+            false => " (the machine was too busy to keep the script's times)",
+        };
+        out.push_str(&format!("  seed {seed} inconclusive: {why}{because}\n"));
+    }
+    for m in &r.mismatches {
+        out.push_str(&format!(
+            "  MISMATCH seed {}: {}\n    model: {}\n    real:  {}\n    shrunk script ({} steps):\n",
+            m.seed,
+            m.step.trim(),
+            m.model,
+            m.real,
+            m.script.len()
+        ));
+        for line in &m.script {
+            out.push_str(&format!("      {line}\n"));
+        }
+        out.push_str(&format!(
+            "    reproduce: {} conform {} --seeds {}\n",
+            locksim_reports::text::program(),
+            r.family,
+            m.seed
+        ));
+    }
+    out
+}

@@ -1,0 +1,286 @@
+//! Client conformance against the real servers and the real kernel: each play runs in a network
+//! namespace of its own (root, iproute2 and nftables needed). Where that or a server is missing these tests say
+//! so and pass, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it.
+
+mod common;
+
+use common::{locksim, stderr, stdout, Marked};
+use locksim_live::conform::client::etcd::{self, EtcdClientSide, EtcdFault};
+use locksim_live::conform::client::kazoo::KazooClientSide;
+use locksim_live::conform::client::netns::Netns;
+use locksim_live::conform::client::sql::{HolderFault, Plan, SqlClientSide};
+use locksim_live::conform::client::zk::{self, ZkClientSide, ZkFault};
+use locksim_live::conform::client::{self, check, ClientFamily, Margin, Outcome, Timeline};
+use locksim_live::servers::{Kind, Server};
+use locksim_sim::backend::zk::client::Library;
+use locksim_sim::rng::ChaCha8Rng;
+
+/// The tests that play plans take turns: a plan keeps time, and a busy machine makes it inconclusive.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A namespace of this thread's own with a `kind` server in it, or `None` (said on stderr) where
+/// either cannot be had and is not required.
+fn isolated(kind: Kind) -> Option<(Netns, Server)> {
+    let made = Netns::enter().and_then(|net| Ok((net, Server::start(kind)?)));
+    match made {
+        Ok(made) => Some(made),
+        Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
+            None
+        }
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// Family `F` with its model replaced by `model`, a planted bug, played against `F`'s real side: the
+/// comparison must catch it.
+struct Planted<F: ClientFamily> {
+    family: F,
+    model: fn(&F::Plan, u64) -> Timeline,
+}
+
+impl<F: ClientFamily> ClientFamily for Planted<F> {
+    const NAME: &'static str = F::NAME;
+    type Plan = F::Plan;
+
+    fn server() -> Kind {
+        F::server()
+    }
+
+    fn plan(rng: &mut ChaCha8Rng) -> F::Plan {
+        F::plan(rng)
+    }
+
+    fn kind(plan: &F::Plan) -> &'static str {
+        F::kind(plan)
+    }
+
+    fn model(&self, plan: &F::Plan, seed: u64) -> Timeline {
+        (self.model)(plan, seed)
+    }
+
+    fn real(&self, plan: &F::Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timeline> {
+        self.family.real(plan, server, net)
+    }
+
+    fn margin(plan: &F::Plan, what: &str) -> Margin {
+        F::margin(plan, what)
+    }
+
+    fn undecided(plan: &F::Plan, model: &Timeline, real: &Timeline) -> Option<String> {
+        F::undecided(plan, model, real)
+    }
+}
+
+#[test]
+fn conform_sql_client_agrees_with_postgres_and_the_kernel() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Postgres).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "sql-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    // A seed may be inconclusive on a busy machine; none may mismatch.
+    assert!(out.contains("sql-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("cut") && out.contains("host crash") && out.contains("process kill"), "{out}");
+}
+
+/// The model's client side with a planted bug: a killed process's kernel closes nothing (its
+/// connection goes as silent as a dead host's), the mistake locksim made before it told the two apart.
+fn kill_is_silence(plan: &Plan, seed: u64) -> Timeline {
+    let mut planted = plan.clone();
+    if planted.fault == HolderFault::Kill {
+        planted.fault = HolderFault::HostCrash;
+    }
+    SqlClientSide.model(&planted, seed)
+}
+
+#[test]
+fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::Postgres) else { return };
+        let seed = (0..100).find(|s| client::plan::<SqlClientSide>(*s).fault == HolderFault::Kill).unwrap();
+        let planted = Planted { family: SqlClientSide, model: kill_is_silence };
+        match check(&planted, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("`observer granted`"), "the session ends at once for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+        // The faithful model agrees on the same plan.
+        assert!(matches!(
+            check(&SqlClientSide, &mut server, &net, seed).unwrap(),
+            Outcome::Agree | Outcome::Inconclusive(_)
+        ));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn conform_zk_client_agrees_with_the_java_client() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "zk-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("zk-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("short cut") && out.contains("cut past expiry") && out.contains("server kill"), "{out}");
+}
+
+/// The model's ZooKeeper with a planted bug: a killed server's kernel closes nothing, so its clients
+/// learn of it only by their read timeout.
+fn server_kill_is_silence(plan: &zk::Plan, seed: u64) -> Timeline {
+    zk::model_with(plan, seed, true)
+}
+
+#[test]
+fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let is_kill = |s: &u64| matches!(client::plan::<ZkClientSide>(*s).fault, ZkFault::ServerKill { .. });
+        let seed = (0..100).find(is_kill).unwrap();
+        let planted = Planted { family: ZkClientSide, model: server_kill_is_silence };
+        match check(&planted, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => assert!(why.contains("`disconnected`"), "noticed at once for real: {why}"),
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Whether kazoo's virtualenv is there (`scenarios/real/setup`); where it is not and not required, the
+/// test says so and passes.
+fn kazoo_ready() -> bool {
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/real/.venv/bin/python");
+    match std::path::Path::new(python).exists() {
+        true => true,
+        false if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!(
+                "skipped: no {python} (run scenarios/real/setup; LOCKSIM_REQUIRE_SERVERS=1 makes this a failure)"
+            );
+            false
+        }
+        false => panic!("no {python}: run scenarios/real/setup"),
+    }
+}
+
+#[test]
+fn conform_kazoo_client_agrees_with_kazoo() {
+    let _turn = turn();
+    if !kazoo_ready() || std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "kazoo-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("kazoo-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("short cut") && out.contains("cut past expiry") && out.contains("server kill"), "{out}");
+}
+
+/// The model's kazoo with a planted bug: it speaks as the Java client, which fails a request made while
+/// disconnected at the next refused attempt where kazoo holds it until the session is back.
+fn kazoo_as_java(plan: &zk::Plan, seed: u64) -> Timeline {
+    zk::model_as(plan, seed, false, Library::Java)
+}
+
+#[test]
+fn a_kazoo_model_that_speaks_as_the_java_client_is_caught() {
+    let _turn = turn();
+    if !kazoo_ready() {
+        return;
+    }
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let is_kill = |s: &u64| matches!(client::plan::<KazooClientSide>(*s).fault, ZkFault::ServerKill { .. });
+        let seed = (0..100).find(is_kill).unwrap();
+        let planted = Planted { family: KazooClientSide, model: kazoo_as_java };
+        match check(&planted, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("`get /x: connection loss`"), "kazoo holds the request for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+        // The faithful model agrees on the same plan.
+        assert!(matches!(
+            check(&KazooClientSide, &mut server, &net, seed).unwrap(),
+            Outcome::Agree | Outcome::Inconclusive(_)
+        ));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn conform_etcd_client_agrees_with_clientv3s_keep_alive() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+        return;
+    }
+    let o = locksim(&["conform", "etcd-client", "--seeds", "0..8", "--jobs", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("etcd-client: 8 seeds (seeds 0..8): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    for kind in ["short cut", "cut past the TTL", "server kill", "server down past the TTL"] {
+        assert!(out.contains(kind), "{kind}: {out}");
+    }
+}
+
+/// The model's etcd client with a planted bug: a keep-alive that takes its connection's reset (a
+/// killed server) for the end of its lease, where clientv3 reconnects and keeps it alive.
+fn reset_is_loss(plan: &etcd::Plan, seed: u64) -> Timeline {
+    etcd::model_with(plan, seed, true)
+}
+
+#[test]
+fn a_keep_alive_that_takes_a_reset_for_a_lost_lease_is_caught() {
+    let _turn = turn();
+    std::thread::spawn(|| {
+        let Some((net, mut server)) = isolated(Kind::Etcd) else { return };
+        let short_kill = |s: &u64| {
+            let p = client::plan::<EtcdClientSide>(*s);
+            matches!(p.fault, EtcdFault::ServerKill { .. }) && EtcdClientSide::kind(&p) == "server kill"
+        };
+        let seed = (0..100).find(short_kill).unwrap();
+        let planted = Planted { family: EtcdClientSide, model: reset_is_loss };
+        match check(&planted, &mut server, &net, seed).unwrap() {
+            Outcome::Mismatch { why, .. } => {
+                assert!(why.contains("keep-alive gave up") || why.contains("lease"), "kept alive for real: {why}")
+            }
+            other => panic!("seed {seed}: the planted bug went unseen: {other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn ctrl_c_in_client_conformance_stops_the_server_and_the_real_client() {
+    let _turn = turn();
+    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+        return;
+    }
+    let marked = Marked::new();
+    let mut child = marked.command(&["conform", "etcd-client", "--seeds", "0..4", "--jobs", "1"]).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marked.processes().iter().any(|p| p.contains("lease keep-alive")) {
+        assert!(std::time::Instant::now() < deadline, "the client never started: {:#?}", marked.processes());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130), "Ctrl-C");
+    marked.assert_nothing_left("Ctrl-C in etcd-client");
+}

@@ -1,0 +1,338 @@
+//! Real faults, with the simulator's meaning where a real one has it, recorded as the simulator records
+//! them: `FaultStart` with the target and detail, `FaultEnd` when the fault ends, `FaultSkipped` when
+//! `holder` or `waiter` finds nobody or the target is down (or already down, for a crash).
+//!
+//! **Client processes** (signals to the process group each client leads): `pause` is SIGSTOP, then
+//! SIGCONT after its duration (a stop-the-world pause: the kernel still holds its sockets); `crash` is
+//! SIGKILL, and the client comes back as a new process after `duration` if given (its workload draws
+//! from a new stream, as a restarted simulated node does), else stays down.
+//!
+//! **The server** (`redis-0`, `zk-0`; through [`Server`], whatever its kind): `pause` stops its
+//! processes (SIGSTOP; the kernel still accepts connections and data, which wait for SIGCONT);
+//! `crash` kills it (SIGKILL: Linux closes its sockets, so the clients' connections end) and, after
+//! `duration`, starts it again on the same port — `FaultEnd` once it answers. What survives is what
+//! survives a real crash of that server: Redis runs with an append-only file that it `write(2)`s
+//! before it replies, so a killed process loses no acknowledged write (the kernel has it; `fsync`
+//! matters only when the machine dies) — kept with `[backend] persist = true`, wiped with `false`
+//! (the simulator's default: a Redis without persistence restarts empty); ZooKeeper logs every
+//! transaction before it answers, and its data directory always survives (sessions too, with fresh
+//! timeouts), as every server but Redis keeps its data.
+//!
+//! **The network** (the clients' links to the server, through each client's loopback proxy,
+//! [`super::proxy`]): `partition` cuts a client's link both ways (or every client's, aimed at the
+//! server), `clog` one way (the target's outgoing bytes: a client's requests, or the server's
+//! replies), holding the bytes until the first TCP retransmission after the heal; `delay` adds
+//! latency to every chunk to and from the target; `drop-reply` on the server loses its replies at
+//! `rate`, which on TCP breaks the connection: the client is reset after its request was applied.
+//!
+//! Refused before the run starts ([`refuse_unsupported`]), naming the fault and why:
+//! - `loss`: TCP retransmits a lost segment, so loss is delay by whole retransmission timeouts — what
+//!   the simulation makes of it — and the proxy does not draw lost segments (`delay` is the nearest);
+//! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
+//! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
+//! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which
+//!   closes its sockets when it dies, and the loopback proxy's kernel would still answer the peer's
+//!   keep-alive probes and retransmissions: no signal or proxy makes a host fall silent;
+//! - any fault on the `resource`, which is locksim's own (in its process);
+//! - a client's `partition` or `clog` from anyone but the server (the only link it has here: the
+//!   resource is locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is
+//!   written out; a server's, from anyone but clients;
+//! - `drop-reply` on a client (it sends no replies), and `[faults.random]`;
+//! - aimed faults (`on = "<event>"`): starting one the moment an event is recorded needs the recorder to
+//!   wake the fault threads, which real mode does not do yet.
+
+use super::proxy::{Dir, Link, Side};
+use super::{Run, Slot, SERVER};
+use crate::servers::Server;
+use locksim_scenarios::Scenario;
+use locksim_sim::fault::{Action, Fault, Target};
+use locksim_sim::history::{EventKind, NodeIx};
+use locksim_sim::rng::Rng;
+use std::sync::MutexGuard;
+
+/// Refuse, naming the fault, what real mode cannot do; `server` is the server's node name.
+pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<()> {
+    if scenario.workload.workers > 1 {
+        anyhow::bail!(
+            "{}: [workload] workers = {} runs in simulation only: a real client process drives one lock (run \
+             more clients instead)",
+            scenario.path,
+            scenario.workload.workers
+        );
+    }
+    if scenario.random.is_some() {
+        anyhow::bail!("{}: [faults.random] does not run with --real yet; write the faults out", scenario.path);
+    }
+    for f in &scenario.schedule {
+        if let Some(on) = &f.on {
+            let what = locksim_scenarios::run::describe(f);
+            anyhow::bail!(
+                "{}: fault `{what}`: --real cannot start a fault on a history event (on = \"{}\") yet; give it \
+                 `at` instead",
+                scenario.path,
+                on.event.name()
+            );
+        }
+        if let Some(why) = refusal(f, server) {
+            let what = locksim_scenarios::run::describe(f);
+            anyhow::bail!("{}: fault `{what}`: --real {why}", scenario.path);
+        }
+    }
+    Ok(())
+}
+
+/// Why real mode cannot do `f`, if it cannot.
+fn refusal(f: &Fault, server: &str) -> Option<String> {
+    let on_server = f.target == Target::Node(server.to_string());
+    if f.target == Target::Node("resource".into()) {
+        return Some("cannot fault the resource: it is locksim's own, inside its process".into());
+    }
+    let peers_ok = |peers: &[String]| match on_server {
+        true => peers.iter().all(|p| p.starts_with("client-")),
+        false => !peers.is_empty() && peers.iter().all(|p| p == server),
+    };
+    let peers_why = || match on_server {
+        true => format!("cuts {server} from clients only (the resource is locksim's own)"),
+        false => format!(
+            "cuts a client from the server only, its one link here (the resource is locksim's own and clients do \
+             not talk to each other): write peers = [\"{server}\"]"
+        ),
+    };
+    Some(match &f.action {
+        Action::Pause { .. } | Action::Crash { host: false, .. } | Action::Delay { .. } => return None,
+        Action::Crash { host: true, .. } => "cannot crash a host: a killed process's kernel closes its connections \
+                                             (that is `crash`), and the proxy's kernel would answer keep-alive \
+                                             probes that a dead host leaves unanswered"
+            .into(),
+        Action::Partition { peers, .. } | Action::Clog { peers, .. } if peers_ok(peers) => return None,
+        Action::Partition { .. } | Action::Clog { .. } => peers_why(),
+        Action::DropReply { .. } if on_server => return None,
+        Action::DropReply { .. } => {
+            format!("drops the server's replies: aim drop-reply at {server} (a client sends none)")
+        }
+        Action::Loss { .. } => "does not draw lost segments: TCP retransmits each (the simulation delays a lost \
+                                message by whole retransmission timeouts), and the proxy only adds latency: use delay"
+            .into(),
+        Action::ClockJump { .. } | Action::ClockDrift { .. } => {
+            "cannot move one process's clock (every process reads the kernel's)".into()
+        }
+        Action::Restart => "restarts a node only as a crash with a duration: give the crash `duration`".into(),
+        Action::Failover => "starts one server, with no replica to fail over to".into(),
+    })
+}
+
+/// Apply fault `id` of the run at its time (on its own thread); returns when it has ended. An error
+/// (the server would not stop, or start again) is a harness error.
+pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
+    if !run.sleep_until(fault.at) {
+        return Ok(());
+    }
+    let kind = fault.action.kind();
+    let skip =
+        |node: NodeIx, reason: String| run.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
+    let node = match resolve(run, id, &fault.target) {
+        Ok(node) => node,
+        Err(reason) => {
+            skip(NodeIx(0), reason);
+            return Ok(());
+        }
+    };
+    let target = run.nodes[node.0 as usize].clone();
+    let start = EventKind::FaultStart { id, fault: kind, target: target.clone(), detail: fault.action.detail() };
+    let end = fault.action.duration().map(|d| fault.at + d);
+    if let Some(net) = Network::of(run, node, &fault.action) {
+        run.recorder.record(node, start);
+        net.set(true);
+        if end.is_some_and(|at| run.sleep_until(at)) {
+            net.set(false);
+            run.recorder.record(node, EventKind::FaultEnd { id });
+        }
+        // Else it lasts until the end of the run, whose proxies go with it.
+        return Ok(());
+    }
+    if node == SERVER {
+        return server_fault(run, id, fault, start);
+    }
+    let slot = &run.slots[run.client_index(node)];
+    match fault.action {
+        Action::Pause { duration } => {
+            let Some(pid) = signal_live(run, slot, node, start, libc::SIGSTOP) else {
+                skip(node, format!("{target} is down"));
+                return Ok(());
+            };
+            if !run.sleep_until(fault.at + duration) {
+                // The run ended first: the process is killed with the others, as the simulator ends
+                // the world with the node still paused.
+                return Ok(());
+            }
+            let s = slot.lock().expect("slot lock");
+            if s.pid == Some(pid) {
+                send(pid, libc::SIGCONT);
+            }
+            drop(s);
+            run.recorder.record(node, EventKind::FaultEnd { id });
+        }
+        Action::Crash { restart_after, host: false } => {
+            let restart_at = restart_after.map(|d| fault.at + d);
+            {
+                let mut s = slot.lock().expect("slot lock");
+                let Some(pid) = s.pid.filter(|_| s.down.is_none()) else {
+                    drop(s);
+                    skip(node, format!("{target} is already down"));
+                    return Ok(());
+                };
+                s.down = Some(restart_at);
+                run.recorder.record(node, start);
+                run.recorder.forget(node);
+                // Under the slot's lock: the workload reaps the process only after taking it.
+                send(pid, libc::SIGKILL);
+            }
+            if let Some(at) = restart_at {
+                if run.sleep_until(at) {
+                    // The workload starts the new process once it sees `down` lifted.
+                    slot.lock().expect("slot lock").down = None;
+                    run.recorder.record(node, EventKind::FaultEnd { id });
+                }
+            }
+        }
+        // Refused before the run (refuse_unsupported).
+        _ => skip(node, format!("--real cannot do a {} fault", kind.name())),
+    }
+    Ok(())
+}
+
+/// `pause` or `crash` of the server, through [`Server`].
+fn server_fault(run: &Run, id: u32, fault: &Fault, start: EventKind) -> anyhow::Result<()> {
+    let kind = fault.action.kind();
+    let name = run.nodes[SERVER.0 as usize].clone();
+    let mut server = run.server();
+    if server.is_down() {
+        let already = if matches!(fault.action, Action::Crash { .. }) { "already " } else { "" };
+        let reason = format!("{name} is {already}down");
+        run.recorder.record(SERVER, EventKind::FaultSkipped { id, fault: kind, reason });
+        return Ok(());
+    }
+    run.recorder.record(SERVER, start);
+    match fault.action {
+        Action::Pause { duration } => {
+            server.stop()?;
+            drop(server);
+            if !run.sleep_until(fault.at + duration) {
+                // The run ended first: the server is continued and killed as it stops.
+                return Ok(());
+            }
+            let mut server = run.server();
+            // A crash meanwhile ended the pause (a killed process is continued first).
+            if !server.is_down() {
+                server.resume()?;
+            }
+        }
+        Action::Crash { restart_after, host: false } => {
+            server.crash()?;
+            drop(server);
+            let Some(at) = restart_after.map(|d| fault.at + d) else { return Ok(()) };
+            if !run.sleep_until(at) {
+                return Ok(());
+            }
+            run.server().relaunch(run.served().keep_data)?;
+        }
+        // Refused before the run (refuse_unsupported).
+        _ => anyhow::bail!("--real cannot do a {} fault on {name}", kind.name()),
+    }
+    run.recorder.record(SERVER, EventKind::FaultEnd { id });
+    Ok(())
+}
+
+/// A network fault: what it sets on which clients' links.
+struct Network<'a> {
+    links: Vec<&'a Link>,
+    action: &'a Action,
+    on_server: bool,
+}
+
+impl<'a> Network<'a> {
+    /// The network fault `action` aimed at `node`, or `None` for a fault of processes.
+    fn of(run: &'a Run, node: NodeIx, action: &'a Action) -> Option<Network<'a>> {
+        let on_server = node == SERVER;
+        let clients: Vec<usize> = match action {
+            Action::Partition { peers, .. } | Action::Clog { peers, .. } if on_server && !peers.is_empty() => {
+                peers.iter().filter_map(|p| run.node(p)).map(|n| run.client_index(n)).collect()
+            }
+            Action::Partition { .. } | Action::Clog { .. } | Action::Delay { .. } | Action::DropReply { .. } => {
+                match on_server {
+                    true => (0..run.served().proxies.len()).collect(),
+                    false => vec![run.client_index(node)],
+                }
+            }
+            _ => return None,
+        };
+        Some(Network {
+            links: clients.into_iter().map(|i| run.served().proxies[i].link()).collect(),
+            action,
+            on_server,
+        })
+    }
+
+    /// Start (`on`) or end the fault on every link.
+    fn set(&self, on: bool) {
+        for link in &self.links {
+            match self.action {
+                Action::Partition { .. } => {
+                    link.cut(Dir::Up, on);
+                    link.cut(Dir::Down, on);
+                }
+                // The target's outgoing bytes: the server's go down, a client's up.
+                Action::Clog { .. } => link.cut(if self.on_server { Dir::Down } else { Dir::Up }, on),
+                Action::Delay { latency, .. } => {
+                    link.set_delay(if self.on_server { Side::Server } else { Side::Client }, on.then_some(*latency))
+                }
+                Action::DropReply { rate, .. } => link.set_drop_reply(on.then_some(*rate)),
+                _ => unreachable!("Network::of takes network faults only"),
+            }
+        }
+    }
+}
+
+/// Signal the target's live process, recording the fault's start first; `None` if it is down.
+fn signal_live(run: &Run, slot: &std::sync::Mutex<Slot>, node: NodeIx, start: EventKind, sig: i32) -> Option<i32> {
+    let s = slot.lock().expect("slot lock");
+    let pid = s.pid.filter(|_| s.down.is_none())?;
+    run.recorder.record(node, start);
+    send(pid, sig);
+    Some(pid)
+}
+
+fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
+    let (candidates, nobody) = match target {
+        Target::Node(name) => {
+            return run.node(name).ok_or_else(|| format!("no node {name}"));
+        }
+        Target::RandomClient => return Err("random-client was not resolved before the run".into()),
+        Target::Trigger => return Err("aimed faults (`on`) are refused before a real run".into()),
+        Target::Holder => (run.recorder.holders(), "nobody held the lock"),
+        Target::Waiter => (run.recorder.waiters(), "nobody was waiting for the lock"),
+    };
+    match candidates.len() {
+        0 => Err(nobody.to_string()),
+        n => {
+            let mut rng = locksim_sim::rng::stream(run.seed, locksim_sim::rng::Stream::Nemesis, 2 + u64::from(id));
+            Ok(candidates[rng.gen_range(0..n)])
+        }
+    }
+}
+
+/// kill(2) on a client process's group (it leads one: the adapter and whatever it started), which
+/// locksim started and has not reaped (the caller holds its slot).
+fn send(pid: i32, sig: i32) {
+    // SAFETY: plain kill(2); the pid is our unreaped child's, and so its group's, while its slot is locked.
+    unsafe {
+        libc::kill(-pid, sig);
+    }
+}
+
+impl Run {
+    /// The server, for a fault to stop, crash or start again.
+    fn server(&self) -> MutexGuard<'_, Server> {
+        self.served().server.lock().expect("server lock")
+    }
+}
