@@ -1,4 +1,4 @@
-//! The command line (DESIGN §9). Exit codes: 0 every verdict as expected, 1 some verdict differed,
+//! The command line (README.md, docs/ci.md). Exit codes: 0 every verdict as expected, 1 some verdict differed,
 //! 2 bad input or a harness error.
 
 mod adapter;

@@ -1,4 +1,4 @@
-//! The scenario file as written (DESIGN §8): serde structures, positions, and precise errors.
+//! The scenario file as written (docs/scenarios.md): serde structures, positions, and precise errors.
 //!
 //! Fixed sections are plain serde structs with `deny_unknown_fields`; sections whose keys depend on a
 //! choice made in the file — `[recipe]` (on the recipe id), `[backend]` (on the family) and each
@@ -74,7 +74,7 @@ pub struct RandomFile {
     pub duration: DurRange,
     pub target: Option<Spanned<String>>,
     /// Trigger each drawn fault by a lock-relevant event of the history or a point of the recipe
-    /// (DESIGN §8).
+    /// (docs/scenarios.md, "Aimed faults").
     #[serde(default)]
     pub aim: bool,
 }

@@ -1,4 +1,4 @@
-//! A validated scenario: everything one run needs, converted once from the file (DESIGN §8).
+//! A validated scenario: everything one run needs, converted once from the file (docs/scenarios.md).
 
 use crate::checkers::starvation::Bounds;
 use crate::checkers::{CheckConfig, FindingKind};

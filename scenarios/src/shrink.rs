@@ -233,7 +233,7 @@ impl Shrunk {
     }
 }
 
-/// Sections in the order of the file format (DESIGN §8) and of the catalog's files.
+/// Sections in the order of the file format (docs/scenarios.md) and of the catalog's files.
 const SECTIONS: [&str; 9] =
     ["name", "description", "recipe", "model", "backend", "workload", "faults", "check", "expect"];
 

@@ -2,7 +2,7 @@
 //!
 //! A [`Fault`] is one scheduled injection: when, at whom, and what. The nemesis ([`RandomFaults`]) draws a
 //! schedule from its own random stream before the run starts, so a drawn schedule and the same schedule
-//! written out produce the same run (DESIGN §3).
+//! written out produce the same run (ARCHITECTURE.md, "Invariants").
 //!
 //! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
 //! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
@@ -13,7 +13,7 @@ use crate::rng::{ChaCha8Rng, Rng};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The fault vocabulary of scenario files, results and reports (DESIGN §1).
+/// The fault vocabulary of scenario files, results and reports (docs/scenarios.md, "Faults").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultKind {

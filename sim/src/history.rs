@@ -5,7 +5,7 @@
 //! `t` (nanoseconds, the one true time, not any node's clock) and the node it concerns. Order is the order
 //! of recording, which is simulated-time order because the world runs on one thread.
 //!
-//! Serialised as JSON lines; the FNV-1a hash of those bytes is the run's determinism fingerprint.
+//! Serialised as JSON lines; the XXH3-64 hash of those bytes is the run's determinism fingerprint.
 
 use crate::fault::{FaultKind, TriggerEvent};
 use crate::hazard::{Hazard, HazardCounts};

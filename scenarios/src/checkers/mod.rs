@@ -1,4 +1,4 @@
-//! Checkers: pure functions from a history to findings, one per finding kind (DESIGN §7).
+//! Checkers: pure functions from a history to findings, one per finding kind (docs/scenarios.md, "Findings").
 //!
 //! Checkers read only the [`History`]; they know nothing of recipes or backends. Each is tested on
 //! hand-built histories where it fires and where it stays quiet.
