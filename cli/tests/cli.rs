@@ -350,7 +350,9 @@ fn report_names_the_files_it_wrote_once_each_and_counts_in_words() {
 /// (a root machine has none); and the own-lock example is copied with its `Cargo.lock`.
 #[test]
 fn the_readme_commands_write_under_target_and_work_as_root() {
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
+    let docs = std::fs::read_dir(common::root().join("docs")).unwrap().map(|e| e.unwrap().path());
+    let pages = docs.filter(|p| p.extension().is_some_and(|e| e == "md")).chain([common::root().join("README.md")]);
+    let readme: String = pages.map(|p| std::fs::read_to_string(p).unwrap()).collect();
     let mut checked = 0;
     for line in readme.lines().map(str::trim) {
         let command = line.strip_prefix("$ ").unwrap_or(line);

@@ -59,8 +59,8 @@ fn a_point_the_users_recipe_declares_starts_a_fault_inside_it() {
         named.err().unwrap().to_string().contains("lease-renew, redis-set-nx-expire, my-compared"),
         "the recipe's own point is offered"
     );
-    // The README shows these lines as the example has them.
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    // docs/scenarios.md shows these lines as the example has them.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scenarios.md")).unwrap();
     let source = include_str!("../examples/custom_lock.rs");
     let block = readme.split("```rust\n").find(|b| b.contains("Point {")).expect("the README shows a point");
     let lines: Vec<&str> = source.lines().map(str::trim).collect();

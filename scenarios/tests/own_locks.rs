@@ -188,10 +188,9 @@ fn a_workload_kind_is_one_of_the_registrys_and_needs_a_lock() {
     );
 }
 
-/// The README's "Testing your own lock" section, its ```rust blocks.
+/// docs/own-lock.md's ```rust blocks.
 fn readme_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(format!("{}/../README.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let section = readme.split("## Testing your own lock").nth(1).unwrap().split("\n## ").next().unwrap();
+    let section = std::fs::read_to_string(format!("{}/../docs/own-lock.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
     section.split("```rust\n").skip(1).map(|b| b.split("```").next().unwrap().to_string()).collect()
 }
 
