@@ -46,17 +46,24 @@ fn shown(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------------
 // The catalog page
 
-/// The section a scenario is listed under, in page order: the flash sale apart, the rest by family.
-fn section(s: &Scenario) -> (usize, &'static str) {
+/// The section a scenario is listed under, in page order, and the line that opens it: the flash sale
+/// apart, the rest by family.
+fn section(s: &Scenario) -> (usize, &'static str, &'static str) {
     if s.workload.stock.is_some() {
-        return (4, "The flash sale");
+        return (
+            4,
+            "The flash sale",
+            "Buyers decrement a stock under the lock. Every recipe sells 20 items to 5 buyers without faults \
+             (`flash-sale-<recipe>`, all safe but `none`); the baselines `none` and `sql.conditional-update` are \
+             the floor and the ceiling.",
+        );
     }
     match s.recipe.family.name {
-        "redis" => (0, "Redis"),
-        "zk" => (1, "ZooKeeper"),
-        "etcd" => (2, "etcd"),
-        "sql" => (3, "PostgreSQL"),
-        _ => (5, "Other"),
+        "redis" => (0, "Redis", "The model: [models.md](models.md#redis)."),
+        "zk" => (1, "ZooKeeper", "The model: [models.md](models.md#zookeeper)."),
+        "etcd" => (2, "etcd", "The model: [models.md](models.md#etcd)."),
+        "sql" => (3, "PostgreSQL", "The model: [models.md](models.md#postgresql)."),
+        _ => (5, "Other", ""),
     }
 }
 
@@ -115,7 +122,7 @@ fn catalog_page() -> String {
         .collect();
     files.sort();
     let registry = Registry::builtin();
-    let mut sections: BTreeMap<(usize, &str), Vec<String>> = BTreeMap::new();
+    let mut sections: BTreeMap<(usize, &str, &str), Vec<String>> = BTreeMap::new();
     for path in &files {
         let s = Scenario::load(path, &registry).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let file = path.file_name().expect("a file name").to_string_lossy();
@@ -142,8 +149,11 @@ fn catalog_page() -> String {
         files.len()
     )
     .unwrap();
-    for ((_, title), rows) in &sections {
+    for ((_, title, opening), rows) in &sections {
         writeln!(page, "## {title}\n").unwrap();
+        if !opening.is_empty() {
+            writeln!(page, "{opening}\n").unwrap();
+        }
         page.push_str("| scenario | recipe | faults | expects | what it shows |\n| --- | --- | --- | --- | --- |\n");
         for row in rows {
             page.push_str(row);
