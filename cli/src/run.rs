@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, value_parser = super::parse_shard)]
     shard: Option<(u64, u64)>,
     /// Run on real servers and real client processes instead of simulating (a `command` recipe against
-    /// a real Redis on loopback; see README "Real mode"). Not reproducible from a seed.
+    /// a real Redis on loopback; see docs/real-mode.md). Not reproducible from a seed.
     #[arg(long)]
     real: bool,
     /// With --real: how many real runs, with seeds 0..N (or as many as --seeds has) [default: the

@@ -34,8 +34,8 @@ pub struct Args {
     /// Do not shrink failing seeds.
     #[arg(long)]
     no_shrink: bool,
-    /// Run each scenario on real servers with real client processes instead of simulating (see README
-    /// "Real mode"): `--runs` runs each, from its seeds' start. Every scenario needs a `[model]` or is a
+    /// Run each scenario on real servers with real client processes instead of simulating (see
+    /// docs/real-mode.md): `--runs` runs each, from its seeds' start. Every scenario needs a `[model]` or is a
     /// baseline, so that the same suite also runs simulated, for `report` to set the two side by side.
     #[arg(long, conflicts_with_all = ["shard", "jobs"])]
     real: bool,

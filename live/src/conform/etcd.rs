@@ -5,8 +5,8 @@
 //! bounded by `max_create_revision`), delete, `Txn` comparing create/mod revision, version or value,
 //! lease grant, keep-alive, revoke and time-to-live, and watches from a revision — from two or three
 //! clients, with restarts (the data directory kept) and stops of the server between them. What 3.4 and
-//! 3.5 share is all a script asks; where they differ the model follows 3.5 (README: "How we know the
-//! models are right").
+//! 3.5 share is all a script asks; where they differ the model follows 3.5 (docs/models.md, "How we
+//! know the models are right").
 //!
 //! The real server keeps its revision across scripts, so a script's revisions are counted from where
 //! the server stood at its start: the model's revision 1 is the real server's revision then. Leases are

@@ -1,4 +1,4 @@
-"""The locksim side of an adapter: the environment and the JSON-lines loop (README, "Real mode").
+"""The locksim side of an adapter: the environment and the JSON-lines loop (docs/real-mode.md).
 
 An adapter is one process per client. It builds its library's lock from the environment, then hands
 `serve` two functions, `acquire()` and `release()`, each returning a reply: `{"ok": True, "token": N}`

@@ -164,7 +164,7 @@ impl ClientFamily for EtcdClientSide {
             // The real server starts in a second or two, and the real client reconnects on gRPC's
             // backoff in the background, its calls waiting meanwhile (`WaitForReady`); the model's
             // server is back at once, but its client learns of the new server only when a call on the
-            // old connection fails, and tries again at the loop's next look (README, deliberate
+            // old connection fails, and tries again at the loop's next look (docs/models.md, deliberate
             // differences).
             RESUMED if matches!(plan.fault, EtcdFault::ServerKill { .. }) => Margin { early_ms: 1100, late_ms: 4000 },
             // The send loop looks every 500 ms: a keep-alive due during a cut may leave just before it

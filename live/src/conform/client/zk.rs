@@ -182,7 +182,7 @@ impl ClientFamily for ZkClientSide {
             // SYN) if that comes before its connect timeout T; if not, it fails within 1 s of the heal
             // (T of 2 or 4 s) or 2 s (T of 3 s: the SYN at 3 s comes with the timeout), and the next
             // attempt, 1–2 s later, goes at once. Each side learns it within 4 s of the heal, where its
-            // own random waits put it (README, deliberate differences).
+            // own random waits put it (docs/models.md, deliberate differences).
             EXPIRED => Margin { early_ms: EXPIRED_WITHIN_MS, late_ms: EXPIRED_WITHIN_MS },
             // A request made while disconnected waits for the next connect attempt, 1–2 s later, and
             // fails when it is refused.
