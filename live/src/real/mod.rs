@@ -271,6 +271,11 @@ const ZK_TICK: Duration = Duration::from_millis(crate::servers::ZK_TICK_MS);
 fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
     let (recipe, backend) = (scenario.recipe.id, &scenario.backend_params);
     match scenario.recipe.family.name {
+        "redis" | "sql" if !cfg!(feature = "real-clients") => anyhow::bail!(
+            "{}: {recipe}: this locksim was built without the real Redis and PostgreSQL clients; build it \
+             with the `real-clients` feature of locksim-cli (on by default)",
+            scenario.path
+        ),
         "redis" if backend.int("masters") != 1 => anyhow::bail!(
             "{}: {recipe} with [backend] masters = {}: --real starts one Redis server, and Redlock's independent \
              masters would each need their own",
@@ -466,7 +471,7 @@ fn prepare_database(addr: std::net::SocketAddr, backend: &locksim_locks::params:
         format!("tcp_keepalives_interval = {}", ms("tcp_keepalives_interval")),
         format!("tcp_keepalives_count = {}", backend.int("tcp_keepalives_count")),
     ];
-    let statements = std::iter::once(locksim_locks::sql::real::SCHEMA.to_string())
+    let statements = std::iter::once(locksim_locks::sql::SCHEMA.to_string())
         .chain(settings.iter().map(|s| format!("ALTER DATABASE postgres SET {s}")));
     for statement in statements {
         if let Some((code, message)) = conn.query(&statement)?.error {

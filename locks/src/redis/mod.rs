@@ -9,6 +9,7 @@
 //! [`Servers`] say. The scripts the recipes send are in [`scripts`], as the libraries send them.
 
 mod getset_expiry;
+#[cfg(feature = "real-clients")]
 pub mod real;
 mod redlock;
 pub mod scripts;
@@ -217,6 +218,7 @@ impl RedisApi for SimRedis {
 /// the simulated path stays as direct as before.
 pub enum RedisConn {
     Sim(SimRedis),
+    #[cfg(feature = "real-clients")]
     Real(real::RealRedis),
 }
 
@@ -224,6 +226,7 @@ impl RedisConn {
     /// A connection to `shard` of `servers` (real servers have one), whose commands wait `timeout`.
     pub fn new(ctx: Ctx, servers: &Servers, shard: usize, timeout: Duration) -> RedisConn {
         match servers {
+            #[cfg(feature = "real-clients")]
             Servers::Real(real) => {
                 assert_eq!(shard, 0, "a real run has one Redis server");
                 let addr = real.redis.as_deref().expect("a Redis recipe's process is given LOCKSIM_REDIS");
@@ -237,6 +240,7 @@ impl RedisConn {
     pub fn pinned(&self, timeout: Duration) -> RedisConn {
         match self {
             RedisConn::Sim(sim) => RedisConn::Sim(sim.pinned(timeout)),
+            #[cfg(feature = "real-clients")]
             RedisConn::Real(real) => RedisConn::Real(real.pinned(timeout)),
         }
     }
@@ -245,6 +249,7 @@ impl RedisConn {
     pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<RedisSubscription, CallError> {
         match self {
             RedisConn::Sim(sim) => sim.subscribe(channel, timeout).await.map(RedisSubscription::Sim),
+            #[cfg(feature = "real-clients")]
             RedisConn::Real(real) => real.subscribe(channel, timeout).await.map(RedisSubscription::Real),
         }
     }
@@ -253,6 +258,7 @@ impl RedisConn {
     pub fn send(&self, request: RedisRequest) {
         match self {
             RedisConn::Sim(sim) => sim.send(request),
+            #[cfg(feature = "real-clients")]
             RedisConn::Real(real) => real.send(request),
         }
     }
@@ -262,6 +268,7 @@ impl RedisApi for RedisConn {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
         match self {
             RedisConn::Sim(sim) => sim.request(request).await,
+            #[cfg(feature = "real-clients")]
             RedisConn::Real(real) => real.request(&request).await,
         }
     }
@@ -270,6 +277,7 @@ impl RedisApi for RedisConn {
 /// A subscription to one channel, simulated or real.
 pub enum RedisSubscription {
     Sim(Subscription),
+    #[cfg(feature = "real-clients")]
     Real(real::RealSubscription),
 }
 
@@ -278,6 +286,7 @@ impl RedisSubscription {
     pub async fn message(&mut self) -> String {
         match self {
             RedisSubscription::Sim(sim) => sim.message().await,
+            #[cfg(feature = "real-clients")]
             RedisSubscription::Real(real) => real.message().await,
         }
     }

@@ -9,6 +9,7 @@
 mod advisory;
 mod conditional_update;
 mod for_update;
+#[cfg(feature = "real-clients")]
 pub mod real;
 mod shedlock;
 mod unique_insert;
@@ -29,6 +30,17 @@ use tokio::sync::Mutex as AsyncMutex;
 
 pub const RECIPES: &[RecipeSpec] =
     &[for_update::RECIPE, unique_insert::RECIPE, shedlock::RECIPE, advisory::RECIPE, conditional_update::RECIPE];
+
+/// The tables and sequence the built-in recipes use, as real mode makes them on a fresh server (the
+/// simulated server's, whose rows take any column: here typed as the recipes write them): `lock_rows`
+/// with its one row `lock` (`sql.for-update`), `locks` (`sql.unique-insert`: the holder's `owner`),
+/// `shedlock` (`sql.unique-insert-expiry`: ShedLock's `lock_until`, `locked_at` in epoch milliseconds,
+/// and `locked_by`), and the sequence `fence`.
+pub const SCHEMA: &str = "CREATE TABLE lock_rows (k text PRIMARY KEY); INSERT INTO lock_rows (k) VALUES ('lock'); \
+                          CREATE TABLE locks (k text PRIMARY KEY, owner text); \
+                          CREATE TABLE shedlock (k text PRIMARY KEY, lock_until bigint, locked_at bigint, \
+                          locked_by text); \
+                          CREATE SEQUENCE fence;";
 
 /// The database server of one world.
 #[derive(Clone, Debug)]
@@ -189,12 +201,14 @@ pub struct SqlClient {
 enum Server {
     Sim(ClientEnv),
     /// A libpq connection string.
+    #[cfg(feature = "real-clients")]
     Real(String),
 }
 
 /// One connection and its session: simulated, or on a real server ([`real::RealConnection`]).
 pub enum SqlConnection {
     Sim(Connection),
+    #[cfg(feature = "real-clients")]
     Real(real::RealConnection),
 }
 
@@ -203,6 +217,7 @@ impl SqlConnection {
     pub async fn execute(&self, stmt: Stmt) -> Result<SqlResult, ClientError> {
         match self {
             SqlConnection::Sim(conn) => conn.execute(stmt).await,
+            #[cfg(feature = "real-clients")]
             SqlConnection::Real(conn) => conn.execute(stmt).await,
         }
     }
@@ -211,6 +226,7 @@ impl SqlConnection {
     pub fn is_closed(&self) -> bool {
         match self {
             SqlConnection::Sim(conn) => conn.is_closed(),
+            #[cfg(feature = "real-clients")]
             SqlConnection::Real(conn) => conn.is_closed(),
         }
     }
@@ -233,6 +249,7 @@ impl SqlClient {
     /// No connection is opened until first used.
     pub fn new(ctx: &Ctx, servers: &Servers, socket_timeout: Duration) -> SqlClient {
         let server = match servers {
+            #[cfg(feature = "real-clients")]
             Servers::Real(real) => {
                 Server::Real(real.postgres.clone().expect("a database recipe's process is given LOCKSIM_POSTGRES"))
             }
@@ -260,6 +277,7 @@ impl SqlClient {
                     let id = self.ctx.random_u64();
                     Connection::open(env.clone(), id, self.socket_timeout).await.map(SqlConnection::Sim)
                 }
+                #[cfg(feature = "real-clients")]
                 Server::Real(conninfo) => {
                     real::RealConnection::open(conninfo, self.socket_timeout).await.map(SqlConnection::Real)
                 }

@@ -22,7 +22,7 @@
 //! column's type, as `psql` would): the user's own tables, columns and types. Its rows come back with
 //! integers as integers, timestamps as epoch milliseconds (the model's times), and anything textual as
 //! text. The built-in recipes' [`Stmt`]s are written as the SQL they stand for ([`write()`]), on the
-//! tables of [`SCHEMA`], and sent by the simple query protocol; a bare [`Stmt::CreateTable`] is refused
+//! tables of [`SCHEMA`](super::SCHEMA), and sent by the simple query protocol; a bare [`Stmt::CreateTable`] is refused
 //! (a panic, saying why): it does not say its columns — prepare the `CREATE TABLE` as text. One
 //! difference: tokio-postgres does not hand over `COMMIT`'s command tag, so the `COMMIT` of a failed
 //! transaction reads as done, not [`SqlResult::RolledBack`] (the built-in recipes roll a failed
@@ -36,17 +36,6 @@ use std::error::Error;
 use std::time::Duration;
 use tokio_postgres::types::{Format, FromSql, IsNull, ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
-
-/// The tables and sequence the built-in recipes use, as real mode makes them on a fresh server (the
-/// simulated server's, whose rows take any column: here typed as the recipes write them): `lock_rows`
-/// with its one row `lock` (`sql.for-update`), `locks` (`sql.unique-insert`: the holder's `owner`),
-/// `shedlock` (`sql.unique-insert-expiry`: ShedLock's `lock_until`, `locked_at` in epoch milliseconds,
-/// and `locked_by`), and the sequence `fence`.
-pub const SCHEMA: &str = "CREATE TABLE lock_rows (k text PRIMARY KEY); INSERT INTO lock_rows (k) VALUES ('lock'); \
-                          CREATE TABLE locks (k text PRIMARY KEY, owner text); \
-                          CREATE TABLE shedlock (k text PRIMARY KEY, lock_until bigint, locked_at bigint, \
-                          locked_by text); \
-                          CREATE SEQUENCE fence;";
 
 /// One connection to a real server: one session.
 pub struct RealConnection {

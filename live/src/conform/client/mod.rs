@@ -185,6 +185,15 @@ impl Play {
         }
     }
 
+    /// Note it if the play is past `ms` of the plan, by when step `what` should have been done (a
+    /// real server's restart that the machine made slow).
+    pub fn by(&self, ms: u64, what: &str) {
+        let now = self.now_ms();
+        if now > ms {
+            self.late.lock().expect("late lock").get_or_insert(format!("{what} at {now} ms, due by {ms} ms"));
+        }
+    }
+
     /// `Err(Late)` if a step started too late.
     pub fn on_time(self) -> anyhow::Result<()> {
         match self.late.into_inner().expect("late lock") {

@@ -19,7 +19,7 @@
 //! a connect timeout of waiting); the moment of `Disconnected` and of a failed request closely.
 
 use super::netns::Netns;
-use super::{spawn_dying_with_locksim, ClientFamily, Margin, Play, Timeline};
+use super::{spawn_dying_with_locksim, ClientFamily, Late, Margin, Play, Timeline};
 use crate::servers::{Kind, Server};
 use locksim_locks::params::{ParamValue, Params};
 use locksim_locks::zk::{ZkSession, BACKEND_PARAMS, FAMILY};
@@ -420,7 +420,11 @@ pub fn play_real(plan: &Plan, server: &mut Server, net: &Netns, client: &RealCli
                     server.crash()?;
                     // A real server takes a second or more to start: the client's steps go on meanwhile.
                     play.at(plan.fault_ms + down_ms, "the restart");
-                    server.relaunch(true)
+                    server.relaunch(true)?;
+                    // The margins allow the restarted server a few seconds to load; one the machine kept
+                    // from serving longer than that leaves the client nothing to re-attach to in time.
+                    play.by(plan.fault_ms + down_ms + RESTART_WITHIN_MS, "the restarted server ready");
+                    Ok(())
                 }
             }
         });
@@ -446,8 +450,19 @@ pub fn play_real(plan: &Plan, server: &mut Server, net: &Netns, client: &RealCli
         }
     }
     play.on_time()?;
+    // The create goes before any fault, and a real server answers it within milliseconds: an answer a
+    // margin late can only be a slow machine (the client's process starved), never the model's error
+    // (kazoo's margin for it is the same).
+    let slowest = CREATE_MS + ZkClientSide::margin(plan, CREATED).late_ms;
+    if let Some(at) = seen.at(CREATED).filter(|at| *at > slowest && *at < plan.fault_ms) {
+        return Err(Late(format!("{} answered the create at {at} ms, before any fault", client.name)).into());
+    }
     Ok(seen.sorted())
 }
+
+/// How long a restarted real ZooKeeper may take to serve (a JVM's start, its data loaded) before the
+/// play is the machine's, not the client's: a second or two when the machine is idle.
+const RESTART_WITHIN_MS: u64 = 4000;
 
 /// How long a client may take, after `quit`, to say what it still has to say (kazoo's driver waits for
 /// requests it still holds) and exit.
