@@ -3,15 +3,17 @@
 //! A scenario names it with `[recipe] command = ["prog", "arg", ...]` instead of an `id`; its other
 //! `[recipe]` keys go to the process as `LOCKSIM_PARAM_<KEY>` strings. It runs only in real mode
 //! (`locksim run FILE --real`), against real servers on loopback: the protocol and the process handling
-//! are in the `locksim` binary (`reports/src/real/`). Its server is the real one `[recipe] server`
-//! names (Redis, ZooKeeper, etcd or PostgreSQL); its family is the Redis family only so that a
-//! `[backend]` section parses (real mode names the server's node itself). A simulated run refuses it before
-//! starting; [`COMMAND`]'s `build` exists only so that a simulation that got this far fails every
-//! acquisition with that reason rather than panicking.
+//! are in the `locksim` binary (`live/src/real/`). Its server is the real one `[recipe] server`
+//! names (Redis, ZooKeeper, etcd or PostgreSQL), so it has a family of its own, [`FAMILY`], with no
+//! simulated server and no `[backend]` keys (real mode names the server's node itself; a `[model]`
+//! brings its own family and keys). A simulated run refuses it before starting; [`COMMAND`]'s `build`
+//! exists only so that a simulation that got this far fails every acquisition with that reason rather
+//! than panicking.
 
 use crate::params::Params;
-use crate::{no_constraints, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
+use crate::{no_constraints, Family, Grant, Guard, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Topology;
 
 /// The id the registry keeps the command recipe under. Scenario files never write it as `id`.
 pub const ID: &str = "command";
@@ -20,9 +22,18 @@ pub const ID: &str = "command";
 pub const ONLY_REAL: &str =
     "recipe `command` runs only with --real (give it a [model], a built-in recipe, for the simulator to run)";
 
+/// The family of the command recipe: whichever real server `[recipe] server` names, none simulated.
+pub static FAMILY: Family = Family {
+    name: "command",
+    summary: "a lock in any language, run for real against the server [recipe] server names",
+    params: &[],
+    topology: |_| Topology::default(),
+    deploy: |_, _| Servers::None,
+};
+
 pub const COMMAND: RecipeSpec = RecipeSpec {
     id: ID,
-    family: &crate::redis::FAMILY,
+    family: &FAMILY,
     summary: "any-language lock: [recipe] command = [\"prog\", \"arg\"], one process per client speaking JSON lines \
               (real mode only: locksim run FILE --real)",
     source: "your own lock library, through an adapter (scenarios/real/adapters/)",
