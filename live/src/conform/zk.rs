@@ -13,11 +13,11 @@
 //! server's own tick, which is not on the script's grid, so nothing is sent from a session's timeout
 //! until a tick and a slot after it.
 
-use super::{ticks, Action, Answer, Family, Step, SLOT_MS};
+use super::{ticks, Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
 use crate::servers::{Addr, Kind, Server};
 use crate::wire::jute::{self, Body};
 use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest, ZkState};
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::collections::BTreeMap;
@@ -92,7 +92,7 @@ fn show_txn_op(op: &TxnOp) -> String {
 
 /// The ZooKeeper family, with the model it is checked against (a test swaps in a broken one).
 pub struct Zk {
-    pub model: fn() -> Box<dyn ZkModel>,
+    pub model: fn() -> Box<ModelOf<ZkState>>,
 }
 
 impl Default for Zk {
@@ -101,22 +101,7 @@ impl Default for Zk {
     }
 }
 
-/// What the conformance run needs of a ZooKeeper model.
-pub trait ZkModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply;
-    fn tick(&mut self, now: Now, out: &mut Out);
-    fn recover(&mut self, now_ms: i64);
-}
-
-impl ZkModel for ZkState {
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
-        Backend::apply(self, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        Backend::tick(self, now, out)
-    }
-
+impl Recover for ZkState {
     fn recover(&mut self, now_ms: i64) {
         ZkState::recover(self, now_ms)
     }
@@ -484,7 +469,7 @@ fn show_event(kind: &str, path: &str) -> String {
 
 /// The model's side of a run.
 struct ModelRun {
-    server: Box<dyn ZkModel>,
+    server: Box<ModelOf<ZkState>>,
     out: Out,
     /// Each client's current session.
     sessions: BTreeMap<usize, u64>,
