@@ -633,7 +633,9 @@ impl Client {
     fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         match http::post(self.addr.0, path, &body.to_string()) {
             Ok(text) => Ok(serde_json::from_str(&text)?),
-            Err(e) if gateway::lease_not_found(&e.to_string()) => Ok(json!({"error": "lease not found"})),
+            Err(http::Error::Status { body, .. }) if gateway::lease_not_found(&body) => {
+                Ok(json!({"error": "lease not found"}))
+            }
             Err(e) => Err(e.into()),
         }
     }
