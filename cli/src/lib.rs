@@ -13,6 +13,7 @@ mod sweep;
 
 use clap::{Parser, Subcommand};
 use locksim_locks::Registry;
+use locksim_scenarios::reason::Reason;
 use locksim_scenarios::Scenario;
 use std::path::Path;
 use std::process::ExitCode;
@@ -226,13 +227,7 @@ fn shard_ok(result: &locksim_scenarios::sweep::ScenarioResult, sharded: bool) ->
     if !sharded || result.as_expected {
         return result.as_expected;
     }
-    result.reasons.iter().all(|r| {
-        r.contains("but no seed found it")
-            || r.contains("but no seed reached it")
-            || r.contains("but every seed was safe")
-            // Another shard's seeds may have fired them.
-            || r.starts_with("no fault fired in any of")
-    })
+    result.reasons.iter().all(Reason::in_no_seed)
 }
 
 /// Seeds run at once: `--jobs`, or the number of cores.

@@ -5,18 +5,18 @@
 mod common;
 
 use common::{locksim, stderr, stdout};
-use locksim_live::conform::etcd::{Etcd, EtcdModel};
-use locksim_live::conform::redis::{Redis, RedisModel};
-use locksim_live::conform::sql::{self, Sql, SqlModel};
-use locksim_live::conform::zk::{Zk, ZkModel};
-use locksim_live::conform::{check, compare, script_for, Action, Family, Outcome, Step};
+use locksim_live::conform::etcd::Etcd;
+use locksim_live::conform::redis::Redis;
+use locksim_live::conform::sql::{self, Sql};
+use locksim_live::conform::zk::Zk;
+use locksim_live::conform::{check, compare, script_for, Action, Family, Outcome, Recover, Step};
 use locksim_live::servers::ZK_TICK_MS as TICK_MS;
 use locksim_live::servers::{Kind, Server};
-use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, EtcdState, Op as KvOp};
-use locksim_sim::backend::redis::{RedisReply, RedisRequest, RedisState, SetCondition};
-use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, SqlRequest, SqlState, Stmt, Value};
-use locksim_sim::backend::zk::{CreateMode, ZkOp, ZkReply, ZkRequest, ZkState};
-use locksim_sim::backend::{Now, Out};
+use locksim_sim::backend::etcd::{EtcdRequest, EtcdState, Op as KvOp};
+use locksim_sim::backend::redis::{RedisRequest, RedisState, SetCondition};
+use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, SqlRequest, Stmt, Value};
+use locksim_sim::backend::zk::{CreateMode, ZkOp, ZkRequest, ZkState};
+use locksim_sim::backend::{Backend, Now, Out};
 use locksim_sim::history::NodeIx;
 use std::time::Duration;
 
@@ -59,27 +59,56 @@ fn caught<F: Family>(broken: &F, server: &mut Server, shrunk: bool) -> (u64, Vec
     found.expect("the planted bug is caught within 10 seeds")
 }
 
+/// A planted bug: the model `B` with each request bent by `bend` before it is applied.
+struct Planted<B: Backend> {
+    model: B,
+    bend: fn(&mut B::Request),
+}
+
+impl<B: Recover> Backend for Planted<B> {
+    type Request = B::Request;
+    type Reply = B::Reply;
+
+    fn apply(&mut self, now: Now, from: NodeIx, mut request: B::Request, out: &mut Out) -> B::Reply {
+        (self.bend)(&mut request);
+        self.model.apply(now, from, request, out)
+    }
+
+    fn tick_interval(&self) -> Option<Duration> {
+        self.model.tick_interval()
+    }
+
+    fn ticks_from(&self) -> Option<i64> {
+        self.model.ticks_from()
+    }
+
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        self.model.tick(now, out)
+    }
+
+    fn connection_closed(&mut self, now: Now, peer: NodeIx, life: u32, out: &mut Out) {
+        self.model.connection_closed(now, peer, life, out)
+    }
+
+    fn parks(&self, request: &B::Request) -> Option<Duration> {
+        self.model.parks(request)
+    }
+
+    fn answer_parked(&mut self, from: NodeIx, request: &B::Request, timed_out: bool) -> Option<B::Reply> {
+        self.model.answer_parked(from, request, timed_out)
+    }
+}
+
+impl<B: Recover> Recover for Planted<B> {
+    fn recover(&mut self, now_ms: i64) {
+        self.model.recover(now_ms)
+    }
+}
+
 /// A planted bug: `SET … NX` overwrites a key that exists.
-struct SetNxOverwrites(RedisState);
-
-impl RedisModel for SetNxOverwrites {
-    fn apply(&mut self, now: Now, from: NodeIx, mut request: RedisRequest, out: &mut Out) -> RedisReply {
-        if let RedisRequest::Set { condition: c @ SetCondition::Nx, .. } = &mut request {
-            *c = SetCondition::Always;
-        }
-        RedisModel::apply(&mut self.0, now, from, request, out)
-    }
-
-    fn parks(&self, request: &RedisRequest) -> bool {
-        RedisModel::parks(&self.0, request)
-    }
-
-    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
-        RedisModel::answer_parked(&mut self.0, from, request, timed_out)
-    }
-
-    fn restart(&mut self) {
-        self.0.restart()
+fn set_nx_overwrites(request: &mut RedisRequest) {
+    if let RedisRequest::Set { condition: c @ SetCondition::Nx, .. } = request {
+        *c = SetCondition::Always;
     }
 }
 
@@ -87,7 +116,7 @@ impl RedisModel for SetNxOverwrites {
 fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Redis) else { return };
-    let broken = Redis { model: || Box::new(SetNxOverwrites(RedisState::default())) };
+    let broken = Redis { model: || Box::new(Planted { model: RedisState::default(), bend: set_nx_overwrites }) };
     let (seed, shown, step, model, real) = caught(&broken, &mut server, true);
     assert!(shown[step].contains("NX"), "seed {seed}: the mismatch is at a SET NX: {shown:#?}");
     assert_eq!((model.as_str(), real.as_str()), ("OK", "nil"), "seed {seed}: {shown:#?}");
@@ -120,22 +149,9 @@ fn a_server_that_will_not_start_is_one_clear_error_and_exit_2() {
 }
 
 /// A planted bug: a range ignores its limit (the `Mutex` recipe finds the key ahead of it by limit 1).
-struct RangeIgnoresLimit(EtcdState);
-
-impl EtcdModel for RangeIgnoresLimit {
-    fn apply(&mut self, now: Now, from: NodeIx, mut request: EtcdRequest, out: &mut Out) -> EtcdReply {
-        if let EtcdRequest::Op(KvOp::Range(r)) = &mut request {
-            r.limit = 0;
-        }
-        EtcdModel::apply(&mut self.0, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        EtcdModel::tick(&mut self.0, now, out)
-    }
-
-    fn recover(&mut self, now_ms: i64) {
-        EtcdModel::recover(&mut self.0, now_ms)
+fn range_ignores_limit(request: &mut EtcdRequest) {
+    if let EtcdRequest::Op(KvOp::Range(r)) = request {
+        r.limit = 0;
     }
 }
 
@@ -143,7 +159,7 @@ impl EtcdModel for RangeIgnoresLimit {
 fn an_etcd_range_that_ignores_its_limit_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Etcd) else { return };
-    let broken = Etcd { model: || Box::new(RangeIgnoresLimit(EtcdState::default())) };
+    let broken = Etcd { model: || Box::new(Planted { model: EtcdState::default(), bend: range_ignores_limit }) };
     let (seed, shown, step, _, _) = caught(&broken, &mut server, false);
     assert!(shown[step].contains("limit 1"), "seed {seed}: the mismatch is at a limited range: {shown:#?}");
 }
@@ -161,22 +177,9 @@ fn conform_etcd_agrees_with_the_real_server() {
 }
 
 /// A planted bug: an ephemeral node is created persistent, so it outlives its session.
-struct EphemeralOutlivesSession(ZkState);
-
-impl ZkModel for EphemeralOutlivesSession {
-    fn apply(&mut self, now: Now, from: NodeIx, mut request: ZkRequest, out: &mut Out) -> ZkReply {
-        if let ZkRequest::Op { op: ZkOp::Create { mode: mode @ CreateMode::Ephemeral, .. }, .. } = &mut request {
-            *mode = CreateMode::Persistent;
-        }
-        ZkModel::apply(&mut self.0, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        ZkModel::tick(&mut self.0, now, out)
-    }
-
-    fn recover(&mut self, now_ms: i64) {
-        ZkModel::recover(&mut self.0, now_ms)
+fn ephemeral_outlives_session(request: &mut ZkRequest) {
+    if let ZkRequest::Op { op: ZkOp::Create { mode: mode @ CreateMode::Ephemeral, .. }, .. } = request {
+        *mode = CreateMode::Persistent;
     }
 }
 
@@ -184,7 +187,12 @@ impl ZkModel for EphemeralOutlivesSession {
 fn an_ephemeral_that_outlives_its_session_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::ZooKeeper) else { return };
-    let broken = Zk { model: || Box::new(EphemeralOutlivesSession(ZkState::new(Duration::from_millis(TICK_MS)))) };
+    let broken = Zk {
+        model: || {
+            let model = ZkState::new(Duration::from_millis(TICK_MS));
+            Box::new(Planted { model, bend: ephemeral_outlives_session })
+        },
+    };
     let (seed, shown, step, model, real) = caught(&broken, &mut server, false);
     let before = &shown[..=step];
     assert!(before.iter().any(|s| s.contains("Ephemeral")), "seed {seed}: an ephemeral create came first: {shown:#?}");
@@ -214,22 +222,9 @@ fn a_server_given_by_address_must_answer_there() {
 }
 
 /// A planted bug: `SELECT … FOR UPDATE` locks nothing, so a second locker never waits.
-struct ForUpdateLocksNothing(SqlState);
-
-impl SqlModel for ForUpdateLocksNothing {
-    fn apply(&mut self, now: Now, from: NodeIx, mut request: SqlRequest, out: &mut Out) {
-        if let SqlRequest::Execute { stmt: Stmt::Select { for_update, .. }, .. } = &mut request {
-            *for_update = false;
-        }
-        SqlModel::apply(&mut self.0, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        SqlModel::tick(&mut self.0, now, out)
-    }
-
-    fn recover(&mut self) {
-        SqlModel::recover(&mut self.0)
+fn for_update_locks_nothing(request: &mut SqlRequest) {
+    if let SqlRequest::Execute { stmt: Stmt::Select { for_update, .. }, .. } = request {
+        *for_update = false;
     }
 }
 
@@ -237,7 +232,7 @@ impl SqlModel for ForUpdateLocksNothing {
 fn a_select_for_update_that_locks_nothing_is_caught() {
     let _turn = turn();
     let Some(mut server) = server(Kind::Postgres) else { return };
-    let broken = Sql { model: || Box::new(ForUpdateLocksNothing(sql::fresh())) };
+    let broken = Sql { model: || Box::new(Planted { model: sql::fresh(), bend: for_update_locks_nothing }) };
     let (seed, shown, step, model, real) = caught(&broken, &mut server, false);
     let before = &shown[..=step];
     assert!(before.iter().any(|s| s.contains("FOR UPDATE")), "seed {seed}: a FOR UPDATE came first: {shown:#?}");

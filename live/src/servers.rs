@@ -5,6 +5,7 @@
 //! outside the temporary directory. Or `--server HOST:PORT` points at one already running; locksim then
 //! neither restarts nor stops it: scripts are played without their restarts and stops.
 
+use crate::process::{self, alive, children};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -380,12 +381,9 @@ fn free_ports() -> anyhow::Result<(u16, u16)> {
     Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }
 
+/// [`process::signal`] to a server this process started and has not reaped, its error naming the call.
 fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
-    // SAFETY: kill(2) with a pid of a child this process started and has not reaped.
-    if unsafe { libc::kill(pid, sig) } != 0 {
-        anyhow::bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
-    }
-    Ok(())
+    process::signal(pid, sig).map_err(|e| anyhow::anyhow!("kill({pid}, {sig}): {e}"))
 }
 
 /// End a server as a crash would: SIGKILL, or for PostgreSQL an immediate shutdown (SIGQUIT: every
@@ -496,22 +494,6 @@ fn kill_and_wait(pid: libc::pid_t) {
     while forked.iter().any(|c| alive(*c)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// Whether `pid` runs (a zombie does not: it holds no file open).
-fn alive(pid: libc::pid_t) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
-}
-
-/// The processes `pid` forked (PostgreSQL's backends and workers), from `/proc`.
-fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let parent = |stat: &str| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
-        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| parent(&s)) == Some(pid))
-        .collect()
 }
 
 fn log_tail(dir: &Path) -> String {

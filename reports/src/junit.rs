@@ -2,6 +2,7 @@
 //! verdict differs from the expectation, with the reasons and the repro command as the message.
 
 use crate::text::{escape_xml as escape, example_line};
+use locksim_scenarios::reason;
 use locksim_scenarios::sweep::ScenarioResult;
 
 /// The report for `runs` of suite `name`; `seconds[i]` is how long run `i` took.
@@ -29,13 +30,13 @@ pub fn junit(name: &str, runs: &[ScenarioResult], seconds: &[f64]) -> String {
             xml.push_str("/>\n");
             continue;
         }
-        let mut body = run.reasons.join("\n");
+        let mut body = reason::join(&run.reasons, "\n");
         if let Some(line) = example_line(run) {
             body.push_str(&format!("\nreproduce: {line}"));
         }
         xml.push_str(&format!(
             ">\n      <failure message=\"{}\" type=\"verdict\">{}</failure>\n    </testcase>\n",
-            escape(&run.reasons.join("; ")),
+            escape(&reason::join(&run.reasons, "; ")),
             escape(&body)
         ));
     }

@@ -6,6 +6,7 @@ use crate::decide::{self, fault_label, lock_name, Row};
 use crate::results::ResultsFile;
 use crate::text::{escape_markdown, escape_xml as escape, example_line, kinds_summary as findings};
 use locksim_scenarios::rate::Rate;
+use locksim_scenarios::reason;
 use locksim_scenarios::sweep::ScenarioResult;
 use locksim_sim::hazard::{add_counts, HazardCounts};
 use std::collections::BTreeMap;
@@ -228,7 +229,7 @@ pub fn markdown(results: &ResultsFile, charts: &[(&str, &str, String)]) -> Strin
     if !failing.is_empty() {
         md.push_str("\n## Not as expected\n\n");
         for run in failing {
-            let _ = writeln!(md, "- **{}**: {}", md_(&run.scenario), md_(&run.reasons.join("; ")));
+            let _ = writeln!(md, "- **{}**: {}", md_(&run.scenario), md_(&reason::join(&run.reasons, "; ")));
             if let Some(line) = example_line(run) {
                 let _ = writeln!(md, "  `{}`", line.replace('`', "'"));
             }

@@ -9,6 +9,7 @@
 //! - [`workload`]: the client program around a recipe, and the only code touching the resource.
 //! - [`checkers`]: pure functions from a history to findings, and the run's measurements.
 //! - [`run`]: one seed: build the world, run it, check it.
+//! - [`reason`]: why a sweep's seeds missed the expectation, typed, shown as a line each.
 //! - [`sweep`]: many seeds in parallel, judged against the scenario's expectation; shards and merging.
 //! - [`vary`]: one key of a scenario varied over a grid, for breaking-point sweeps.
 //! - [`suite`]: many scenarios over seed ranges, as CI runs them.
@@ -23,6 +24,7 @@ pub mod distribution;
 pub mod duration;
 pub mod file;
 pub mod rate;
+pub mod reason;
 pub mod run;
 pub mod scenario;
 pub mod shrink;

@@ -8,6 +8,7 @@
 use crate::checkers::FindingKind;
 use crate::distribution::Distribution;
 use crate::rate::Rate;
+use crate::reason::Reason;
 use crate::run::{run_seed, HarnessError, SeedResult};
 use crate::scenario::{Expect, Scenario, Verdict};
 use crate::to_violation::{Gaps, ToViolation};
@@ -38,8 +39,8 @@ pub struct ScenarioResult {
     pub expect: Expect,
     /// Did the seeds meet the expectation?
     pub as_expected: bool,
-    /// Why not (or, when met, what met it), one line each.
-    pub reasons: Vec<String>,
+    /// Why not, one line each.
+    pub reasons: Vec<Reason>,
     /// The seed that best shows what happened: the first unexpected one, or the first unsafe one.
     pub example_seed: Option<u64>,
     pub unsafe_seeds: u64,
@@ -472,42 +473,38 @@ impl Judge {
         let expect = &self.meta.expect;
         let mut reasons = Vec::new();
         let mut unexpected_seed = None;
-        let mut flag = |why: String, seed: Option<u64>| {
+        let mut flag = |why: Reason, seed: Option<u64>| {
             reasons.push(why);
             unexpected_seed = unexpected_seed.or(seed);
         };
         // A fault test whose faults never took effect tested nothing: whatever it expects, it must not
         // pass (a green "safe" for a lock nobody paused), nor fail without saying why.
         if let Some(c) = self.coverage.filter(|c| c.seeds > 0 && c.seeds_fired == 0) {
-            flag(format!("no fault fired in any of the {} seeds: {}", c.seeds, never_fired(&c)), None);
+            flag(Reason::NoFaultFired { seeds: c.seeds, why: never_fired(&c) }, None);
         }
         match expect.verdict {
             Verdict::Safe => {
                 if let Some(seed) = self.first_unsafe {
-                    let kinds: Vec<&str> = self.unsafe_kinds.iter().map(|k| k.name()).collect();
-                    flag(format!("expected safe, but some seeds found {}", kinds.join(", ")), Some(seed));
+                    flag(Reason::UnsafeFound { kinds: self.unsafe_kinds.iter().copied().collect() }, Some(seed));
                 }
             }
-            Verdict::Unsafe if self.first_unsafe.is_none() => {
-                flag("expected unsafe, but every seed was safe".into(), None)
-            }
+            Verdict::Unsafe if self.first_unsafe.is_none() => flag(Reason::EverySeedSafe, None),
             Verdict::Unsafe => {}
         }
         for kind in &expect.findings {
             if !self.first_with.contains_key(kind) {
-                flag(format!("expected {}, but no seed found it", kind.name()), None);
+                flag(Reason::FindingNotFound(*kind), None);
             }
         }
         for kind in &expect.absent {
             if let Some(seed) = self.first_with.get(kind) {
-                flag(format!("expected no {}, but seed {seed} found it", kind.name()), Some(*seed));
+                flag(Reason::AbsentFound { kind: *kind, seed: *seed }, Some(*seed));
             }
         }
         for hazard in &expect.hazards {
             if !self.seeds_with_hazard.contains_key(hazard) {
-                let (name, seeds) = (&self.meta.scenario, &self.seeds);
-                let m = format!("{name} requires hazard {hazard}, but no seed reached it (seeds {seeds:?})");
-                flag(m, None);
+                let (scenario, seeds) = (self.meta.scenario.clone(), self.seeds.clone());
+                flag(Reason::HazardNotReached { scenario, hazard: *hazard, seeds }, None);
             }
         }
         let round = |x: f64| (x * 10.0).round() / 10.0;

@@ -135,7 +135,7 @@ fn a_trigger_never_reached_is_skipped_with_its_reason() {
     let result = locksim_scenarios::sweep::sweep(&s, 0..2, 1, &|| {}).unwrap();
     assert!(!result.as_expected);
     let why = &result.reasons;
-    assert!(why.iter().any(|w| w.contains("no fault fired in any of the 2 seeds")), "{why:?}");
+    assert!(why.iter().any(|w| w.to_string().contains("no fault fired in any of the 2 seeds")), "{why:?}");
     assert_eq!(result.fault_coverage.map(|c| (c.seeds, c.seeds_fired, c.faults, c.faults_fired)), Some((2, 0, 2, 0)));
 }
 
@@ -148,7 +148,7 @@ fn a_safe_verdict_needs_a_fault_that_fired() {
     let result = locksim_scenarios::sweep::sweep(&scenario(never), 0..3, 1, &|| {}).unwrap();
     assert!(!result.as_expected, "{:?}", result.reasons);
     assert!(
-        result.reasons[0].starts_with("no fault fired in any of the 3 seeds: all 3 were skipped"),
+        result.reasons[0].to_string().starts_with("no fault fired in any of the 3 seeds: all 3 were skipped"),
         "{:?}",
         result.reasons
     );
@@ -157,7 +157,7 @@ fn a_safe_verdict_needs_a_fault_that_fired() {
     let result = locksim_scenarios::sweep::sweep(&scenario(&first), 0..3, 1, &|| {}).unwrap();
     let c = result.fault_coverage.unwrap();
     assert!(c.complete() && c.faults_fired == 3, "{c:?}");
-    assert!(result.reasons.iter().all(|r| !r.contains("no fault fired")), "{:?}", result.reasons);
+    assert!(result.reasons.iter().all(|r| !r.to_string().contains("no fault fired")), "{:?}", result.reasons);
 }
 
 const AIMED_NEMESIS: &str =

@@ -85,7 +85,9 @@ fn a_required_hazard_no_seed_reached_fails_the_run_naming_it() {
     let r = run(&calm, 0..3);
     assert!(!r.as_expected);
     assert!(
-        r.reasons.iter().any(|m| m.contains("requires hazard lease-expired-while-held, but no seed reached it")),
+        r.reasons
+            .iter()
+            .any(|m| m.to_string().contains("requires hazard lease-expired-while-held, but no seed reached it")),
         "{:?}",
         r.reasons
     );

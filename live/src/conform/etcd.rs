@@ -16,7 +16,7 @@
 //! grid: a script sends nothing from when a lease may expire until 700 ms after (its window), nor a
 //! time-to-live on a whole second of remaining time.
 
-use super::{ticks, Action, Answer, Family, Step, MARGIN_MS, SLOT_MS};
+use super::{ticks, Action, Answer, Family, ModelOf, Recover, Step, MARGIN_MS, SLOT_MS};
 use crate::servers::{Addr, Kind, Server};
 use crate::wire::http;
 use locksim_locks::etcd::gateway;
@@ -24,7 +24,7 @@ use locksim_sim::backend::etcd::{
     Cmp, Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, Event, EventType, KeyValue, Op as KvOp, OpResult,
     Range, SortOrder, SortTarget, Target, WatchResponse,
 };
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use serde_json::{json, Value};
@@ -117,7 +117,7 @@ impl fmt::Display for Op {
 
 /// The etcd family, with the model it is checked against (a test swaps in a broken one).
 pub struct Etcd {
-    pub model: fn() -> Box<dyn EtcdModel>,
+    pub model: fn() -> Box<ModelOf<EtcdState>>,
 }
 
 impl Default for Etcd {
@@ -126,22 +126,7 @@ impl Default for Etcd {
     }
 }
 
-/// What the conformance run needs of an etcd model.
-pub trait EtcdModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply;
-    fn tick(&mut self, now: Now, out: &mut Out);
-    fn recover(&mut self, now_ms: i64);
-}
-
-impl EtcdModel for EtcdState {
-    fn apply(&mut self, now: Now, from: NodeIx, request: EtcdRequest, out: &mut Out) -> EtcdReply {
-        Backend::apply(self, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        Backend::tick(self, now, out)
-    }
-
+impl Recover for EtcdState {
     fn recover(&mut self, now_ms: i64) {
         EtcdState::recover(self, now_ms)
     }
@@ -648,7 +633,9 @@ impl Client {
     fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         match http::post(self.addr.0, path, &body.to_string()) {
             Ok(text) => Ok(serde_json::from_str(&text)?),
-            Err(e) if gateway::lease_not_found(&e.to_string()) => Ok(json!({"error": "lease not found"})),
+            Err(http::Error::Status { body, .. }) if gateway::lease_not_found(&body) => {
+                Ok(json!({"error": "lease not found"}))
+            }
             Err(e) => Err(e.into()),
         }
     }

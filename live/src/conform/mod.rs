@@ -24,6 +24,7 @@ pub mod sql;
 pub mod zk;
 
 use crate::servers::{Addr, Server};
+use locksim_sim::backend::Backend;
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,6 +72,19 @@ pub struct Answer {
     pub text: String,
     pub at_ms: u64,
 }
+
+/// A model a family checks: the simulated server ([`Backend`], driven directly at a script's times),
+/// and what a crash or restart of the real server does to it — which the simulated world does by
+/// running the server's program again, and a script must do by hand.
+pub trait Recover: Backend {
+    /// The server was killed and started again, up at `now_ms` on its monotonic clock: it keeps what
+    /// the real one keeps across a restart (Redis its AOF, ZooKeeper its tree and sessions, etcd its
+    /// store and leases, PostgreSQL its committed rows) and loses the rest.
+    fn recover(&mut self, now_ms: i64);
+}
+
+/// A model speaking `B`'s requests and replies: `B` itself, or a test's broken copy of it.
+pub type ModelOf<B> = dyn Recover<Request = <B as Backend>::Request, Reply = <B as Backend>::Reply>;
 
 /// A server family: how to draw scripts, play them on the model, and speak to the real server.
 pub trait Family {

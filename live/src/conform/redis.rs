@@ -8,14 +8,14 @@
 //! reached it, with restarts (AOF kept or wiped) and stops of the server between them. A script step
 //! is a `RedisRequest`, sent to the real server as the command it stands for.
 
-use super::{Action, Answer, Family, Step, SLOT_MS};
+use super::{Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
 use crate::servers::{Addr, Kind, Server};
 use crate::wire::resp;
 use locksim_locks::redis::scripts::{
     REDISSON_LOCK, REDISSON_RENEW, REDISSON_RENEW_3_43, REDISSON_UNLOCK, REDSYNC_DELETE, REDSYNC_TOUCH,
 };
 use locksim_sim::backend::redis::{sha1_hex, PubSubMessage, RedisReply, RedisRequest, RedisState, SetCondition};
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::fmt;
@@ -48,7 +48,7 @@ fn script_name(text_or_sha: &str) -> &'static str {
 
 /// The Redis family, with the model it is checked against (a test swaps in a broken one).
 pub struct Redis {
-    pub model: fn() -> Box<dyn RedisModel>,
+    pub model: fn() -> Box<ModelOf<RedisState>>,
 }
 
 impl Default for Redis {
@@ -57,29 +57,9 @@ impl Default for Redis {
     }
 }
 
-/// What the conformance run needs of a Redis model: the backend, and a restart that keeps the data.
-pub trait RedisModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply;
-    fn parks(&self, request: &RedisRequest) -> bool;
-    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply>;
+impl Recover for RedisState {
     /// The process restarted with its dataset (AOF kept).
-    fn restart(&mut self);
-}
-
-impl RedisModel for RedisState {
-    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
-        Backend::apply(self, now, from, request, out)
-    }
-
-    fn parks(&self, request: &RedisRequest) -> bool {
-        Backend::parks(self, request).is_some()
-    }
-
-    fn answer_parked(&mut self, from: NodeIx, request: &RedisRequest, timed_out: bool) -> Option<RedisReply> {
-        Backend::answer_parked(self, from, request, timed_out)
-    }
-
-    fn restart(&mut self) {
+    fn recover(&mut self, _now_ms: i64) {
         RedisState::restart(self)
     }
 }
@@ -372,7 +352,7 @@ impl Family for Redis {
                 Action::Restart { keep } => {
                     match keep {
                         false => server = (self.model)(),
-                        true => server.restart(),
+                        true => server.recover(s.at_ms as i64),
                     }
                     // The pub/sub connections die with the server, and what they had not read with them.
                     inbox.iter_mut().for_each(Vec::clear);
@@ -392,7 +372,7 @@ impl Family for Redis {
                         }
                     };
                     let mut out = Out::default();
-                    let (reply, at) = if server.parks(&request) {
+                    let (reply, at) = if server.parks(&request).is_some() {
                         // Without replicas nothing another client does can answer a WAIT early.
                         match server.answer_parked(from, &request, false) {
                             Some(reply) => (reply, at),

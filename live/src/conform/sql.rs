@@ -13,14 +13,14 @@
 //! recipe takes two locks, and the model does not look for deadlocks). At its end every session still
 //! open is closed, which lets every waiting statement finish.
 
-use super::{Action, Answer, Family, Step, SLOT_MS};
+use super::{Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
 use crate::servers::{Addr, Kind, Server};
 use crate::wire::pgwire;
 use locksim_sim::backend::sql::text::{self, NowAs, Style};
 use locksim_sim::backend::sql::{
     Cond, ConnId, Expr, Op as CmpOp, Row, Settings, SqlError, SqlRequest, SqlResponse, SqlResult, SqlState, Stmt, Value,
 };
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::fmt;
@@ -39,7 +39,7 @@ const ADVISORY: [i64; 2] = [4_242_001, 4_242_002];
 
 /// The PostgreSQL family, with the model it is checked against (a test swaps in a broken one).
 pub struct Sql {
-    pub model: fn() -> Box<dyn SqlModel>,
+    pub model: fn() -> Box<ModelOf<SqlState>>,
 }
 
 impl Default for Sql {
@@ -48,38 +48,9 @@ impl Default for Sql {
     }
 }
 
-/// What the conformance run needs of a database model: the backend, and its crash recovery.
-pub trait SqlModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out);
-    fn tick(&mut self, now: Now, out: &mut Out);
+impl Recover for SqlState {
     /// The server crashed and started again.
-    fn recover(&mut self);
-}
-
-impl<M: SqlModel + ?Sized> SqlModel for Box<M> {
-    fn apply(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
-        (**self).apply(now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        (**self).tick(now, out)
-    }
-
-    fn recover(&mut self) {
-        (**self).recover()
-    }
-}
-
-impl SqlModel for SqlState {
-    fn apply(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
-        Backend::apply(self, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        Backend::tick(self, now, out)
-    }
-
-    fn recover(&mut self) {
+    fn recover(&mut self, _now_ms: i64) {
         SqlState::recover(self)
     }
 }
@@ -218,8 +189,8 @@ fn show_real(stmt: &Stmt, reply: &pgwire::Reply) -> String {
 /// A model database driven at a script's times: its ticks every slot (late while the server is
 /// stopped), each client's session (opened before its first statement, and again after it ended),
 /// and the answers, which come when a statement finishes — later than it was sent, if it waited.
-struct Driver<M> {
-    db: M,
+struct Driver<M: ?Sized> {
+    db: Box<M>,
     /// Each client's session; `None`: connect before the next statement.
     sessions: Vec<Option<ConnId>>,
     /// When the server ended a client's session (and closed its connection), if it did.
@@ -233,8 +204,8 @@ struct Driver<M> {
     asked: Vec<(usize, Option<Stmt>)>,
 }
 
-impl<M: SqlModel> Driver<M> {
-    fn new(db: M) -> Self {
+impl<M: Recover<Request = SqlRequest, Reply = ()> + ?Sized> Driver<M> {
+    fn new(db: Box<M>) -> Self {
         Driver {
             db,
             sessions: Vec::new(),
@@ -284,7 +255,7 @@ impl<M: SqlModel> Driver<M> {
         self.advance(at);
         match &s.action {
             Action::Restart { .. } => {
-                self.db.recover();
+                self.db.recover(at as i64);
                 for answer in self.answers.iter_mut().filter(|a| a.is_none()) {
                     *answer = Some(Answer { text: error(SqlError::Terminated).into(), at_ms: at });
                 }
@@ -588,7 +559,7 @@ impl Family for Sql {
 /// restarts and stops.
 fn draw(rng: &mut ChaCha8Rng, faults: bool) -> Vec<Step<Op>> {
     let clients = rng.gen_range(2..=3);
-    let mut driver = Driver::new(fresh());
+    let mut driver = Driver::new(Box::new(fresh()));
     driver.sessions.resize(clients, None);
     driver.ended.resize(clients, None);
     let mut sessions = vec![Session::default(); clients];
@@ -675,7 +646,7 @@ fn next_session(s: Session, op: &Op) -> Session {
 /// writers flushed it is up to their timers); a stop starts with nobody waiting and hears one client
 /// at most; nothing is left waiting at the end.
 fn rules_kept(steps: &[Step<Op>]) -> bool {
-    let mut driver = Driver::new(fresh());
+    let mut driver = Driver::new(Box::new(fresh()));
     let mut stop = (0, 0);
     let mut sent_in_stop = 0;
     for s in steps {

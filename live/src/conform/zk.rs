@@ -13,11 +13,11 @@
 //! server's own tick, which is not on the script's grid, so nothing is sent from a session's timeout
 //! until a tick and a slot after it.
 
-use super::{ticks, Action, Answer, Family, Step, SLOT_MS};
+use super::{ticks, Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
 use crate::servers::{Addr, Kind, Server};
 use crate::wire::jute::{self, Body};
 use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest, ZkState};
-use locksim_sim::backend::{Backend, Now, Out};
+use locksim_sim::backend::{Now, Out};
 use locksim_sim::history::NodeIx;
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::collections::BTreeMap;
@@ -92,7 +92,7 @@ fn show_txn_op(op: &TxnOp) -> String {
 
 /// The ZooKeeper family, with the model it is checked against (a test swaps in a broken one).
 pub struct Zk {
-    pub model: fn() -> Box<dyn ZkModel>,
+    pub model: fn() -> Box<ModelOf<ZkState>>,
 }
 
 impl Default for Zk {
@@ -101,22 +101,7 @@ impl Default for Zk {
     }
 }
 
-/// What the conformance run needs of a ZooKeeper model.
-pub trait ZkModel {
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply;
-    fn tick(&mut self, now: Now, out: &mut Out);
-    fn recover(&mut self, now_ms: i64);
-}
-
-impl ZkModel for ZkState {
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
-        Backend::apply(self, now, from, request, out)
-    }
-
-    fn tick(&mut self, now: Now, out: &mut Out) {
-        Backend::tick(self, now, out)
-    }
-
+impl Recover for ZkState {
     fn recover(&mut self, now_ms: i64) {
         ZkState::recover(self, now_ms)
     }
@@ -484,7 +469,7 @@ fn show_event(kind: &str, path: &str) -> String {
 
 /// The model's side of a run.
 struct ModelRun {
-    server: Box<dyn ZkModel>,
+    server: Box<ModelOf<ZkState>>,
     out: Out,
     /// Each client's current session.
     sessions: BTreeMap<usize, u64>,
@@ -603,6 +588,25 @@ fn error(code: i32) -> String {
     }
 }
 
+/// A request the server refused, by its `KeeperException.Code`; shown as the model shows its error.
+#[derive(Clone, Copy)]
+struct Refused(i32);
+
+impl Refused {
+    /// The session is gone (also when no connection could be re-attached to send on).
+    const SESSION_EXPIRED: Refused = Refused(-112);
+
+    fn is(self, e: ZkError) -> bool {
+        jute::error(self.0) == Some(e)
+    }
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", error(self.0))
+    }
+}
+
 impl Client {
     fn names(&self) -> std::sync::MutexGuard<'_, Names> {
         self.run.names.lock().expect("names lock")
@@ -628,38 +632,30 @@ impl Client {
 
     /// One request; a connection the server closed (the session ended, or the server restarted) is
     /// re-attached once, and the request sent again only if nothing was answered on the old one.
-    fn call(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<Vec<u8>, String>> {
+    fn call(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<Vec<u8>, Refused>> {
         Ok(match self.call_coded(op, body)? {
             Ok((0, body)) => Ok(body),
-            Ok((code, _)) => Err(error(code)),
+            Ok((code, _)) => Err(Refused(code)),
             Err(e) => Err(e),
         })
     }
 
     /// [`Client::call`], with the answer's error code beside its body (a failed `multi` has both).
-    fn call_coded(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<(i32, Vec<u8>), String>> {
+    fn call_coded(&mut self, op: i32, body: impl Fn() -> Body) -> anyhow::Result<Result<(i32, Vec<u8>), Refused>> {
         if std::mem::take(&mut self.reattach) && !self.reattach()? {
-            return Ok(Err(error(-112)));
+            return Ok(Err(Refused::SESSION_EXPIRED));
         }
-        let Some(conn) = self.conn.as_mut() else { return Ok(Err(error(-112))) };
+        let Some(conn) = self.conn.as_mut() else { return Ok(Err(Refused::SESSION_EXPIRED)) };
         Ok(Ok(match conn.call(op, body()) {
             Ok(answer) => answer,
             Err(_) if self.reattach()? => self.conn.as_mut().expect("re-attached").call(op, body())?,
-            Err(_) => return Ok(Err(error(-112))),
+            Err(_) => return Ok(Err(Refused::SESSION_EXPIRED)),
         }))
     }
 
-    /// Remember a watch the server set on `path` (in the set `kind` picks), unless `said` is an error
-    /// other than NoNode (an `exists` on a missing node leaves a watch; a failed call none).
-    fn watched(
-        &mut self,
-        path: &str,
-        kind: impl Fn(&mut jute::Watches) -> &mut std::collections::BTreeSet<String>,
-        said: &str,
-    ) {
-        if said.starts_with("error") && said != "error NoNode" {
-            return;
-        }
+    /// Remember a watch the server set on `path`, in the set `kind` picks (a failed call sets none, but
+    /// an `exists` on a missing node does).
+    fn watched(&mut self, path: &str, kind: impl Fn(&mut jute::Watches) -> &mut std::collections::BTreeSet<String>) {
         if let Some(conn) = self.conn.as_mut() {
             kind(&mut conn.watches).insert(path.to_string());
         }
@@ -693,7 +689,7 @@ impl Client {
         };
         let (code, body) = match self.call_coded(jute::MULTI, body)? {
             Ok(answer) => answer,
-            Err(e) => return Ok(e),
+            Err(e) => return Ok(e.to_string()),
         };
         let mut r = jute::reader(&body);
         let mut results = Vec::new();
@@ -733,7 +729,7 @@ impl Client {
     }
 
     /// `create2`: the path created and its stat, or the error.
-    fn create(&mut self, path: &str, data: &str, mode: CreateMode) -> anyhow::Result<Result<(String, Stat), String>> {
+    fn create(&mut self, path: &str, data: &str, mode: CreateMode) -> anyhow::Result<Result<(String, Stat), Refused>> {
         let flags = jute::flags(mode);
         Ok(match self.call(jute::CREATE2, || Body::default().str(path).str(data).open_acl().int(flags))? {
             Ok(body) => {
@@ -745,7 +741,7 @@ impl Client {
         })
     }
 
-    fn children(&mut self, path: &str, watch: bool) -> anyhow::Result<Result<(Vec<String>, Stat), String>> {
+    fn children(&mut self, path: &str, watch: bool) -> anyhow::Result<Result<(Vec<String>, Stat), Refused>> {
         Ok(match self.call(jute::GET_CHILDREN2, || Body::default().str(path).bool(watch))? {
             Ok(body) => {
                 let mut r = jute::reader(&body);
@@ -757,13 +753,19 @@ impl Client {
         })
     }
 
-    fn stat_answer(&mut self, op: i32, body: impl Fn() -> Body, label: &str) -> anyhow::Result<String> {
+    /// A stat answer in the model's words (`label` and the stat), or the refusal.
+    fn stat_answer(
+        &mut self,
+        op: i32,
+        body: impl Fn() -> Body,
+        label: &str,
+    ) -> anyhow::Result<Result<String, Refused>> {
         Ok(match self.call(op, body)? {
             Ok(body) => {
                 let stat = self.stat(jute::reader(&body).stat()?);
-                format!("{label} {}", self.names().stat(&stat))
+                Ok(format!("{label} {}", self.names().stat(&stat)))
             }
-            Err(e) => e,
+            Err(e) => Err(e),
         })
     }
 
@@ -784,8 +786,8 @@ impl Client {
             Op::CreateWithParents { path, data, mode } => {
                 for ancestor in ancestors(path) {
                     if let Err(e) = self.create(&ancestor, "", CreateMode::Persistent)? {
-                        if e == "error SessionExpired" {
-                            return Ok(e);
+                        if e.is(ZkError::SessionExpired) {
+                            return Ok(e.to_string());
                         }
                     }
                 }
@@ -793,12 +795,12 @@ impl Client {
             }
             Op::Request(ZkOp::Create { path, data, mode }) => Ok(match self.create(path, data, *mode)? {
                 Ok((path, stat)) => format!("created {path} {}", self.names().stat(&stat)),
-                Err(e) => e,
+                Err(e) => e.to_string(),
             }),
             Op::Request(ZkOp::Delete { path, version }) => {
                 Ok(match self.call(jute::DELETE, || Body::default().str(path).int(*version))? {
                     Ok(_) => "deleted".into(),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 })
             }
             Op::DeleteFirstChild { parent } => match self.children(parent, false)? {
@@ -806,22 +808,25 @@ impl Client {
                     let path = format!("{parent}/{}", children[0]);
                     let said = match self.call(jute::DELETE, || Body::default().str(&path).int(-1))? {
                         Ok(_) => "deleted".to_string(),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     };
                     Ok(format!("{path}: {said}"))
                 }
                 Ok(_) => Ok("no children".into()),
-                Err(e) => Ok(e),
+                Err(e) => Ok(e.to_string()),
             },
             Op::Request(ZkOp::SetData { path, data, version }) => {
-                self.stat_answer(jute::SET_DATA, || Body::default().str(path).str(data).int(*version), "set")
+                let said =
+                    self.stat_answer(jute::SET_DATA, || Body::default().str(path).str(data).int(*version), "set")?;
+                Ok(said.unwrap_or_else(|e| e.to_string()))
             }
             Op::Request(ZkOp::Exists { path, watch }) => {
                 let said = self.stat_answer(jute::EXISTS, || Body::default().str(path).bool(*watch), "exists")?;
-                if *watch {
-                    self.watched(path, |w| if said == "error NoNode" { &mut w.exist } else { &mut w.data }, &said);
+                let no_node = said.as_ref().is_err_and(|e| e.is(ZkError::NoNode));
+                if *watch && (said.is_ok() || no_node) {
+                    self.watched(path, |w| if no_node { &mut w.exist } else { &mut w.data });
                 }
-                Ok(if said == "error NoNode" { "no node".into() } else { said })
+                Ok(if no_node { "no node".into() } else { said.unwrap_or_else(|e| e.to_string()) })
             }
             Op::Request(ZkOp::GetData { path, watch }) => {
                 Ok(match self.call(jute::GET_DATA, || Body::default().str(path).bool(*watch))? {
@@ -830,21 +835,21 @@ impl Client {
                         let data = String::from_utf8_lossy(&r.bytes()?).into_owned();
                         let stat = self.stat(r.stat()?);
                         if *watch {
-                            self.watched(path, |w| &mut w.data, "");
+                            self.watched(path, |w| &mut w.data);
                         }
                         format!("data {data:?} {}", self.names().stat(&stat))
                     }
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 })
             }
             Op::Request(ZkOp::GetChildren { path, watch }) => Ok(match self.children(path, *watch)? {
                 Ok((children, stat)) => {
                     if *watch {
-                        self.watched(path, |w| &mut w.child, "");
+                        self.watched(path, |w| &mut w.child);
                     }
                     format!("children [{}] {}", children.join(", "), self.names().stat(&stat))
                 }
-                Err(e) => e,
+                Err(e) => e.to_string(),
             }),
             // `removeWatches(path, WatcherType.Any)`: type 3.
             Op::Request(ZkOp::RemoveWatches { path }) => {
@@ -853,17 +858,17 @@ impl Client {
                 }
                 Ok(match self.call(jute::REMOVE_WATCHES, || Body::default().str(path).int(3))? {
                     Ok(_) => "watches removed".into(),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 })
             }
             Op::Request(ZkOp::Multi(ops)) => self.multi(ops),
             Op::Request(ZkOp::Sync { path }) => Ok(match self.call(jute::SYNC, || Body::default().str(path))? {
                 Ok(body) => format!("synced {}", jute::reader(&body).str()?),
-                Err(e) => e,
+                Err(e) => e.to_string(),
             }),
             Op::Request(ZkOp::Ping) => Ok(match self.call(jute::PING, Body::default)? {
                 Ok(_) => "pong".into(),
-                Err(e) => e,
+                Err(e) => e.to_string(),
             }),
             Op::Events => Ok(match self.call(jute::PING, Body::default)? {
                 Ok(_) => {
@@ -875,12 +880,12 @@ impl Client {
                         .collect();
                     shown.join(" | ")
                 }
-                Err(e) => e,
+                Err(e) => e.to_string(),
             }),
             Op::Request(ZkOp::Close) => {
                 let said = match self.call(jute::CLOSE_SESSION, Body::default)? {
                     Ok(_) => "closed".into(),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 };
                 Ok(said)
             }

@@ -15,6 +15,7 @@
 //! descendant that clears its environment and leaves the group escapes it.
 
 use super::protocol::{parse, Message, ProtocolError, Request};
+use crate::process::{self, die_with_parent};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -186,12 +187,8 @@ impl Drop for ClientProcess {
 /// SIGKILL to the process and its group (whatever it started), and to every process carrying its
 /// `mark` (what left the group), then wait for it.
 fn kill_and_reap(child: &mut Child, mark: &str) {
-    let pid = child.id() as libc::pid_t;
-    // SAFETY: kill(2) on our own child's group; the child is not reaped yet (wait below), so its pid
-    // (the group's id) is still ours.
-    unsafe {
-        libc::kill(-pid, libc::SIGKILL);
-    }
+    // The child is not reaped yet (wait below), so its pid (the group's id) is still ours.
+    let _ = process::signal_group(child.id() as libc::pid_t, libc::SIGKILL);
     let _ = child.kill();
     let left = kill_marked(&|m| m == mark);
     if left > 0 {
@@ -217,11 +214,8 @@ pub fn kill_marked(marked: &dyn Fn(&str) -> bool) -> usize {
             return 0;
         }
         for pid in pids {
-            // SAFETY: plain kill(2) on a process just read from /proc with our mark; at worst it has
-            // ended meanwhile (ESRCH) — a pid is not reused while its zombie waits for its parent.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
+            // Just read from /proc with our mark; at worst it has ended meanwhile.
+            let _ = process::signal(pid, libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -297,22 +291,6 @@ fn exit_status(info: &libc::siginfo_t) -> String {
         libc::CLD_EXITED => format!("exit status: {status}"),
         libc::CLD_DUMPED => format!("signal: {status} (core dumped)"),
         _ => format!("signal: {status}"),
-    }
-}
-
-/// The child leads a process group of its own (a fault signals the whole group: the adapter and
-/// anything it started), and gets SIGKILL when locksim dies (Linux `PR_SET_PDEATHSIG`).
-pub(crate) fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    cmd.process_group(0);
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
 

@@ -1,6 +1,7 @@
 //! etcd's JSON gateway (`/v3/...`: the gRPC API as JSON over HTTP/1.1, served on the client port by
 //! etcd 3.4 and 3.5): the requests the recipes send and the answers they read, as JSON. Real mode's
-//! client ([`super::real`]) and the conformance run against the real server both speak it.
+//! client ([`super::real`]) and the conformance run against the real server both speak it, over the
+//! HTTP of [`super::http`].
 //!
 //! The gateway's JSON is protobuf's: bytes (keys, values) are base64, 64-bit integers are strings, and a
 //! field holding its zero value (a revision 0, `succeeded: false`, the event type `PUT`) is left out.

@@ -12,6 +12,7 @@
 
 mod election;
 pub mod gateway;
+pub mod http;
 mod mutex;
 pub mod real;
 mod txn_lease;

@@ -14,7 +14,7 @@
 //! - keep-alives run the simulated client's loop ([`KeepAlive::start`]): a keep-alive TTL/3 after each
 //!   answer, stopped by an answer with TTL 0 or by a TTL without one, on the process's monotonic clock.
 
-use super::gateway;
+use super::{gateway, http};
 use locksim_sim::backend::etcd::client::{KeepAlive, Lessor, Watcher};
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, LeaseId, WatchResponse};
 use locksim_sim::ctx::{Background, Ctx};
@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::future::Future;
 use std::io;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -149,16 +149,12 @@ impl RealEtcd {
     }
 }
 
-/// Just enough HTTP/1.1 for the gateway: one POST per connection (`Connection: close`), its answer read
-/// whole or, for a watch, line by line as the server streams it.
+/// One POST on a connection of its own, its answer decoded by [`http::Response`]: read whole or, for
+/// a watch, line by line as the server streams it.
 struct Response {
     status: u16,
-    reader: BufReader<TcpStream>,
-    /// `Some(n)`: a body of `n` bytes; `None`: chunked.
-    length: Option<usize>,
-    /// Decoded body bytes not yet handed out.
-    pending: Vec<u8>,
-    done: bool,
+    stream: TcpStream,
+    answer: http::Response,
 }
 
 impl Response {
@@ -172,87 +168,44 @@ impl Response {
 
     async fn send(mut stream: TcpStream, addr: &str, path: &str, body: &Value) -> io::Result<Response> {
         stream.set_nodelay(true)?;
-        let body = body.to_string();
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(format!("{head}{body}").as_bytes()).await?;
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        reader.read_line(&mut line).await?;
-        let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad(&line))?;
-        let mut length = None;
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).await? == 0 {
-                return Err(bad("the headers end early"));
+        stream.write_all(&http::post(addr, path, &body.to_string())).await?;
+        let mut answer = http::Response::default();
+        let status = loop {
+            match answer.status() {
+                Some(status) => break status,
+                None => fill(&mut stream, &mut answer).await?,
             }
-            let header = line.trim_end().to_ascii_lowercase();
-            if header.is_empty() {
-                break;
-            }
-            if let Some(n) = header.strip_prefix("content-length:") {
-                length = Some(n.trim().parse().map_err(|_| bad(&header))?);
-            }
-        }
-        Ok(Response { status, reader, length, pending: Vec::new(), done: false })
+        };
+        Ok(Response { status, stream, answer })
     }
 
     /// The whole body.
     async fn body(&mut self) -> io::Result<String> {
-        while self.fill().await? {}
-        Ok(String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned())
+        while !self.answer.is_done() {
+            fill(&mut self.stream, &mut self.answer).await?;
+        }
+        Ok(self.answer.take_body())
     }
 
     /// The body's next line (a streamed message), or `None` at its end.
     async fn next_line(&mut self) -> io::Result<Option<String>> {
         loop {
-            if let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.pending.drain(..=end).collect();
-                return Ok(Some(String::from_utf8_lossy(&line).trim().to_string()));
+            if let Some(line) = self.answer.next_line() {
+                return Ok(Some(line));
             }
-            if !self.fill().await? {
-                let rest = std::mem::take(&mut self.pending);
-                let rest = String::from_utf8_lossy(&rest).trim().to_string();
-                return Ok((!rest.is_empty()).then_some(rest));
+            if self.answer.is_done() {
+                return Ok(None);
             }
+            fill(&mut self.stream, &mut self.answer).await?;
         }
-    }
-
-    /// Read more of the body into `pending`; false at its end.
-    async fn fill(&mut self) -> io::Result<bool> {
-        if self.done {
-            return Ok(false);
-        }
-        let n = match self.length {
-            Some(n) => {
-                self.done = true;
-                n
-            }
-            None => {
-                let mut size = String::new();
-                self.reader.read_line(&mut size).await?;
-                let n = usize::from_str_radix(size.trim(), 16).map_err(|_| bad(&size))?;
-                if n == 0 {
-                    self.done = true;
-                    return Ok(false);
-                }
-                n
-            }
-        };
-        let start = self.pending.len();
-        self.pending.resize(start + n, 0);
-        self.reader.read_exact(&mut self.pending[start..]).await?;
-        if self.length.is_none() {
-            let mut crlf = [0; 2];
-            self.reader.read_exact(&mut crlf).await?;
-        }
-        Ok(true)
     }
 }
 
-fn bad(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("not the gateway's HTTP: {}", what.trim()))
+/// Read what the connection has into `answer`.
+async fn fill(stream: &mut TcpStream, answer: &mut http::Response) -> io::Result<()> {
+    let mut buf = [0; 4096];
+    match stream.read(&mut buf).await? {
+        0 => answer.end(),
+        n => answer.feed(&buf[..n]),
+    }
 }

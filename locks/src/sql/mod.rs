@@ -18,7 +18,7 @@ use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
 use locksim_sim::backend::sql::text::Prepared;
-use locksim_sim::backend::sql::{Row, Settings, SqlResult, SqlState, Stmt, ToValue, Value};
+use locksim_sim::backend::sql::{Expr, Row, Settings, SqlError, SqlResult, SqlState, Stmt, ToValue, Value};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
@@ -359,8 +359,23 @@ impl Db {
 
     /// Run `stmt` on the open connection (opening one if needed).
     async fn run(&mut self, stmt: Stmt) -> Result<SqlResult, Outcome<()>> {
+        outcome(self.execute(stmt).await?)
+    }
+
+    /// Insert `row` as `key` of `table`: `Ok(false)` if the key is taken (a unique violation: someone
+    /// else holds the lock).
+    async fn insert(&mut self, table: &str, key: &str, row: Vec<(String, Expr)>) -> Result<bool, Outcome<()>> {
+        let insert = Stmt::Insert { table: table.into(), key: key.into(), row };
+        match self.execute(insert).await? {
+            Ok(SqlResult::Error(SqlError::UniqueViolation)) => Ok(false),
+            result => outcome(result).map(|_| true),
+        }
+    }
+
+    /// `stmt`'s result on the open connection (opening one if needed); a failure if none opens.
+    async fn execute(&mut self, stmt: Stmt) -> Result<Result<SqlResult, ClientError>, Outcome<()>> {
         let conn = self.client.connection().await.ok_or(Outcome::Fail("cannot reach the database".into()))?;
-        outcome(conn.execute(stmt).await)
+        Ok(conn.execute(stmt).await)
     }
 
     /// `nextval('fence')`: a fencing token.

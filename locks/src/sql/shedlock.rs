@@ -20,7 +20,7 @@
 use super::{grant_outcome, text, Db, SOCKET_TIMEOUT};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::sql::{Cond, Expr, Op, SqlError, SqlResult, Stmt, Value};
+use locksim_sim::backend::sql::{Cond, Expr, Op, SqlResult, Stmt, Value};
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -73,10 +73,8 @@ impl ShedLock {
             ("locked_at".to_string(), self.now_plus(0)),
             ("locked_by".to_string(), text(&self.db.owner)),
         ];
-        match self.db.run(Stmt::Insert { table: "shedlock".into(), key: "lock".into(), row: row.clone() }).await {
-            Ok(_) => return Ok(true),
-            Err(Outcome::Fail(why)) if why == format!("{:?}", SqlError::UniqueViolation) => {}
-            Err(outcome) => return Err(outcome),
+        if self.db.insert("shedlock", "lock", row.clone()).await? {
+            return Ok(true);
         }
         let expired = Cond { column: "lock_until".into(), op: Op::Le, rhs: self.now_plus(0) };
         let update = Stmt::Update { table: "shedlock".into(), key: "lock".into(), set: row, cond: vec![expired] };

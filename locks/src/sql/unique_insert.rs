@@ -14,7 +14,7 @@
 use super::{grant_outcome, text, Db, SOCKET_TIMEOUT};
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
-use locksim_sim::backend::sql::{Cond, Op, SqlError, SqlResult, Stmt};
+use locksim_sim::backend::sql::{Cond, Op, SqlResult, Stmt};
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -50,12 +50,7 @@ impl UniqueInsert {
     /// One attempt: `Ok(true)` inserted, `Ok(false)` taken.
     async fn insert(&mut self) -> Result<bool, Outcome<()>> {
         let row = vec![("owner".to_string(), text(&self.db.owner))];
-        let insert = Stmt::Insert { table: "locks".into(), key: "lock".into(), row };
-        match self.db.run(insert).await {
-            Ok(_) => Ok(true),
-            Err(Outcome::Fail(why)) if why == format!("{:?}", SqlError::UniqueViolation) => Ok(false),
-            Err(outcome) => Err(outcome),
-        }
+        self.db.insert("locks", "lock", row).await
     }
 }
 

@@ -127,7 +127,7 @@ pub const UNDECIDED: &str = "undecided:";
 /// Start a real client's process so that it dies with locksim, however locksim ends (Ctrl-C
 /// included), rather than run on after its play (see `crate::real::client`).
 pub fn spawn_dying_with_locksim(command: &mut std::process::Command) -> std::io::Result<std::process::Child> {
-    crate::real::client::die_with_parent(command);
+    crate::process::die_with_parent(command);
     command.spawn()
 }
 
