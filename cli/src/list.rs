@@ -105,9 +105,9 @@ fn faults(out: &mut String, registry: &Registry) {
         out,
         "Events that start an aimed fault (on = ..., with nth = N and client = \"client-N\"; at arms it):"
     );
-    // The built-in events and points, then those your recipes declare.
-    let declared = registry.recipes().iter().flat_map(|r| r.points).map(TriggerEvent::Declared);
-    for e in TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS).chain(declared) {
+    // The history's events, then the points the recipes declare (each once, though several pass it).
+    let points = registry.points().into_iter().map(TriggerEvent::Declared);
+    for e in TriggerEvent::ALL.into_iter().chain(points) {
         let _ = writeln!(out, "  {:<20} {}", e.name(), e.describe());
     }
     out.push('\n');

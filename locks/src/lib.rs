@@ -35,7 +35,7 @@ pub mod work;
 pub mod zk;
 
 use locksim_sim::ctx::Ctx;
-use locksim_sim::fault::Topology;
+use locksim_sim::fault::{Point, Topology, TriggerEvent};
 use locksim_sim::world::World;
 use params::{ParamSpec, Params};
 
@@ -166,10 +166,12 @@ pub struct RecipeSpec {
     pub guard: Guard,
     /// Whether the recipe grants in request order (checked as `unfair` unless `[check] fifo = false`).
     pub promises_fifo: bool,
-    /// Points of your own inside the recipe, passed with [`Ctx::point`]`(TriggerEvent::Declared(&P))`:
-    /// scenario files start faults there with `on = "<name>"`, and the aimed nemesis weighs them in.
-    /// The built-in recipes' points are the simulator's ([`locksim_sim::fault::TriggerEvent::POINTS`]).
-    pub points: &'static [locksim_sim::fault::Point],
+    /// Every point inside the recipe that its clients pass: its own, passed with
+    /// [`Ctx::point`]`(TriggerEvent::Declared(&P))`, and its family's client's (e.g.
+    /// [`locksim_sim::backend::LEASE_RENEW`]; a point several recipes pass is one constant, declared by
+    /// each). Scenario files start faults there with `on = "<name>"`; the aimed nemesis weighs them in
+    /// and draws among them in this order, so reordering them changes the schedules seeds draw.
+    pub points: &'static [Point],
     /// Checks that need both parameter sets, e.g. Redlock's number of masters.
     pub validate: fn(recipe: &Params, backend: &Params) -> Result<(), String>,
     /// Build one client's lock on its node.
@@ -193,22 +195,49 @@ impl Registry {
     pub fn builtin() -> Registry {
         let families =
             [redis::RECIPES, &[command::COMMAND], zk::RECIPES, etcd::RECIPES, sql::RECIPES, &[baseline::NONE]];
-        Registry { recipes: families.into_iter().flatten().copied().collect(), works: Vec::new() }
+        let empty = Registry { recipes: Vec::new(), works: Vec::new() };
+        // Through `with`: the built-in recipes' points are held to the rules a user's are.
+        families.into_iter().flatten().fold(empty, |registry, recipe| registry.with(*recipe))
     }
 
-    /// This registry and `recipe` (e.g. a user's own lock). Its points must not take a built-in event's
-    /// or point's name.
+    /// This registry and `recipe` (e.g. a user's own lock). A name is one point: each of its points is
+    /// declared once, takes no history event's name, and no other point's — a recipe passing a point
+    /// that others pass too (its family's client passes [`locksim_sim::backend::LEASE_RENEW`])
+    /// declares that same constant.
     pub fn with(mut self, recipe: RecipeSpec) -> Registry {
-        for point in recipe.points {
+        for (i, point) in recipe.points.iter().enumerate() {
+            let (id, name) = (recipe.id, point.name);
+            assert!(TriggerEvent::parse(name).is_none(), "{id}: point {name:?} is a history event's name");
+            assert!(recipe.points[..i].iter().all(|p| p.name != name), "{id}: point {name:?} is declared twice");
             assert!(
-                locksim_sim::fault::TriggerEvent::parse(point.name).is_none(),
-                "{}: point {:?} is a built-in event's name",
-                recipe.id,
-                point.name
+                self.point(name).is_none_or(|p| p == point),
+                "{id}: point {name:?} is another point's name (declare that point, or name yours apart)"
             );
         }
         self.recipes.push(recipe);
         self
+    }
+
+    /// Every point the recipes declare, each once, in the order first declared: what `on = "..."` may
+    /// name besides the history's events.
+    pub fn points(&self) -> Vec<&'static Point> {
+        let mut points: Vec<&'static Point> = Vec::new();
+        for point in self.recipes.iter().flat_map(|r| r.points) {
+            if !points.contains(&point) {
+                points.push(point);
+            }
+        }
+        points
+    }
+
+    /// The point named `name`, if a recipe declares it.
+    pub fn point(&self, name: &str) -> Option<&'static Point> {
+        self.recipes.iter().flat_map(|r| r.points).find(|p| p.name == name)
+    }
+
+    /// The recipes that declare the point named `name`: the only ones a fault armed for it can start in.
+    pub fn passing(&self, name: &str) -> Vec<&'static str> {
+        self.recipes.iter().filter(|r| r.points.iter().any(|p| p.name == name)).map(|r| r.id).collect()
     }
 
     /// This registry and `work`, a user's critical section and invariant (`[workload] kind = "<id>"`).
@@ -243,5 +272,61 @@ impl Registry {
     /// The recipe `[recipe] command = [...]` stands for ([`command::COMMAND`]), if this registry has it.
     pub fn command(&self) -> Option<&RecipeSpec> {
         self.get(command::ID)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recipes declaring each built-in point (what `on = "..."` accepts and the aimed nemesis draws);
+    /// `scenarios/tests/aimed.rs` runs every recipe and checks that its clients pass exactly these.
+    #[test]
+    fn each_builtin_point_is_declared_by_the_recipes_whose_clients_pass_it() {
+        let registry = Registry::builtin();
+        let queues =
+            ["zk.sequential", "zk.sequential-unprotected", "zk.rwlock", "zk.semaphore-mutex", "zk.leader-election"];
+        let etcd = ["etcd.txn-lease", "etcd.txn-lease-wait", "etcd.mutex", "etcd.election"];
+        let renewing = [&["redis.watchdog", "zk.ephemeral"][..], &queues, &etcd].concat();
+        let builtin = [
+            ("redis-set-nx-expire", vec!["redis.set-nx-expire"]),
+            ("lease-renew", renewing),
+            ("redlock-majority", vec!["redis.redlock"]),
+            ("zk-queue-create", queues.to_vec()),
+            ("etcd-mutex-checked", vec!["etcd.mutex"]),
+        ];
+        let names: Vec<&str> = registry.points().iter().map(|p| p.name).collect();
+        assert_eq!(names, builtin.iter().map(|(name, _)| *name).collect::<Vec<_>>(), "each once, as first declared");
+        for (name, recipes) in &builtin {
+            assert_eq!(registry.passing(name), *recipes, "{name}");
+        }
+        // The aimed nemesis draws among a recipe's points by index: the order is part of every schedule.
+        let order = |id| registry.get(id).unwrap().points.iter().map(|p| p.name).collect::<Vec<_>>();
+        assert_eq!(order("etcd.mutex"), ["etcd-mutex-checked", "lease-renew"]);
+        assert_eq!(order("zk.rwlock"), ["zk-queue-create", "lease-renew"]);
+    }
+
+    fn with_point(point: &'static [Point]) -> Registry {
+        let spec = *Registry::builtin().get("none").unwrap();
+        Registry::builtin().with(RecipeSpec { id: "my.lock", points: point, ..spec })
+    }
+
+    #[test]
+    #[should_panic(expected = "my.lock: point \"lease-renew\" is another point's name")]
+    fn a_users_point_cannot_take_a_builtin_points_name() {
+        with_point(&[Point { name: "lease-renew", doc: "my own renewal" }]);
+    }
+
+    #[test]
+    #[should_panic(expected = "my.lock: point \"enter\" is a history event's name")]
+    fn a_users_point_cannot_take_a_history_events_name() {
+        with_point(&[Point { name: "enter", doc: "my own entry" }]);
+    }
+
+    #[test]
+    fn a_users_recipe_declares_a_builtin_point_its_client_passes() {
+        let registry = with_point(&[locksim_sim::backend::LEASE_RENEW]);
+        assert_eq!(registry.passing("lease-renew").last(), Some(&"my.lock"));
+        assert_eq!(registry.points().len(), Registry::builtin().points().len(), "still one lease-renew");
     }
 }

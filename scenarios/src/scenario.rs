@@ -254,7 +254,7 @@ impl Scenario {
             .faults
             .schedule
             .iter()
-            .map(|t| fault(&src, t, &topo, workload.duration, recipe.id))
+            .map(|t| fault(&src, t, &topo, workload.duration, registry, recipe.id))
             .collect::<Result<_, _>>()?;
         check_restarts(&src, &file.faults.schedule, &schedule)?;
         let random = file.faults.random.as_ref().map(|r| random(&src, r, &topo)).transpose()?;
@@ -375,8 +375,7 @@ fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecip
         None => (recipe.family.topology)(backend),
     };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
-    topo.points = TriggerEvent::points_of(recipe.id);
-    topo.points.extend(recipe.points.iter().map(TriggerEvent::Declared));
+    topo.points = recipe.points.iter().map(TriggerEvent::Declared).collect();
     topo
 }
 
@@ -686,10 +685,11 @@ fn fault(
     table: &Spanned<Table>,
     topo: &Topology,
     run_for: Duration,
+    registry: &Registry,
     recipe: &str,
 ) -> Result<Fault, ScenarioError> {
     let mut s = Section::new(src, "[[faults.schedule]]", table.get_ref());
-    let on = trigger(&mut s, topo, recipe)?;
+    let on = trigger(&mut s, topo, registry, recipe)?;
     let at = match s.take("at") {
         Some(at_v) => {
             let at = s.duration("at", &at_v, false)?.1;
@@ -806,9 +806,14 @@ fn fault(
 }
 
 /// `on = "<event>"`, with `nth` and `client`: what starts an aimed fault (taken out of `s`). A point
-/// inside a recipe must be one `recipe` passes: another recipe never would, and the fault would never
-/// start.
-fn trigger(s: &mut Section, topo: &Topology, recipe: &str) -> Result<Option<Trigger>, ScenarioError> {
+/// inside a recipe must be one the scenario's recipe declares (its topology's): a point of another
+/// recipe in the registry would never be passed, and the fault would never start.
+fn trigger(
+    s: &mut Section,
+    topo: &Topology,
+    registry: &Registry,
+    recipe: &str,
+) -> Result<Option<Trigger>, ScenarioError> {
     let (on_v, nth_v, client_v) = (s.take("on"), s.take("nth"), s.take("client"));
     let Some(on_v) = on_v else {
         if let Some(v) = nth_v.or(client_v) {
@@ -819,21 +824,21 @@ fn trigger(s: &mut Section, topo: &Topology, recipe: &str) -> Result<Option<Trig
         return Ok(None);
     };
     let name = s.string("on", &on_v)?;
-    // The recipe's own points (`RecipeSpec::points`) are in its topology's.
-    let declared = topo.points.iter().copied().filter(|p| matches!(p, TriggerEvent::Declared(_)));
-    let event =
-        TriggerEvent::parse(&name).or_else(|| declared.clone().find(|p| p.name() == name)).ok_or_else(|| {
-            let builtin = TriggerEvent::ALL.iter().chain(&TriggerEvent::POINTS).copied();
-            let known: Vec<&str> = builtin.chain(declared).map(|e| e.name()).collect();
-            s.error(on_v.span(), format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", ")))
-        })?;
-    if let Some(recipes) = event.recipes().filter(|r| !r.contains(&recipe)) {
-        let m = format!(
-            "on: \"{name}\" is a point inside {}, and this scenario's recipe is {recipe}: it would never start",
-            recipes.join(", ")
-        );
+    let ours = topo.points.iter().copied().find(|p| p.name() == name);
+    let Some(event) = TriggerEvent::parse(&name).or(ours) else {
+        let passing = registry.passing(&name);
+        let m = if passing.is_empty() {
+            let points = registry.points().into_iter().map(TriggerEvent::Declared);
+            let known: Vec<&str> = TriggerEvent::ALL.into_iter().chain(points).map(|e| e.name()).collect();
+            format!("on: unknown event \"{name}\"; expected one of: {}", known.join(", "))
+        } else {
+            format!(
+                "on: \"{name}\" is a point inside {}, and this scenario's recipe is {recipe}: it would never start",
+                passing.join(", ")
+            )
+        };
         return Err(s.error(on_v.span(), m));
-    }
+    };
     let nth = match &nth_v {
         None => 1,
         Some(v) => match v.get_ref() {

@@ -46,17 +46,18 @@ fn a_point_the_users_recipe_declares_starts_a_fault_inside_it() {
         result.results.iter().any(|r| r.counts.contains_key(&FindingKind::DoubleHolder)),
         "the DEL freed the next holder's key"
     );
-    // Another recipe never passes it: refused at its line, the recipe's points listed.
+    // Another recipe never passes it: refused at its line, naming the recipe that does.
     let builtin = aimed.replace("id = \"my.get-then-del\"", "id = \"redis.set-nx-px\"");
     let err = Scenario::parse("f.toml", &builtin, &custom_lock::registry()).err().expect("refused").to_string();
-    assert!(err.contains("on: unknown event \"my-compared\""), "{err}");
+    let want = "on: \"my-compared\" is a point inside my.get-then-del, and this scenario's recipe is redis.set-nx-px";
+    assert!(err.contains(want), "{err}");
     let named = Scenario::parse(
         "f.toml",
         &aimed.replace("on = \"my-compared\"", "on = \"my-comparde\""),
         &custom_lock::registry(),
     );
     assert!(
-        named.err().unwrap().to_string().contains("lease-renew, redis-set-nx-expire, my-compared"),
+        named.err().unwrap().to_string().contains("zk-queue-create, etcd-mutex-checked, my-compared"),
         "the recipe's own point is offered"
     );
     // docs/scenarios.md shows these lines as the example has them.

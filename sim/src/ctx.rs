@@ -119,11 +119,11 @@ impl Ctx {
         }
     }
 
-    /// The recipe has reached `point` ([`TriggerEvent::POINTS`]): a fault armed for it starts here,
-    /// before the recipe's next step — the recipe yields until the world has started it (a pause then
-    /// holds it at this point). It records nothing, and without a fault armed for the point it does not
-    /// yield, so a run is the same whether or not its recipe passes points. A real process has no
-    /// armed faults (real mode refuses `on`).
+    /// The recipe has reached `point` ([`TriggerEvent::Declared`], one of its `RecipeSpec::points`): a
+    /// fault armed for it starts here, before the recipe's next step — the recipe yields until the world
+    /// has started it (a pause then holds it at this point). It records nothing, and without a fault
+    /// armed for the point it does not yield, so a run is the same whether or not its recipe passes
+    /// points. A real process has no armed faults (real mode refuses `on`).
     pub async fn point(&self, point: TriggerEvent) {
         if let Flavour::Sim { recorder, me, .. } = &self.flavour {
             recorder.pass(*me, point).await;

@@ -6,8 +6,8 @@
 //!
 //! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
 //! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
-//! recipe ([`TriggerEvent::POINTS`]): an *aimed* fault. A lease's expiry as the server sees it is not yet a
-//! trigger (`lease-renew` is the client's side of it).
+//! recipe (a [`Point`] the recipe declares): an *aimed* fault. A lease's expiry as the server sees it is
+//! not yet a trigger (`lease-renew` is the client's side of it).
 
 use crate::rng::{ChaCha8Rng, Rng};
 use serde::{Deserialize, Serialize};
@@ -262,7 +262,8 @@ pub struct Fault {
     pub on: Option<Trigger>,
 }
 
-/// The client events of the history a fault can be triggered by (`on = "..."`).
+/// What a fault can be triggered by (`on = "..."`): a client event of the history, or a point inside
+/// the recipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TriggerEvent {
     /// `AcquireInvoke`: a client starts waiting for the lock.
@@ -275,35 +276,19 @@ pub enum TriggerEvent {
     Release,
     /// `LockLost`: a client learned that its lock is gone.
     LockLost,
-    /// A point inside `etcd.mutex` (no history event): the wait for the keys ahead has ended and the
-    /// re-check found our key (3.5) — or, without it (3.4.x), the wait has just ended — and the grant is
-    /// returned next. A pause here outlives the lease before the client records its grant.
-    EtcdMutexChecked,
-    /// A point inside the ZooKeeper queue locks (Curator's `createsTheLock`, in every `zk.*` recipe but
-    /// `zk.ephemeral`): the client is about to create its sequential node. A `drop-reply` started here
-    /// loses that create's reply, which the server applied: the window of a retried create.
-    ZkQueueCreate,
-    /// A point inside `redis.redlock`: a round has just counted its majority of OKs, and is still to ask
-    /// the masters after it and to compute the lock's validity. A pause here longer than the TTL expires
-    /// the keys it counted: the validity check is what refuses them.
-    RedlockMajority,
-    /// A point in every client that renews a lease or session in the background (etcd's keep-alive
-    /// loop, ZooKeeper's ping, Redisson's watchdog): a renewal is about to be sent, the moment the
-    /// lease is as close to expiring as the client lets it get. A pause or a cut from here has the
-    /// least time left before the server expires the lease.
-    LeaseRenew,
-    /// A point inside `redis.set-nx-expire`: `SET NX` has taken the key and its `PEXPIRE` is next. A
-    /// crash here leaves a key that never expires.
-    RedisSetNxExpire,
-    /// A point a user's recipe declares (`RecipeSpec::points`) and passes with `Ctx::point`.
+    /// A point a recipe declares (`RecipeSpec::points` in locksim-locks) and passes with
+    /// [`crate::ctx::Ctx::point`], or its family's client library does ([`crate::backend::LEASE_RENEW`]).
     Declared(&'static Point),
 }
 
-/// A point inside a user's own recipe: a moment between two of its steps that a fault can start at
-/// (`on = "<name>"`), as the built-in recipes' points.
+/// A point inside a recipe: a moment between two of its steps, which the history does not show, that a
+/// fault can start at (`on = "<name>"`). The recipes that pass it declare it; one passed by several
+/// (`lease-renew`) is one constant beside the code that passes it. Points compare by value: each use of
+/// a constant may be its own copy.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Point {
-    /// What scenario files write after `on =`: lowercase words joined by `-`, none of the built-in names.
+    /// What scenario files write after `on =`: lowercase words joined by `-`, none of the history
+    /// events' names ([`TriggerEvent::ALL`]).
     pub name: &'static str,
     /// One line for `locksim list`: where in the recipe, and what a fault started there hits.
     pub doc: &'static str,
@@ -319,16 +304,6 @@ impl TriggerEvent {
         TriggerEvent::LockLost,
     ];
 
-    /// Points inside recipes: moments between two of a recipe's own steps, which the history does not
-    /// show. The recipe passes them ([`crate::ctx::Ctx::point`]); only an armed trigger notices.
-    pub const POINTS: [TriggerEvent; 5] = [
-        TriggerEvent::EtcdMutexChecked,
-        TriggerEvent::ZkQueueCreate,
-        TriggerEvent::RedlockMajority,
-        TriggerEvent::LeaseRenew,
-        TriggerEvent::RedisSetNxExpire,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             TriggerEvent::Acquire => "acquire",
@@ -336,53 +311,13 @@ impl TriggerEvent {
             TriggerEvent::Enter => "enter",
             TriggerEvent::Release => "release",
             TriggerEvent::LockLost => "lock-lost",
-            TriggerEvent::EtcdMutexChecked => "etcd-mutex-checked",
-            TriggerEvent::ZkQueueCreate => "zk-queue-create",
-            TriggerEvent::RedlockMajority => "redlock-majority",
-            TriggerEvent::LeaseRenew => "lease-renew",
-            TriggerEvent::RedisSetNxExpire => "redis-set-nx-expire",
             TriggerEvent::Declared(point) => point.name,
         }
     }
 
-    /// A built-in event or point by its name (a declared point is its recipe's: `RecipeSpec::points`).
+    /// A history event by its name (a point is found among its recipe's: `RecipeSpec::points`).
     pub fn parse(name: &str) -> Option<TriggerEvent> {
-        TriggerEvent::ALL.into_iter().chain(TriggerEvent::POINTS).find(|e| e.name() == name)
-    }
-
-    /// The recipes that pass a point (`None`: a history event, which every recipe's clients record).
-    pub fn recipes(self) -> Option<&'static [&'static str]> {
-        match self {
-            TriggerEvent::EtcdMutexChecked => Some(&["etcd.mutex"]),
-            TriggerEvent::ZkQueueCreate => Some(&[
-                "zk.sequential",
-                "zk.sequential-unprotected",
-                "zk.rwlock",
-                "zk.semaphore-mutex",
-                "zk.leader-election",
-            ]),
-            TriggerEvent::RedlockMajority => Some(&["redis.redlock"]),
-            TriggerEvent::LeaseRenew => Some(&[
-                "etcd.mutex",
-                "etcd.election",
-                "etcd.txn-lease",
-                "etcd.txn-lease-wait",
-                "zk.sequential",
-                "zk.sequential-unprotected",
-                "zk.rwlock",
-                "zk.semaphore-mutex",
-                "zk.leader-election",
-                "zk.ephemeral",
-                "redis.watchdog",
-            ]),
-            TriggerEvent::RedisSetNxExpire => Some(&["redis.set-nx-expire"]),
-            _ => None,
-        }
-    }
-
-    /// The points `recipe` passes (none for a recipe without any, or not built in).
-    pub fn points_of(recipe: &str) -> Vec<TriggerEvent> {
-        TriggerEvent::POINTS.into_iter().filter(|p| p.recipes().is_some_and(|r| r.contains(&recipe))).collect()
+        TriggerEvent::ALL.into_iter().find(|e| e.name() == name)
     }
 
     /// One line for `locksim list faults`.
@@ -393,19 +328,6 @@ impl TriggerEvent {
             TriggerEvent::Enter => "the resource sees a critical section begin (after the grant, before any write)",
             TriggerEvent::Release => "a client calls release (its release is on its way)",
             TriggerEvent::LockLost => "a client learns its lock is gone (session or lease lost)",
-            TriggerEvent::EtcdMutexChecked => {
-                "etcd.mutex: the wait is over and the re-check found our key; the grant is returned next"
-            }
-            TriggerEvent::ZkQueueCreate => "a ZooKeeper queue lock is about to create its sequential node",
-            TriggerEvent::RedlockMajority => {
-                "redis.redlock: a round has its majority of OKs; the rest of the masters and the validity check follow"
-            }
-            TriggerEvent::LeaseRenew => {
-                "a client is about to renew its lease or session (etcd keep-alive, ZooKeeper ping, Redisson watchdog)"
-            }
-            TriggerEvent::RedisSetNxExpire => {
-                "redis.set-nx-expire: SET NX took the key; its PEXPIRE is the next command"
-            }
             TriggerEvent::Declared(point) => point.doc,
         }
     }
@@ -442,8 +364,8 @@ pub struct Topology {
     pub servers: Vec<String>,
     /// Masters that have a replica to fail over to.
     pub failover_masters: Vec<String>,
-    /// The points inside the recipe that its clients pass ([`TriggerEvent::points_of`]): the aimed
-    /// nemesis weighs them in with the history's events.
+    /// The points the recipe declares, in its order: the aimed nemesis weighs them in with the history's
+    /// events and draws among them by index, so their order is part of a seed's schedule.
     pub points: Vec<TriggerEvent>,
 }
 
@@ -703,6 +625,7 @@ mod tests {
 
     #[test]
     fn the_aimed_nemesis_starts_about_half_its_faults_at_the_recipes_points() {
+        const CHECKED: Point = Point { name: "checked", doc: "a recipe's own point" };
         let nemesis = RandomFaults {
             kinds: vec![FaultKind::Pause],
             every: (Duration::from_millis(100), Duration::from_millis(100)),
@@ -710,13 +633,13 @@ mod tests {
             target: None,
             aim: true,
         };
-        let etcd = Topology { points: TriggerEvent::points_of("etcd.mutex"), ..topo() };
-        assert_eq!(etcd.points, [TriggerEvent::EtcdMutexChecked, TriggerEvent::LeaseRenew]);
+        let (checked, renew) = (TriggerEvent::Declared(&CHECKED), TriggerEvent::Declared(&crate::backend::LEASE_RENEW));
+        let two = Topology { points: vec![checked, renew], ..topo() };
         let draw = |topo: &Topology| nemesis.draw(&mut stream(5, Stream::Nemesis, 0), Duration::from_secs(100), topo);
         let at = |faults: &[Fault], point| faults.iter().filter(|f| f.on.as_ref().unwrap().event == point).count();
-        let aimed = draw(&etcd);
+        let aimed = draw(&two);
         assert_eq!(aimed.len(), 999);
-        let (checked, renew) = (at(&aimed, TriggerEvent::EtcdMutexChecked), at(&aimed, TriggerEvent::LeaseRenew));
+        let (checked, renew) = (at(&aimed, checked), at(&aimed, renew));
         assert!((400..600).contains(&(checked + renew)), "{checked} + {renew} of 999 at the points");
         assert!((180..320).contains(&checked) && (180..320).contains(&renew), "{checked} and {renew}: evenly");
         assert!(aimed.iter().all(|f| f.target == Target::Trigger));
@@ -725,8 +648,7 @@ mod tests {
             aimed.iter().map(|f| f.on.as_ref().unwrap().event).collect();
         assert_eq!(events.len(), 2 + RandomFaults::AIM_WEIGHTS.len(), "{events:?}");
         let plain = draw(&topo());
-        assert!(plain.iter().all(|f| !TriggerEvent::POINTS.contains(&f.on.as_ref().unwrap().event)));
-        assert!(TriggerEvent::points_of("redis.set-nx-px").is_empty());
+        assert!(plain.iter().all(|f| TriggerEvent::ALL.contains(&f.on.as_ref().unwrap().event)));
     }
 
     #[test]

@@ -342,7 +342,7 @@ impl Recorder {
         }
     }
 
-    /// `node` passed a point inside its recipe ([`TriggerEvent::POINTS`]): it fires the triggers armed
+    /// `node` passed a point inside its recipe ([`TriggerEvent::Declared`]): it fires the triggers armed
     /// for it, and records nothing (a history is the same whether or not anyone watches a point).
     /// Whether it fired one.
     pub fn point(&self, node: NodeIx, point: TriggerEvent) -> bool {

@@ -20,6 +20,7 @@ use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, KeyValue, Op, OpResult, Range, Target};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -32,7 +33,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
-    points: &[],
+    points: &[LEASE_RENEW],
     validate: whole_seconds,
     build,
 };

@@ -26,8 +26,9 @@ use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, Op, OpResult, Range, Target};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
-use locksim_sim::fault::TriggerEvent;
+use locksim_sim::fault::{Point, TriggerEvent};
 
 const RECHECK: ParamSpec = ParamSpec {
     name: "recheck",
@@ -46,9 +47,17 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
-    points: &[],
+    points: &[MUTEX_CHECKED, LEASE_RENEW],
     validate: whole_seconds,
     build,
+};
+
+/// The wait for the keys ahead has ended and the re-check found our key (3.5) — or, without it (3.4.x),
+/// the wait has just ended — and the grant is returned next. A pause here outlives the lease before the
+/// client records its grant: the window the re-check cannot close.
+pub const MUTEX_CHECKED: Point = Point {
+    name: "etcd-mutex-checked",
+    doc: "etcd.mutex: the wait is over and the re-check found our key; the grant is returned next",
 };
 
 const PREFIX: &str = "/mutex/";
@@ -108,7 +117,7 @@ impl Mutex {
                 self.etcd.get(Range::key(my_key)).await.map_err(|e| e.outcome("get"))
             }
             Ok(()) => {
-                self.ctx.point(TriggerEvent::EtcdMutexChecked).await;
+                self.ctx.point(TriggerEvent::Declared(&MUTEX_CHECKED)).await;
                 return Ok(());
             }
             Err(outcome) => Err(outcome),
@@ -117,7 +126,7 @@ impl Mutex {
             Ok((mine, _)) if mine.is_empty() => Err(Outcome::Fail("session expired: our key is gone".into())),
             Ok(_) => {
                 // The window the re-check cannot close: our key was there when etcd answered.
-                self.ctx.point(TriggerEvent::EtcdMutexChecked).await;
+                self.ctx.point(TriggerEvent::Declared(&MUTEX_CHECKED)).await;
                 Ok(())
             }
             Err(outcome) => {

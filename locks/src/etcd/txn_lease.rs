@@ -18,6 +18,7 @@ use super::{connect, whole_seconds, EtcdApi, Failed, Session, ACQUIRE_TIMEOUT, C
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, Op, Range, Target};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
-    points: &[],
+    points: &[LEASE_RENEW],
     validate: whole_seconds,
     build: build_fail_fast,
 };

@@ -22,7 +22,7 @@ use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, SetCondition};
 use locksim_sim::ctx::Ctx;
-use locksim_sim::fault::TriggerEvent;
+use locksim_sim::fault::{Point, TriggerEvent};
 use std::time::Duration;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -50,9 +50,17 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
-    points: &[],
+    points: &[REDLOCK_MAJORITY],
     validate: at_least_three_masters,
     build,
+};
+
+/// A round has just counted its majority of OKs, and is still to ask the masters after it and to compute
+/// the lock's validity. A pause here longer than the TTL expires the keys it counted: the validity check
+/// is what refuses them.
+pub const REDLOCK_MAJORITY: Point = Point {
+    name: "redlock-majority",
+    doc: "redis.redlock: a round has its majority of OKs; the rest of the masters and the validity check follow",
 };
 
 fn at_least_three_masters(recipe: &Params, backend: &Params) -> Result<(), String> {
@@ -105,7 +113,7 @@ impl Redlock {
             if m.set(LOCK_KEY, &self.value, SetCondition::Nx, Some(ttl_ms)).await == Ok(RedisReply::Ok) {
                 locked += 1;
                 if locked == self.quorum() {
-                    self.ctx.point(TriggerEvent::RedlockMajority).await;
+                    self.ctx.point(TriggerEvent::Declared(&REDLOCK_MAJORITY)).await;
                 }
             }
         }

@@ -18,7 +18,7 @@ use super::{spin, try_set_nx, Attempt, RedisApi, RedisConn, ACQUIRE_TIMEOUT, CAL
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::ctx::Ctx;
-use locksim_sim::fault::TriggerEvent;
+use locksim_sim::fault::{Point, TriggerEvent};
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
     id: "redis.set-nx",
@@ -40,8 +40,16 @@ pub const EXPIRE_RECIPE: RecipeSpec = RecipeSpec {
     summary: "SET NX, then PEXPIRE as a second command: a crash between the two leaves a key that never expires",
     source: "the SETNX + EXPIRE pair before Redis 2.6.12 (SET docs: SET NX PX replaces it)",
     params: &[TTL, RETRY, ACQUIRE_TIMEOUT, CALL_TIMEOUT],
+    points: &[SET_NX_EXPIRE],
     build: build_expire,
     ..RECIPE
+};
+
+/// `redis.set-nx-expire`: `SET NX` has taken the key and its `PEXPIRE` is next. A crash here leaves a key
+/// that never expires.
+pub const SET_NX_EXPIRE: Point = Point {
+    name: "redis-set-nx-expire",
+    doc: "redis.set-nx-expire: SET NX took the key; its PEXPIRE is the next command",
 };
 
 struct SetNx {
@@ -71,7 +79,7 @@ impl Lock for SetNx {
         spin(ctx, &self.params, redis, || async move {
             let attempt = try_set_nx(redis, value, None).await;
             if let (Attempt::Taken, Some(ms)) = (&attempt, expire_ms) {
-                ctx.point(TriggerEvent::RedisSetNxExpire).await;
+                ctx.point(TriggerEvent::Declared(&SET_NX_EXPIRE)).await;
                 // The pattern ignores the reply: the key is ours, with or without its expiry.
                 let _ = redis.pexpire(LOCK_KEY, ms).await;
             }

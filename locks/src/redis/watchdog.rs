@@ -46,6 +46,7 @@ use super::{RedisApi, RedisConn, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOCK_KEY};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::redis::{RedisReply, RedisRequest};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::fault::TriggerEvent;
 use locksim_sim::net::CallError;
@@ -83,7 +84,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
-    points: &[],
+    points: &[LEASE_RENEW],
     validate: super::one_master,
     build,
 };
@@ -289,7 +290,7 @@ async fn renew(executor: Executor, lease: Duration, lock_name: String, version: 
     };
     loop {
         executor.ctx.sleep(lease / 3).await;
-        executor.ctx.point(TriggerEvent::LeaseRenew).await;
+        executor.ctx.point(TriggerEvent::Declared(&LEASE_RENEW)).await;
         match executor.eval(script, &[LOCK_KEY], &[&lease_ms, &lock_name]).await {
             Ok(reply) if reply == held => {}
             Err(CallError::Timeout | CallError::Broken) if version == Renewal::Carries => {}

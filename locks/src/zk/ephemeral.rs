@@ -14,6 +14,7 @@ use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, ZkError};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -26,7 +27,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: false,
-    points: &[],
+    points: &[LEASE_RENEW],
     validate: super::positive_session,
     build,
 };

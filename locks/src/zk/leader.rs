@@ -26,12 +26,13 @@
 //! the election until the session expires — which, with go-zookeeper reconnecting the session, is
 //! never (`deadlock`).
 
-use super::sequential::{sequence, Driver, Queue, Sequential};
+use super::sequential::{sequence, Driver, Queue, Sequential, QUEUE_CREATE};
 use super::{words, ZkApi, SESSION_TIMEOUT};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, Library, ZkClient};
 use locksim_sim::backend::zk::{EventType, ZkError};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 
 const LOST_CHANNEL: ParamSpec = ParamSpec {
@@ -51,7 +52,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
-    points: &[],
+    points: &[QUEUE_CREATE, LEASE_RENEW],
     validate: super::positive_session,
     build,
 };

@@ -15,10 +15,11 @@
 //! Expected (catalog): readers overlap and no writer overlaps anyone; a holder paused past its session
 //! timeout still believes it holds its side while the other side is granted (`double-holder`).
 
-use super::sequential::{Driver, Held, Queue, Sequential};
+use super::sequential::{Driver, Held, Queue, Sequential, QUEUE_CREATE};
 use super::{ACQUIRE_TIMEOUT, CLIENT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 
 pub const RECIPE: RecipeSpec = RecipeSpec {
@@ -31,7 +32,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: true,
     guard: crate::Guard::Lock,
     promises_fifo: false,
-    points: &[],
+    points: &[QUEUE_CREATE, LEASE_RENEW],
     validate: super::positive_session,
     build,
 };

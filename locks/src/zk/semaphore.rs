@@ -15,11 +15,12 @@
 //! Expected (catalog): like every ZooKeeper lock, a holder paused past its session timeout loses its lease
 //! while it still believes it holds the lock.
 
-use super::sequential::{Driver, Held, Queue, Sequential};
+use super::sequential::{Driver, Held, Queue, Sequential, QUEUE_CREATE};
 use super::{lost, words, ZkApi, ACQUIRE_TIMEOUT, LOST_ON, SESSION_TIMEOUT};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::ZkClient;
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::Ctx;
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
-    points: &[],
+    points: &[QUEUE_CREATE, LEASE_RENEW],
     validate: super::positive_session,
     build,
 };

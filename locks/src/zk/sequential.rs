@@ -39,8 +39,9 @@ use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, ZkError};
+use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::{Background, Ctx};
-use locksim_sim::fault::TriggerEvent;
+use locksim_sim::fault::{Point, TriggerEvent};
 use std::time::Duration;
 
 const PARAMS: &[ParamSpec] = &[SESSION_TIMEOUT, ACQUIRE_TIMEOUT, LOST_ON, CLIENT];
@@ -55,7 +56,7 @@ pub const PROTECTED: RecipeSpec = RecipeSpec {
     offers_shared: false,
     guard: crate::Guard::Lock,
     promises_fifo: true,
-    points: &[],
+    points: &[QUEUE_CREATE, LEASE_RENEW],
     validate: super::positive_session,
     build: build_protected,
 };
@@ -66,6 +67,12 @@ pub const UNPROTECTED: RecipeSpec = RecipeSpec {
     build: build_unprotected,
     ..PROTECTED
 };
+
+/// A ZooKeeper queue lock (Curator's `createsTheLock`: every `zk.*` recipe but `zk.ephemeral`) is about
+/// to create its sequential node. A `drop-reply` started here loses that create's reply, which the server
+/// applied: the window of a retried create.
+pub const QUEUE_CREATE: Point =
+    Point { name: "zk-queue-create", doc: "a ZooKeeper queue lock is about to create its sequential node" };
 
 /// Curator's mutex queue in these scenarios.
 const MUTEX: Queue = Queue { dir: "/locks/mutex", name: "lock-", driver: Driver::Exclusive };
@@ -219,7 +226,7 @@ impl Sequential {
                     Err(_) => continue,
                 }
             }
-            self.ctx.point(TriggerEvent::ZkQueueCreate).await;
+            self.ctx.point(TriggerEvent::Declared(&QUEUE_CREATE)).await;
             match zk.create(&path, CreateMode::EphemeralSequential).await {
                 Ok((path, stat)) => return Ok((path, stat.czxid)),
                 Err(ClientError::ConnectionLoss) => may_exist = true,

@@ -15,12 +15,22 @@ pub mod zk;
 use crate::clock::sim_now_ns;
 use crate::clock::Clock;
 use crate::ctx::Background;
+use crate::fault::Point;
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::{Input, ReplyTo, Rpc};
 use std::any::Any;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The point every client that renews a lease or session in the background passes just before it sends
+/// a renewal (etcd's keep-alive loop, ZooKeeper's ping here; Redisson's watchdog in locksim-locks): the
+/// moment the lease is as close to expiring as the client lets it get, so a pause or a cut from here has
+/// the least time left before the server expires it. Declared by every recipe on those clients.
+pub const LEASE_RENEW: Point = Point {
+    name: "lease-renew",
+    doc: "a client is about to renew its lease or session (etcd keep-alive, ZooKeeper ping, Redisson watchdog)",
+};
 
 /// What a state machine asks the shell to do besides replying.
 #[derive(Default)]

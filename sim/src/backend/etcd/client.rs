@@ -27,6 +27,7 @@
 
 use super::{EtcdReply, EtcdRequest, LeaseId, WatchId, WatchResponse};
 
+use crate::backend::LEASE_RENEW;
 use crate::ctx::Background;
 use crate::fault::TriggerEvent;
 use crate::history::{EventKind, NodeIx};
@@ -236,8 +237,8 @@ pub trait Lessor: Clone + 'static {
     fn spawn_detached(&self, task: impl Future<Output = ()> + 'static);
     /// The keep-alive of `lease` has stopped, for `why` (a simulated client records it in the history).
     fn stopped(&self, lease: LeaseId, why: &str);
-    /// The loop is about to send a keep-alive: the point [`TriggerEvent::LeaseRenew`] (a real process
-    /// has no armed faults, and passes it without a stop).
+    /// The loop is about to send a keep-alive: the point [`LEASE_RENEW`] (a real process has no armed
+    /// faults, and passes it without a stop).
     fn renewal_due(&self) -> impl Future<Output = ()> {
         std::future::ready(())
     }
@@ -270,7 +271,7 @@ impl Lessor for EtcdClient {
     }
 
     fn renewal_due(&self) -> impl Future<Output = ()> {
-        self.env.recorder.pass(self.env.rpc.me(), TriggerEvent::LeaseRenew)
+        self.env.recorder.pass(self.env.rpc.me(), TriggerEvent::Declared(&LEASE_RENEW))
     }
 }
 

@@ -57,6 +57,7 @@
 //! process's seed, as in the simulator).
 
 use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
+use crate::backend::LEASE_RENEW;
 use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
 use crate::history::EventKind;
@@ -302,11 +303,11 @@ impl Host {
         }
     }
 
-    /// The point [`TriggerEvent::LeaseRenew`]: the session is about to be renewed by a ping (a real
-    /// process has no armed faults).
+    /// The point [`LEASE_RENEW`]: the session is about to be renewed by a ping (a real process has no
+    /// armed faults).
     async fn renewal_due(&self) {
         if let Host::Sim(env) = self {
-            env.recorder.pass(env.rpc.me(), TriggerEvent::LeaseRenew).await;
+            env.recorder.pass(env.rpc.me(), TriggerEvent::Declared(&LEASE_RENEW)).await;
         }
     }
 
