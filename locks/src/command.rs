@@ -5,8 +5,8 @@
 //! (`locksim run FILE --real`), against real servers on loopback: the protocol and the process handling
 //! are in the `locksim` binary (`live/src/real/`). Its server is the real one `[recipe] server`
 //! names (Redis, ZooKeeper, etcd or PostgreSQL), so it has a family of its own, [`FAMILY`], with no
-//! simulated server and no `[backend]` keys (real mode names the server's node itself; a `[model]`
-//! brings its own family and keys). A simulated run refuses it before starting; [`COMMAND`]'s `build`
+//! simulated server. Its `[backend]` takes the keys of the named server's family (they set that real
+//! server up: Redis's persistence, PostgreSQL's session settings), or a `[model]`'s family's. A simulated run refuses it before starting; [`COMMAND`]'s `build`
 //! exists only so that a simulation that got this far fails every acquisition with that reason rather
 //! than panicking.
 
@@ -25,7 +25,8 @@ pub const ONLY_REAL: &str =
 /// The family of the command recipe: whichever real server `[recipe] server` names, none simulated.
 pub static FAMILY: Family = Family {
     name: "command",
-    summary: "a lock in any language, run for real against the server [recipe] server names",
+    summary: "a lock in any language, run for real against the server [recipe] server names \
+              ([backend]: that server's family's keys)",
     params: &[],
     topology: |_| Topology::default(),
     deploy: |_, _| Servers::None,

@@ -6,7 +6,7 @@ use crate::duration::DurRange;
 use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
 use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
-use locksim_locks::{Guard, RecipeSpec, Registry};
+use locksim_locks::{Family, Guard, RecipeSpec, Registry};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology, Trigger, TriggerEvent};
 use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
@@ -231,9 +231,15 @@ impl Scenario {
         let file = src.parse()?;
         check_name(&src, &file.name)?;
         let (recipe, recipe_params, command) = recipe(&src, &file.recipe, file.model.as_ref(), registry)?;
-        let mut backend = Section::new(&src, format!("[backend] of the {} family", recipe.family.name), &file.backend);
-        let backend_params = backend.params(recipe.family.params)?;
-        backend.finish(&names(recipe.family.params))?;
+        // A command without a `[model]` has no family of servers to simulate: its `[backend]` sets up the
+        // real server it names (Redis's persistence, PostgreSQL's session settings), with that family's keys.
+        let family = match (&command, file.model.is_some()) {
+            (Some(c), false) => server_family(registry, c.server).unwrap_or(recipe.family),
+            _ => recipe.family,
+        };
+        let mut backend = Section::new(&src, format!("[backend] of the {} family", family.name), &file.backend);
+        let backend_params = backend.params(family.params)?;
+        backend.finish(&names(family.params))?;
         (recipe.validate)(&recipe_params, &backend_params).map_err(|m| src.error(file.recipe.span(), m))?;
         if let (Some(c), Some(model)) = (&command, &file.model) {
             // Faults name the real run's nodes, so the model's world must have the same one server.
@@ -364,6 +370,12 @@ fn check_name(src: &Source, name: &toml::Spanned<String>) -> Result<(), Scenario
 
 fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
     specs.iter().map(|s| s.name).collect()
+}
+
+/// The family of the real server `server`, as this registry's recipes declare it (`None`: no recipe of
+/// the registry is of that family).
+fn server_family(registry: &Registry, server: CommandServer) -> Option<&'static Family> {
+    registry.recipes().iter().map(|r| r.family).find(|f| f.name == server.family())
 }
 
 /// The nodes of the world: the family's servers, or a command recipe's one real server (named as in

@@ -321,13 +321,11 @@ fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
     }
 }
 
-/// kill(2) on a client process's group (it leads one: the adapter and whatever it started), which
-/// locksim started and has not reaped (the caller holds its slot).
+/// Signal a client process's group (it leads one: the adapter and whatever it started), which locksim
+/// started and has not reaped (the caller holds its slot, so the pid is still its group's). A group
+/// already gone has nothing left to signal.
 fn send(pid: i32, sig: i32) {
-    // SAFETY: plain kill(2); the pid is our unreaped child's, and so its group's, while its slot is locked.
-    unsafe {
-        libc::kill(-pid, sig);
-    }
+    let _ = crate::process::signal_group(pid, sig);
 }
 
 impl Run {

@@ -256,10 +256,8 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
         }
         return Ok(Clients::Baseline(scenario.recipe.guard));
     };
-    let backend = &scenario.backend_params;
-    if command.server == CommandServer::Redis && (backend.int("masters") != 1 || backend.int("replicas") != 0) {
-        anyhow::bail!("{}: --real starts one Redis server: [backend] masters = 1, replicas = 0", scenario.path);
-    }
+    // One server: a command has no `[backend]` of its own, and loading refused a `[model]` whose world
+    // has other servers than the real run's one (Redlock's masters, a replica).
     fault::refuse_unsupported(scenario, command.server.node())?;
     Ok(Clients::Command(command))
 }
