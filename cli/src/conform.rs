@@ -35,8 +35,8 @@ use std::sync::Mutex;
                   2 bad input or a server that would not start.")]
 pub struct Args {
     /// Which server family to check.
-    #[arg(value_enum, default_value = "all")]
-    family: Which,
+    #[arg(default_value = ALL, value_parser = families())]
+    family: String,
     /// Seeds to play: `A..B` (B exclusive) or one seed. Each takes a few seconds of real time.
     #[arg(long, default_value = "0..20", value_parser = super::parse_seeds)]
     seeds: std::ops::Range<u64>,
@@ -53,31 +53,45 @@ pub struct Args {
     jobs: Option<u16>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Which {
-    /// Every family below.
-    All,
-    /// Redis 7 (`redis-server`).
-    Redis,
-    /// etcd 3.4 (Debian's `etcd-server`) against the 3.5 model, through its JSON gateway.
-    Etcd,
-    /// ZooKeeper 3.8 (Debian's `zookeeper`), on its wire protocol.
-    Zk,
-    /// PostgreSQL 15 (Debian's `postgresql-15`), on its wire protocol.
-    Sql,
-    /// Client side: when PostgreSQL ends a silent client's session (keep-alive, a killed process, a
-    /// dead host), and what the client's next statement finds (needs root: a network namespace).
-    SqlClient,
-    /// Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is
-    /// disconnected, which requests fail, whether its session comes back (needs root and java).
-    ZkClient,
-    /// Client side: clientv3's lease keep-alive loop (`etcdctl lease keep-alive`, Debian's etcd-client)
-    /// under cuts and a server kill — when it gives up, whether it comes back (needs root).
-    EtcdClient,
-    /// Client side: kazoo 2.10 (scenarios/real/.venv, made by scenarios/real/setup) on zk-client's plans —
-    /// its jittered pings, its backoff, the requests it holds while disconnected (needs root).
-    KazooClient,
+/// A family `conform` checks, as its argument names it: the real server's model, or a client library.
+struct Driver {
+    name: &'static str,
+    about: &'static str,
+    /// A client family: it plays in a network namespace of its own, never on `--server`.
+    client: bool,
+    run: fn(&Args) -> anyhow::Result<Report>,
 }
+
+impl Driver {
+    const fn server<F: Family + Default + Sync>() -> Driver {
+        Driver { name: F::NAME, about: F::ABOUT, client: false, run: |args| family(&F::default(), args) }
+    }
+
+    const fn client<F: ClientFamily + Default>() -> Driver {
+        Driver { name: F::NAME, about: F::ABOUT, client: true, run: |args| client_family(&F::default(), args) }
+    }
+}
+
+/// Every family, in the order `all` plays them: one line each.
+const DRIVERS: &[Driver] = &[
+    Driver::server::<Redis>(),
+    Driver::server::<Zk>(),
+    Driver::server::<Etcd>(),
+    Driver::server::<Sql>(),
+    Driver::client::<SqlClientSide>(),
+    Driver::client::<ZkClientSide>(),
+    Driver::client::<KazooClientSide>(),
+    Driver::client::<EtcdClientSide>(),
+];
+
+/// `all`, then each driver, with its line of help.
+fn families() -> clap::builder::PossibleValuesParser {
+    let all = clap::builder::PossibleValue::new(ALL).help("Every family below.");
+    let each = DRIVERS.iter().map(|d| clap::builder::PossibleValue::new(d.name).help(d.about));
+    clap::builder::PossibleValuesParser::new(std::iter::once(all).chain(each))
+}
+
+const ALL: &str = "all";
 
 /// What one family's run showed, as `--json` writes it.
 #[derive(Serialize)]
@@ -104,40 +118,15 @@ struct Mismatch {
 }
 
 pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
-    if args.server.is_some() && args.family == Which::All {
+    if args.server.is_some() && args.family == ALL {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
-    if args.server.is_some()
-        && matches!(args.family, Which::SqlClient | Which::ZkClient | Which::KazooClient | Which::EtcdClient)
-    {
+    let chosen: Vec<&Driver> = DRIVERS.iter().filter(|d| args.family == ALL || d.name == args.family).collect();
+    if args.server.is_some() && chosen.iter().any(|d| d.client) {
         anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
     }
     super::check_outputs([&args.json], [])?;
-    let mut reports = Vec::new();
-    if matches!(args.family, Which::All | Which::Redis) {
-        reports.push(family(&Redis::default(), &args)?);
-    }
-    if matches!(args.family, Which::All | Which::Zk) {
-        reports.push(family(&Zk::default(), &args)?);
-    }
-    if matches!(args.family, Which::All | Which::Etcd) {
-        reports.push(family(&Etcd::default(), &args)?);
-    }
-    if matches!(args.family, Which::All | Which::Sql) {
-        reports.push(family(&Sql::default(), &args)?);
-    }
-    if matches!(args.family, Which::All | Which::SqlClient) {
-        reports.push(client_family(&SqlClientSide, &args)?);
-    }
-    if matches!(args.family, Which::All | Which::ZkClient) {
-        reports.push(client_family(&ZkClientSide, &args)?);
-    }
-    if matches!(args.family, Which::All | Which::KazooClient) {
-        reports.push(client_family(&KazooClientSide, &args)?);
-    }
-    if matches!(args.family, Which::All | Which::EtcdClient) {
-        reports.push(client_family(&EtcdClientSide, &args)?);
-    }
+    let reports = chosen.iter().map(|d| (d.run)(&args)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut bad = 0;
     for r in &reports {
         bad += r.mismatches.len();

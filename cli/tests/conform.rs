@@ -11,7 +11,7 @@ use locksim_live::conform::sql::{self, Sql};
 use locksim_live::conform::zk::Zk;
 use locksim_live::conform::{check, compare, script_for, Action, Family, Outcome, Recover, Step};
 use locksim_live::servers::ZK_TICK_MS as TICK_MS;
-use locksim_live::servers::{Kind, Server};
+use locksim_live::servers::{self, Launcher, Server};
 use locksim_sim::backend::etcd::{EtcdRequest, EtcdState, Op as KvOp};
 use locksim_sim::backend::redis::{RedisRequest, RedisState, SetCondition};
 use locksim_sim::backend::sql::{Cond, Expr, Op as CmpOp, SqlRequest, Stmt, Value};
@@ -27,9 +27,9 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The server of `kind`, or `None` (said on stderr) where it is not installed and not required.
-fn server(kind: Kind) -> Option<Server> {
-    match Server::start(kind) {
+/// The `launcher`'s server, or `None` (said on stderr) where it is not installed and not required.
+fn server(launcher: &'static Launcher) -> Option<Server> {
+    match Server::start(launcher) {
         Ok(server) => Some(server),
         Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
             eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
@@ -115,7 +115,7 @@ fn set_nx_overwrites(request: &mut RedisRequest) {
 #[test]
 fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
     let _turn = turn();
-    let Some(mut server) = server(Kind::Redis) else { return };
+    let Some(mut server) = server(&servers::REDIS) else { return };
     let broken = Redis { model: || Box::new(Planted { model: RedisState::default(), bend: set_nx_overwrites }) };
     let (seed, shown, step, model, real) = caught(&broken, &mut server, true);
     assert!(shown[step].contains("NX"), "seed {seed}: the mismatch is at a SET NX: {shown:#?}");
@@ -127,7 +127,7 @@ fn a_set_nx_that_overwrites_is_caught_and_shrunk_to_the_two_sets() {
 #[test]
 fn conform_redis_agrees_with_the_real_server_and_says_what_it_played() {
     let _turn = turn();
-    if server(Kind::Redis).is_none() {
+    if server(&servers::REDIS).is_none() {
         return;
     }
     let o = locksim(&["conform", "redis", "--seeds", "0..4"]);
@@ -158,7 +158,7 @@ fn range_ignores_limit(request: &mut EtcdRequest) {
 #[test]
 fn an_etcd_range_that_ignores_its_limit_is_caught() {
     let _turn = turn();
-    let Some(mut server) = server(Kind::Etcd) else { return };
+    let Some(mut server) = server(&servers::ETCD) else { return };
     let broken = Etcd { model: || Box::new(Planted { model: EtcdState::default(), bend: range_ignores_limit }) };
     let (seed, shown, step, _, _) = caught(&broken, &mut server, false);
     assert!(shown[step].contains("limit 1"), "seed {seed}: the mismatch is at a limited range: {shown:#?}");
@@ -167,7 +167,7 @@ fn an_etcd_range_that_ignores_its_limit_is_caught() {
 #[test]
 fn conform_etcd_agrees_with_the_real_server() {
     let _turn = turn();
-    if server(Kind::Etcd).is_none() {
+    if server(&servers::ETCD).is_none() {
         return;
     }
     let o = locksim(&["conform", "etcd", "--seeds", "0..2"]);
@@ -186,7 +186,7 @@ fn ephemeral_outlives_session(request: &mut ZkRequest) {
 #[test]
 fn an_ephemeral_that_outlives_its_session_is_caught() {
     let _turn = turn();
-    let Some(mut server) = server(Kind::ZooKeeper) else { return };
+    let Some(mut server) = server(&servers::ZOOKEEPER) else { return };
     let broken = Zk {
         model: || {
             let model = ZkState::new(Duration::from_millis(TICK_MS));
@@ -202,7 +202,7 @@ fn an_ephemeral_that_outlives_its_session_is_caught() {
 #[test]
 fn conform_zk_agrees_with_the_real_server() {
     let _turn = turn();
-    if server(Kind::ZooKeeper).is_none() {
+    if server(&servers::ZOOKEEPER).is_none() {
         return;
     }
     let o = locksim(&["conform", "zk", "--seeds", "0..2"]);
@@ -231,7 +231,7 @@ fn for_update_locks_nothing(request: &mut SqlRequest) {
 #[test]
 fn a_select_for_update_that_locks_nothing_is_caught() {
     let _turn = turn();
-    let Some(mut server) = server(Kind::Postgres) else { return };
+    let Some(mut server) = server(&servers::POSTGRES) else { return };
     let broken = Sql { model: || Box::new(Planted { model: sql::fresh(), bend: for_update_locks_nothing }) };
     let (seed, shown, step, model, real) = caught(&broken, &mut server, false);
     let before = &shown[..=step];
@@ -318,14 +318,14 @@ fn waits_timeouts_and_crashes_are_answered_as_postgres_does() {
         ]
     );
     let _turn = turn();
-    let Some(mut server) = server(Kind::Postgres) else { return };
+    let Some(mut server) = server(&servers::POSTGRES) else { return };
     assert_eq!(compare(&Sql::default(), &mut server, &steps).unwrap(), Outcome::Agree);
 }
 
 #[test]
 fn conform_sql_agrees_with_the_real_server() {
     let _turn = turn();
-    if server(Kind::Postgres).is_none() {
+    if server(&servers::POSTGRES).is_none() {
         return;
     }
     let o = locksim(&["conform", "sql", "--seeds", "0..2"]);

@@ -11,7 +11,7 @@ use locksim_live::conform::client::netns::Netns;
 use locksim_live::conform::client::sql::{HolderFault, Plan, SqlClientSide};
 use locksim_live::conform::client::zk::{self, ZkClientSide, ZkFault};
 use locksim_live::conform::client::{self, check, ClientFamily, Margin, Outcome, Timeline};
-use locksim_live::servers::{Kind, Server};
+use locksim_live::servers::{self, Launcher, Server};
 use locksim_sim::backend::zk::client::Library;
 use locksim_sim::rng::ChaCha8Rng;
 
@@ -22,10 +22,10 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A namespace of this thread's own with a `kind` server in it, or `None` (said on stderr) where
+/// A namespace of this thread's own with `launcher`'s server in it, or `None` (said on stderr) where
 /// either cannot be had and is not required.
-fn isolated(kind: Kind) -> Option<(Netns, Server)> {
-    let made = Netns::enter().and_then(|net| Ok((net, Server::start(kind)?)));
+fn isolated(launcher: &'static Launcher) -> Option<(Netns, Server)> {
+    let made = Netns::enter().and_then(|net| Ok((net, Server::start(launcher)?)));
     match made {
         Ok(made) => Some(made),
         Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
@@ -45,9 +45,10 @@ struct Planted<F: ClientFamily> {
 
 impl<F: ClientFamily> ClientFamily for Planted<F> {
     const NAME: &'static str = F::NAME;
+    const ABOUT: &'static str = F::ABOUT;
     type Plan = F::Plan;
 
-    fn server() -> Kind {
+    fn server() -> &'static Launcher {
         F::server()
     }
 
@@ -104,7 +105,7 @@ fn caught<F: ClientFamily>(
 #[test]
 fn conform_sql_client_agrees_with_postgres_and_the_kernel() {
     let _turn = turn();
-    if std::thread::spawn(|| isolated(Kind::Postgres).is_none()).join().unwrap() {
+    if std::thread::spawn(|| isolated(&servers::POSTGRES).is_none()).join().unwrap() {
         return;
     }
     // The fewest consecutive seeds that play every kind of plan; CI's `conform all` plays the breadth.
@@ -130,7 +131,7 @@ fn kill_is_silence(plan: &Plan, seed: u64) -> Timeline {
 fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
     let _turn = turn();
     std::thread::spawn(|| {
-        let Some((net, mut server)) = isolated(Kind::Postgres) else { return };
+        let Some((net, mut server)) = isolated(&servers::POSTGRES) else { return };
         let planted = Planted { family: SqlClientSide, model: kill_is_silence };
         // The session ends at once for real.
         let is_kill = |p: &Plan| p.fault == HolderFault::Kill;
@@ -148,7 +149,7 @@ fn a_client_side_that_takes_a_process_kill_for_a_host_crash_is_caught() {
 #[test]
 fn conform_zk_client_agrees_with_the_java_client() {
     let _turn = turn();
-    if std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+    if std::thread::spawn(|| isolated(&servers::ZOOKEEPER).is_none()).join().unwrap() {
         return;
     }
     // The fewest consecutive seeds that play every kind of plan; CI's `conform all` plays the breadth.
@@ -169,7 +170,7 @@ fn server_kill_is_silence(plan: &zk::Plan, seed: u64) -> Timeline {
 fn a_zookeeper_whose_killed_server_closes_nothing_is_caught() {
     let _turn = turn();
     std::thread::spawn(|| {
-        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let Some((net, mut server)) = isolated(&servers::ZOOKEEPER) else { return };
         let planted = Planted { family: ZkClientSide, model: server_kill_is_silence };
         // Noticed at once for real.
         let is_kill = |p: &zk::Plan| matches!(p.fault, ZkFault::ServerKill { .. });
@@ -198,7 +199,7 @@ fn kazoo_ready() -> bool {
 #[test]
 fn conform_kazoo_client_agrees_with_kazoo() {
     let _turn = turn();
-    if !kazoo_ready() || std::thread::spawn(|| isolated(Kind::ZooKeeper).is_none()).join().unwrap() {
+    if !kazoo_ready() || std::thread::spawn(|| isolated(&servers::ZOOKEEPER).is_none()).join().unwrap() {
         return;
     }
     // The fewest consecutive seeds that play every kind of plan; CI's `conform all` plays the breadth.
@@ -222,7 +223,7 @@ fn a_kazoo_model_that_speaks_as_the_java_client_is_caught() {
         return;
     }
     std::thread::spawn(|| {
-        let Some((net, mut server)) = isolated(Kind::ZooKeeper) else { return };
+        let Some((net, mut server)) = isolated(&servers::ZOOKEEPER) else { return };
         let planted = Planted { family: KazooClientSide, model: kazoo_as_java };
         // kazoo holds the request for real.
         let is_kill = |p: &zk::Plan| matches!(p.fault, ZkFault::ServerKill { .. });
@@ -240,7 +241,7 @@ fn a_kazoo_model_that_speaks_as_the_java_client_is_caught() {
 #[test]
 fn conform_etcd_client_agrees_with_clientv3s_keep_alive() {
     let _turn = turn();
-    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+    if std::thread::spawn(|| isolated(&servers::ETCD).is_none()).join().unwrap() {
         return;
     }
     // The fewest consecutive seeds that play every kind of plan; CI's `conform all` plays the breadth.
@@ -263,7 +264,7 @@ fn reset_is_loss(plan: &etcd::Plan, seed: u64) -> Timeline {
 fn a_keep_alive_that_takes_a_reset_for_a_lost_lease_is_caught() {
     let _turn = turn();
     std::thread::spawn(|| {
-        let Some((net, mut server)) = isolated(Kind::Etcd) else { return };
+        let Some((net, mut server)) = isolated(&servers::ETCD) else { return };
         let planted = Planted { family: EtcdClientSide, model: reset_is_loss };
         // Kept alive for real.
         let short_kill = |p: &etcd::Plan| {
@@ -278,7 +279,7 @@ fn a_keep_alive_that_takes_a_reset_for_a_lost_lease_is_caught() {
 #[test]
 fn ctrl_c_in_client_conformance_stops_the_server_and_the_real_client() {
     let _turn = turn();
-    if std::thread::spawn(|| isolated(Kind::Etcd).is_none()).join().unwrap() {
+    if std::thread::spawn(|| isolated(&servers::ETCD).is_none()).join().unwrap() {
         return;
     }
     let marked = Marked::new();

@@ -8,7 +8,7 @@
 #[path = "../../scenarios/examples/own-locks/src/sql_lease.rs"]
 mod sql_lease;
 
-use locksim_live::servers::{Kind, Server};
+use locksim_live::servers::{Server, POSTGRES};
 use locksim_live::wire::pgwire;
 use locksim_locks::params::{ParamValue, Params};
 use locksim_locks::sql::real::RealConnection;
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// PostgreSQL, or `None` (said on stderr) where it is not installed and not required.
 fn server() -> Option<Server> {
-    match Server::start(Kind::Postgres) {
+    match Server::start(&POSTGRES) {
         Ok(server) => Some(server),
         Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
             eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
@@ -34,8 +34,7 @@ fn server() -> Option<Server> {
 }
 
 fn conninfo(server: &Server) -> String {
-    let addr = server.addr().0;
-    format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
+    (locksim_locks::sql::REAL.address)(server.addr().0)
 }
 
 const TIME: RealTime = RealTime { wall_ms, monotonic_ms };
@@ -87,7 +86,7 @@ fn a_users_sql_text_lease_lock_is_granted_on_a_real_postgresql_as_in_simulation(
 
     // Real: the same lock, its statements as written.
     let Some(server) = server() else { return };
-    let servers = Servers::Real(RealServers { postgres: Some(conninfo(&server)), ..RealServers::default() });
+    let servers = Servers::Real(RealServers::default().with(&locksim_locks::sql::REAL, conninfo(&server)));
     real(async {
         let (mut a, mut b) = (lease_lock(&servers, 1), lease_lock(&servers, 2));
         assert_eq!(token(a.acquire().await), Some(1), "a new row: INSERT … ON CONFLICT DO NOTHING inserted it");

@@ -31,7 +31,9 @@ pub static NO_SERVERS: Family = Family {
     summary: "no lock service at all",
     params: &[],
     topology: |_| Topology::default(),
-    deploy: |_, _| Servers::None,
+    deploy: |_, _| Servers::new(()),
+    real: None,
+    marks: |_| false,
 };
 
 pub const NONE: RecipeSpec = RecipeSpec {

@@ -29,7 +29,9 @@ pub static FAMILY: Family = Family {
               ([backend]: that server's family's keys)",
     params: &[],
     topology: |_| Topology::default(),
-    deploy: |_, _| Servers::None,
+    deploy: |_, _| Servers::new(()),
+    real: None,
+    marks: |_| false,
 };
 
 pub const COMMAND: RecipeSpec = RecipeSpec {

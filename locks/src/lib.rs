@@ -36,8 +36,12 @@ pub mod zk;
 
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::{Point, Topology, TriggerEvent};
+use locksim_sim::hazard::Hazard;
 use locksim_sim::world::World;
 use params::{ParamSpec, Params};
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 pub use async_trait::async_trait;
 
@@ -88,39 +92,112 @@ pub trait Lock {
 /// The servers of one backend family in one world, as recipes reach them.
 #[derive(Clone, Debug)]
 pub enum Servers {
-    Redis(redis::RedisServers),
-    Zk(zk::ZkServers),
-    Etcd(etcd::EtcdServers),
-    Sql(sql::SqlServers),
-    /// The `none` baseline's: nothing.
-    None,
+    /// Simulated: what the family's `deploy` made (e.g. [`redis::RedisServers`]), which only the
+    /// family's own recipes look into ([`Servers::sim`]); `()` for a family without servers.
+    Sim(Arc<dyn Any + Send + Sync>),
     /// Real servers on loopback, for a built-in recipe run in a real mode client process (`locksim
     /// adapter`): each family's connection then speaks to its real server with a real client crate.
     Real(RealServers),
 }
 
-/// Where a real client process finds its real servers (real mode sets one, through its proxy).
+impl Servers {
+    /// A family's simulated servers, as its `deploy` made them.
+    pub fn new<S: Any + Send + Sync>(servers: S) -> Servers {
+        Servers::Sim(Arc::new(servers))
+    }
+
+    /// The simulated servers of family `S`. Panics if these are another family's: a recipe is
+    /// deployed with its own family's servers.
+    pub fn sim<S: Any>(&self) -> &S {
+        let sim = match self {
+            Servers::Sim(sim) => sim.downcast_ref(),
+            Servers::Real(_) => None,
+        };
+        sim.unwrap_or_else(|| panic!("a recipe deployed with its own family's servers, not {self:?}"))
+    }
+}
+
+/// The real server a family's recipes run against in real mode and conformance, declared beside the
+/// family (e.g. [`redis::REAL`]) and listed once in [`REAL_SERVERS`]: what a scenario file, a history,
+/// a client process and the installer call it. How it is launched is `locksim-live`'s, keyed by
+/// [`RealServer::name`].
+#[derive(Debug)]
+pub struct RealServer {
+    /// As `[recipe] server` names it, e.g. `redis`.
+    pub name: &'static str,
+    /// Its node in a history: the simulated family's first server, e.g. `redis-0`.
+    pub node: &'static str,
+    /// The environment variable that tells a client process where it is, e.g. `LOCKSIM_REDIS`.
+    pub env: &'static str,
+    /// The Debian 12 package that installs it (`.ci/install-servers`).
+    pub package: &'static str,
+    /// Whether this build has the real client the family's built-in recipes speak to it with (Redis's
+    /// and PostgreSQL's are behind the `real-clients` feature).
+    pub client_built: bool,
+    /// What of the family's `[backend]` the one real server cannot be, said as the rest of "`recipe`
+    /// with …"; `Ok` if it can run the scenario as the simulator does.
+    pub refuses: fn(backend: &Params) -> Result<(), String>,
+    /// Whether it keeps its data through a crash, as the family's `[backend]` sets it up.
+    pub keeps_data: fn(backend: &Params) -> bool,
+    /// The value of [`RealServer::env`] for a server listening at `addr`: `host:port`, or e.g. a
+    /// libpq connection string.
+    pub address: fn(addr: SocketAddr) -> String,
+}
+
+/// Every real server, in the order messages list them (`[recipe] server`'s values).
+pub static REAL_SERVERS: &[&RealServer] = &[&redis::REAL, &zk::REAL, &etcd::REAL, &sql::REAL];
+
+/// One real server is one name.
+impl PartialEq for RealServer {
+    fn eq(&self, other: &RealServer) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for RealServer {}
+
+impl RealServer {
+    /// The real server `[recipe] server` names.
+    pub fn named(name: &str) -> Option<&'static RealServer> {
+        REAL_SERVERS.iter().copied().find(|s| s.name == name)
+    }
+
+    /// `host:port` as [`RealServer::address`] for servers whose clients need no more.
+    pub fn host_port(addr: SocketAddr) -> String {
+        addr.to_string()
+    }
+
+    /// [`RealServer::refuses`] for a server that can run every `[backend]` of its family.
+    pub fn refuses_nothing(_: &Params) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Where a real client process finds its real servers (real mode sets one, through its proxy): each
+/// by its [`RealServer::env`] variable.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RealServers {
-    /// `host:port` of one Redis master (`LOCKSIM_REDIS`).
-    pub redis: Option<String>,
-    /// `host:port` of one ZooKeeper server (`LOCKSIM_ZOOKEEPER`).
-    pub zookeeper: Option<String>,
-    /// `host:port` of one etcd's client port (`LOCKSIM_ETCD`).
-    pub etcd: Option<String>,
-    /// A libpq connection string (`LOCKSIM_POSTGRES`).
-    pub postgres: Option<String>,
+    addresses: std::collections::BTreeMap<&'static str, String>,
 }
 
 impl RealServers {
-    /// The servers named by the `LOCKSIM_*` variables of `env` (a process's environment).
+    /// The servers named by the variables of `env` (a process's environment).
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> RealServers {
-        RealServers {
-            redis: env("LOCKSIM_REDIS"),
-            zookeeper: env("LOCKSIM_ZOOKEEPER"),
-            etcd: env("LOCKSIM_ETCD"),
-            postgres: env("LOCKSIM_POSTGRES"),
-        }
+        let found = REAL_SERVERS.iter().filter_map(|s| Some((s.name, env(s.env)?)));
+        RealServers { addresses: found.collect() }
+    }
+
+    /// These servers and `server` at `address` (as [`RealServer::address`] gives it).
+    pub fn with(mut self, server: &RealServer, address: String) -> RealServers {
+        self.addresses.insert(server.name, address);
+        self
+    }
+
+    /// Where `server` is. Panics if the process was not told: real mode tells a recipe's process
+    /// where its family's server is.
+    pub fn of(&self, server: &RealServer) -> &str {
+        let address = self.addresses.get(server.name);
+        address.unwrap_or_else(|| panic!("a {} recipe's process is given {}", server.name, server.env))
     }
 }
 
@@ -133,7 +210,22 @@ pub struct Family {
     pub topology: fn(&Params) -> Topology,
     /// Start the servers in a world; node names follow `topology`.
     pub deploy: fn(&mut World, &Params) -> Servers,
+    /// The real server its recipes run against for real, if any.
+    pub real: Option<&'static RealServer>,
+    /// Whether its servers and clients mark a hazard (a suite refuses to require one of its recipes
+    /// that they never mark).
+    pub marks: fn(Hazard) -> bool,
 }
+
+/// The hazards of a family whose locks are leases (keys with a TTL, sessions, leases, rows with a
+/// deadline): what ends them, and the replies a lock call may lose.
+pub const LEASE_HAZARDS: &[Hazard] = &[
+    Hazard::LeaseExpiredWhileHeld,
+    Hazard::GrantToExpiredSession,
+    Hazard::StaleHolderResumed,
+    Hazard::ReleaseReplyLost,
+    Hazard::AcquireReplyLost,
+];
 
 /// What keeps a recipe's clients apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +283,17 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The families of this registry's recipes, each once, in the order of their first recipe.
+    pub fn families(&self) -> Vec<&'static Family> {
+        let mut families: Vec<&'static Family> = Vec::new();
+        for recipe in &self.recipes {
+            if !families.iter().any(|f| std::ptr::eq(*f, recipe.family)) {
+                families.push(recipe.family);
+            }
+        }
+        families
+    }
+
     /// Every recipe that ships with locksim.
     pub fn builtin() -> Registry {
         let families =

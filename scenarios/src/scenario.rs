@@ -6,7 +6,7 @@ use crate::duration::DurRange;
 use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, Source, Table};
 use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
-use locksim_locks::{Family, Guard, RecipeSpec, Registry};
+use locksim_locks::{Family, Guard, RealServer, RecipeSpec, Registry, REAL_SERVERS};
 use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology, Trigger, TriggerEvent};
 use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
@@ -108,7 +108,7 @@ pub struct CommandRecipe {
     /// Every other `[recipe]` key, its value as a string (`"1s"`, `5`, `true` → `"1s"`, `"5"`, `"true"`).
     pub params: std::collections::BTreeMap<String, String>,
     /// `server = "..."`: the real server its processes talk to (default Redis).
-    pub server: CommandServer,
+    pub server: &'static RealServer,
     /// `request_timeout = "..."`: how long real mode waits for the answer to one request (locksim's,
     /// not passed to the processes); `None`: real mode's default.
     pub request_timeout: Option<Duration>,
@@ -119,61 +119,6 @@ impl CommandRecipe {
     pub fn label(&self) -> String {
         let last = self.argv.last().map_or("", |a| a.rsplit('/').next().unwrap_or(a));
         format!("command {last}")
-    }
-}
-
-/// The real server a command recipe's processes talk to (`[recipe] server`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommandServer {
-    Redis,
-    ZooKeeper,
-    Etcd,
-    PostgreSql,
-}
-
-impl CommandServer {
-    pub const ALL: [CommandServer; 4] =
-        [CommandServer::Redis, CommandServer::ZooKeeper, CommandServer::Etcd, CommandServer::PostgreSql];
-
-    /// As `[recipe] server` names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            CommandServer::Redis => "redis",
-            CommandServer::ZooKeeper => "zookeeper",
-            CommandServer::Etcd => "etcd",
-            CommandServer::PostgreSql => "postgresql",
-        }
-    }
-
-    /// The server's node in the history, named as the simulator names it.
-    pub fn node(self) -> &'static str {
-        match self {
-            CommandServer::Redis => "redis-0",
-            CommandServer::ZooKeeper => "zk-0",
-            CommandServer::Etcd => "etcd-0",
-            CommandServer::PostgreSql => "db-0",
-        }
-    }
-
-    /// The backend family of its server: a command's `[model]` must be one of its recipes.
-    pub fn family(self) -> &'static str {
-        match self {
-            CommandServer::Redis => "redis",
-            CommandServer::ZooKeeper => "zk",
-            CommandServer::Etcd => "etcd",
-            CommandServer::PostgreSql => "sql",
-        }
-    }
-
-    /// The environment variable that tells the processes where it is (`host:port`; for PostgreSQL a
-    /// libpq connection string).
-    pub fn env(self) -> &'static str {
-        match self {
-            CommandServer::Redis => "LOCKSIM_REDIS",
-            CommandServer::ZooKeeper => "LOCKSIM_ZOOKEEPER",
-            CommandServer::Etcd => "LOCKSIM_ETCD",
-            CommandServer::PostgreSql => "LOCKSIM_POSTGRES",
-        }
     }
 }
 
@@ -244,11 +189,11 @@ impl Scenario {
         if let (Some(c), Some(model)) = (&command, &file.model) {
             // Faults name the real run's nodes, so the model's world must have the same one server.
             let servers = (recipe.family.topology)(&backend_params).servers;
-            if servers != [c.server.node()] {
+            if servers != [c.server.node] {
                 let m = format!(
                     "[model]: its world has the servers {}, but a real run has one, {}: the model must run on one server",
                     servers.join(", "),
-                    c.server.node()
+                    c.server.node
                 );
                 return Err(src.error(model.span(), m));
             }
@@ -374,8 +319,8 @@ fn names(specs: &[locksim_locks::params::ParamSpec]) -> Vec<&'static str> {
 
 /// The family of the real server `server`, as this registry's recipes declare it (`None`: no recipe of
 /// the registry is of that family).
-fn server_family(registry: &Registry, server: CommandServer) -> Option<&'static Family> {
-    registry.recipes().iter().map(|r| r.family).find(|f| f.name == server.family())
+fn server_family(registry: &Registry, server: &RealServer) -> Option<&'static Family> {
+    registry.recipes().iter().map(|r| r.family).find(|f| f.real.is_some_and(|real| real.name == server.name))
 }
 
 /// The nodes of the world: the family's servers, or a command recipe's one real server (named as in
@@ -383,7 +328,7 @@ fn server_family(registry: &Registry, server: CommandServer) -> Option<&'static 
 /// and the points its recipe passes, for the aimed nemesis.
 fn topology(recipe: &RecipeSpec, backend: &Params, command: Option<&CommandRecipe>, clients: usize) -> Topology {
     let mut topo = match command {
-        Some(c) => Topology { servers: vec![c.server.node().to_string()], ..Topology::default() },
+        Some(c) => Topology { servers: vec![c.server.node.to_string()], ..Topology::default() },
         None => (recipe.family.topology)(backend),
     };
     topo.clients = (0..clients).map(Scenario::client_name).collect();
@@ -422,13 +367,11 @@ fn recipe(
         return Ok((spec, Params::resolve(&[], []), Some(command)));
     };
     let (spec, params) = builtin(src, "[model]", model, registry)?;
-    let family = command.server.family();
-    if spec.family.name != family {
+    if spec.family.real != Some(command.server) {
+        let family = server_family(registry, command.server).map_or(command.server.name, |f| f.name);
         let m = format!(
             "[model]: {} is a {} recipe, but the command's server is {}: the model must be a {family} recipe",
-            spec.id,
-            spec.family.name,
-            command.server.name()
+            spec.id, spec.family.name, command.server.name
         );
         return Err(src.error(model.span(), m));
     }
@@ -474,11 +417,11 @@ fn command(section: &Section, argv: &Spanned<toml::Value>, table: &Table) -> Res
     let items = argv.get_ref().as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
     let argv: Vec<String> =
         items.iter().map(|v| v.as_str().map(str::to_string)).collect::<Option<_>>().ok_or_else(bad)?;
-    let mut server = CommandServer::Redis;
+    let mut server = &locksim_locks::redis::REAL;
     if let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref() == "server") {
         let name = value.get_ref().as_str().unwrap_or_default();
-        server = CommandServer::ALL.into_iter().find(|s| s.name() == name).ok_or_else(|| {
-            let known: Vec<&str> = CommandServer::ALL.iter().map(|s| s.name()).collect();
+        server = RealServer::named(name).ok_or_else(|| {
+            let known: Vec<&str> = REAL_SERVERS.iter().map(|s| s.name).collect();
             let m = format!(
                 "server: expected one of {} (the real server locksim starts), found {}",
                 known.join(", "),

@@ -122,7 +122,7 @@ impl Suite {
                 if scenario.expect.hazards.contains(&h) {
                     return Err(src.error(name.span(), format!("hazards: {h} is listed twice")).into());
                 }
-                if let Some(why) = unreachable(h, &scenario) {
+                if let Some(why) = unreachable(h, &scenario, registry) {
                     let m = format!("hazards: {} can never reach {h}: {why}", scenario.name);
                     return Err(src.error(name.span(), m).into());
                 }
@@ -146,15 +146,22 @@ fn hazard(src: &Source, name: &Spanned<String>) -> Result<Hazard, ScenarioError>
 
 /// Why `scenario` can never reach `hazard` (`None`: it can), so that a requirement no seed could meet is
 /// refused before anything runs rather than failing after every seed has.
-fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
-    let family = scenario.recipe.family.name;
+fn unreachable(hazard: Hazard, scenario: &Scenario, registry: &Registry) -> Option<String> {
+    let family = scenario.recipe.family;
     let has = |kind: FaultKind| {
         scenario.schedule.iter().any(|f| f.action.kind() == kind)
             || scenario.random.as_ref().is_some_and(|r| r.kinds.contains(&kind))
     };
-    let family_is = |families: &[&str]| {
-        (!families.contains(&family)).then(|| {
-            format!("it is marked by the {} family only, and {} is {family}", families.join(" or "), scenario.recipe.id)
+    let marked = || {
+        (!(family.marks)(hazard)).then(|| {
+            let by = registry.families().into_iter().filter(|f| (f.marks)(hazard)).map(|f| f.name);
+            let by: Vec<&str> = by.collect();
+            format!(
+                "it is marked by the {} family only, and {} is {}",
+                by.join(" or "),
+                scenario.recipe.id,
+                family.name
+            )
         })
     };
     let needs = |kinds: &[FaultKind]| {
@@ -167,15 +174,16 @@ fn unreachable(hazard: Hazard, scenario: &Scenario) -> Option<String> {
             format!("it needs a {names} fault, and the scenario has none")
         })
     };
-    let leased = ["redis", "zk", "etcd", "sql"];
     match hazard {
-        Hazard::LeaseExpiredWhileHeld | Hazard::GrantToExpiredSession => family_is(&leased),
-        Hazard::StaleHolderResumed => family_is(&leased).or_else(|| needs(&[FaultKind::Pause])),
-        Hazard::ReleaseReplyLost | Hazard::AcquireReplyLost => family_is(&leased),
-        Hazard::WatchFiredWhileDisconnected => family_is(&["zk"]),
-        Hazard::LockKeyLostInFailover => family_is(&["redis"]).or_else(|| needs(&[FaultKind::Failover])),
+        Hazard::StaleHolderResumed => marked().or_else(|| needs(&[FaultKind::Pause])),
+        Hazard::LockKeyLostInFailover => marked().or_else(|| needs(&[FaultKind::Failover])),
         Hazard::ClockJumpDuringHold => needs(&[FaultKind::ClockJump]),
         Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::HostCrash, FaultKind::Restart]),
+        Hazard::LeaseExpiredWhileHeld
+        | Hazard::GrantToExpiredSession
+        | Hazard::ReleaseReplyLost
+        | Hazard::AcquireReplyLost
+        | Hazard::WatchFiredWhileDisconnected => marked(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! strings for the process) and which runs only in real mode.
 
 use locksim_locks::Registry;
-use locksim_scenarios::scenario::CommandServer;
+use locksim_locks::{etcd, redis, sql, zk};
 use locksim_scenarios::Scenario;
 
 fn parse(recipe: &str) -> Result<Scenario, String> {
@@ -22,15 +22,14 @@ fn a_command_recipe_keeps_its_argv_and_its_keys_as_strings() {
     let params: Vec<(&str, &str)> = c.params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(params, [("fair", "true"), ("ratio", "0.5"), ("retries", "3"), ("timeout", "1s")]);
     assert_eq!(s.recipe.id, locksim_locks::command::ID);
-    assert_eq!(c.server, CommandServer::Redis, "Redis unless the file says otherwise");
+    assert_eq!(c.server, &redis::REAL, "Redis unless the file says otherwise");
     let zk = parse("command = [\"a\"]\nserver = \"zookeeper\"\nsession_timeout = \"2s\"").unwrap().command.unwrap();
-    assert_eq!((zk.server, zk.params.len()), (CommandServer::ZooKeeper, 1), "`server` is not passed as a parameter");
-    for (name, server, node, env) in [
-        ("etcd", CommandServer::Etcd, "etcd-0", "LOCKSIM_ETCD"),
-        ("postgresql", CommandServer::PostgreSql, "db-0", "LOCKSIM_POSTGRES"),
-    ] {
+    assert_eq!((zk.server, zk.params.len()), (&zk::REAL, 1), "`server` is not passed as a parameter");
+    for (name, server, node, env) in
+        [("etcd", &etcd::REAL, "etcd-0", "LOCKSIM_ETCD"), ("postgresql", &sql::REAL, "db-0", "LOCKSIM_POSTGRES")]
+    {
         let c = parse(&format!("command = [\"a\"]\nserver = \"{name}\"")).unwrap().command.unwrap();
-        assert_eq!((c.server, c.server.node(), c.server.env()), (server, node, env), "{name}");
+        assert_eq!((c.server, c.server.node, c.server.env), (server, node, env), "{name}");
     }
 }
 

@@ -17,7 +17,7 @@
 //! time-to-live on a whole second of remaining time.
 
 use super::{ticks, Action, Answer, Family, ModelOf, Recover, Step, MARGIN_MS, SLOT_MS};
-use crate::servers::{Addr, Kind, Server};
+use crate::servers::{Addr, Launcher, Server};
 use crate::wire::http;
 use locksim_locks::etcd::gateway;
 use locksim_sim::backend::etcd::{
@@ -289,12 +289,13 @@ fn request(rng: &mut ChaCha8Rng, leases: &[LeaseClock], revision: i64, watching:
 
 impl Family for Etcd {
     const NAME: &'static str = "etcd";
+    const ABOUT: &'static str = "etcd 3.4 (Debian's `etcd-server`) against the 3.5 model, through its JSON gateway.";
     type Op = Op;
     type Conn = Client;
     type Shared = Run;
 
-    fn server() -> Kind {
-        Kind::Etcd
+    fn server() -> &'static Launcher {
+        &crate::servers::ETCD
     }
 
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {

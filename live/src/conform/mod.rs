@@ -88,8 +88,10 @@ pub type ModelOf<B> = dyn Recover<Request = <B as Backend>::Request, Reply = <B 
 
 /// A server family: how to draw scripts, play them on the model, and speak to the real server.
 pub trait Family {
-    /// `redis`, `zk`, `etcd` or `sql`.
+    /// `redis`, `zk`, `etcd` or `sql`: `locksim conform`'s argument.
     const NAME: &'static str;
+    /// One line for `locksim conform --help`: the real server and how it is spoken to.
+    const ABOUT: &'static str;
     type Op: Clone + fmt::Display + Send + Sync;
     /// One client's connection to the real server.
     type Conn: Send;
@@ -97,7 +99,7 @@ pub trait Family {
     type Shared: Send + Sync;
 
     /// The real server this family is checked against.
-    fn server() -> crate::servers::Kind;
+    fn server() -> &'static crate::servers::Launcher;
     /// A script from a random stream: steps in time order, on the grid.
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Self::Op>>;
     /// A script without server faults, for a server locksim did not start: by default the script with

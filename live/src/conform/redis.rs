@@ -9,7 +9,7 @@
 //! is a `RedisRequest`, sent to the real server as the command it stands for.
 
 use super::{Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
-use crate::servers::{Addr, Kind, Server};
+use crate::servers::{Addr, Launcher, Server};
 use crate::wire::resp;
 use locksim_locks::redis::scripts::{
     REDISSON_LOCK, REDISSON_RENEW, REDISSON_RENEW_3_43, REDISSON_UNLOCK, REDSYNC_DELETE, REDSYNC_TOUCH,
@@ -250,12 +250,13 @@ fn blocks(op: &Op) -> u64 {
 
 impl Family for Redis {
     const NAME: &'static str = "redis";
+    const ABOUT: &'static str = "Redis 7 (`redis-server`).";
     type Op = Op;
     type Conn = Client;
     type Shared = ();
 
-    fn server() -> Kind {
-        Kind::Redis
+    fn server() -> &'static Launcher {
+        &crate::servers::REDIS
     }
 
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {

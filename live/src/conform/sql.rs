@@ -14,7 +14,7 @@
 //! open is closed, which lets every waiting statement finish.
 
 use super::{Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
-use crate::servers::{Addr, Kind, Server};
+use crate::servers::{Addr, Launcher, Server};
 use crate::wire::pgwire;
 use locksim_sim::backend::sql::text::{self, NowAs, Style};
 use locksim_sim::backend::sql::{
@@ -444,12 +444,13 @@ const RESTART_SLOTS: u64 = 15;
 
 impl Family for Sql {
     const NAME: &'static str = "sql";
+    const ABOUT: &'static str = "PostgreSQL 15 (Debian's `postgresql-15`), on its wire protocol.";
     type Op = Op;
     type Conn = Client;
     type Shared = Origin;
 
-    fn server() -> Kind {
-        Kind::Postgres
+    fn server() -> &'static Launcher {
+        &crate::servers::POSTGRES
     }
 
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {

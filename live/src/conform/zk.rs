@@ -14,7 +14,7 @@
 //! until a tick and a slot after it.
 
 use super::{ticks, Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
-use crate::servers::{Addr, Kind, Server};
+use crate::servers::{Addr, Launcher, Server};
 use crate::wire::jute::{self, Body};
 use locksim_sim::backend::zk::{CreateMode, Stat, TxnOp, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest, ZkState};
 use locksim_sim::backend::{Now, Out};
@@ -235,12 +235,13 @@ fn txn_op(rng: &mut ChaCha8Rng) -> TxnOp {
 
 impl Family for Zk {
     const NAME: &'static str = "zk";
+    const ABOUT: &'static str = "ZooKeeper 3.8 (Debian's `zookeeper`), on its wire protocol.";
     type Op = Op;
     type Conn = Client;
     type Shared = Run;
 
-    fn server() -> Kind {
-        Kind::ZooKeeper
+    fn server() -> &'static Launcher {
+        &crate::servers::ZOOKEEPER
     }
 
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Op>> {

@@ -69,12 +69,12 @@ pub mod proxy;
 pub mod resource;
 pub mod workload;
 
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use history::Recorder;
-use locksim_locks::Guard;
+use locksim_locks::{Guard, RealServer, REAL_SERVERS};
 use locksim_scenarios::checkers::{check, measure};
 use locksim_scenarios::run::{describe, keep_first, resolve_schedule, SeedResult};
-use locksim_scenarios::scenario::{CommandRecipe, CommandServer, Workload};
+use locksim_scenarios::scenario::{CommandRecipe, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
 use locksim_scenarios::{Scenario, Verdict};
 use locksim_sim::history::{EventKind, History, NodeIx};
@@ -150,7 +150,7 @@ struct Served {
     /// Each client's path to the server.
     proxies: Vec<proxy::Proxy>,
     /// Which server it is, for the variable that names it (its client's proxy) to a client process.
-    kind: CommandServer,
+    server_of: &'static RealServer,
 }
 
 impl Run {
@@ -205,7 +205,7 @@ impl Run {
         let mut env = self.env.clone();
         if let Some(served) = &self.served {
             if let Some(proxy) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
-                env.push((served.kind.env().into(), address(served.kind, proxy.addr())));
+                env.push((served.server_of.env.into(), (served.server_of.address)(proxy.addr())));
             }
         }
         env.push((ENV_CLIENT.into(), client.into()));
@@ -226,7 +226,7 @@ pub enum Clients<'a> {
     Command(&'a CommandRecipe),
     /// Processes of a built-in recipe (`locksim adapter`, [`adapter`]), against its family's one real
     /// server.
-    Builtin(CommandServer),
+    Builtin(&'static RealServer),
     /// A flash sale's baseline (`none`, `sql.conditional-update`): no lock and no server, so the clients
     /// are locksim's own threads, racing in real time on the resource.
     Baseline(Guard),
@@ -240,7 +240,7 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     let Some(command) = &scenario.command else {
         if scenario.recipe.guard == Guard::Lock {
             let server = builtin_server(scenario)?;
-            fault::refuse_unsupported(scenario, server.node())?;
+            fault::refuse_unsupported(scenario, server.node)?;
             return Ok(Clients::Builtin(server));
         }
         if let Some(f) = scenario.schedule.first() {
@@ -258,53 +258,30 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     };
     // One server: a command has no `[backend]` of its own, and loading refused a `[model]` whose world
     // has other servers than the real run's one (Redlock's masters, a replica).
-    fault::refuse_unsupported(scenario, command.server.node())?;
+    fault::refuse_unsupported(scenario, command.server.node)?;
     Ok(Clients::Command(command))
 }
 
-/// The tickTime of the ZooKeeper real mode starts (the conformance launcher's).
-const ZK_TICK: Duration = Duration::from_millis(crate::servers::ZK_TICK_MS);
-
 /// The one real server a built-in recipe's scenario maps to, or why real mode cannot run it.
-fn builtin_server(scenario: &Scenario) -> anyhow::Result<CommandServer> {
-    let (recipe, backend) = (scenario.recipe.id, &scenario.backend_params);
-    match scenario.recipe.family.name {
-        "redis" | "sql" if !cfg!(feature = "real-clients") => anyhow::bail!(
-            "{}: {recipe}: this locksim was built without the real Redis and PostgreSQL clients; build it \
-             with the `real-clients` feature of locksim-cli (on by default)",
-            scenario.path
-        ),
-        "redis" if backend.int("masters") != 1 => anyhow::bail!(
-            "{}: {recipe} with [backend] masters = {}: --real starts one Redis server, and Redlock's independent \
-             masters would each need their own",
-            scenario.path,
-            backend.int("masters")
-        ),
-        "redis" if backend.int("replicas") != 0 => anyhow::bail!(
-            "{}: {recipe} with [backend] replicas = {}: --real starts one Redis server, without a replica or \
-             Sentinel to fail over to",
-            scenario.path,
-            backend.int("replicas")
-        ),
-        "redis" => Ok(CommandServer::Redis),
-        "sql" => Ok(CommandServer::PostgreSql),
-        "etcd" => Ok(CommandServer::Etcd),
-        "zk" if backend.duration("tick_time") != ZK_TICK => anyhow::bail!(
-            "{}: {recipe} with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms, which \
-             bounds the sessions it grants (2 to 20 ticks); set [backend] tick_time = \"{}ms\" so that the \
-             simulated and the real server negotiate the same session timeout",
-            scenario.path,
-            backend.duration("tick_time").as_millis(),
-            ZK_TICK.as_millis(),
-            ZK_TICK.as_millis()
-        ),
-        "zk" => Ok(CommandServer::ZooKeeper),
-        family => anyhow::bail!(
-            "{}: {recipe}: --real runs the built-in recipes of the redis, zk, etcd and sql families on a real \
-             server, not {family}",
-            scenario.path
-        ),
+fn builtin_server(scenario: &Scenario) -> anyhow::Result<&'static RealServer> {
+    let (path, recipe, family) = (&scenario.path, scenario.recipe.id, scenario.recipe.family);
+    let Some(server) = family.real else {
+        let families: Vec<&str> = REAL_SERVERS.iter().map(|s| s.name).collect();
+        anyhow::bail!(
+            "{path}: {recipe}: --real runs the built-in recipes whose family has a real server ({}), not {}",
+            families.join(", "),
+            family.name
+        );
+    };
+    if !server.client_built {
+        anyhow::bail!(
+            "{path}: {recipe}: this locksim was built without a real {} client; build it with the \
+             `real-clients` feature of locksim-cli (on by default)",
+            server.name
+        );
     }
+    (server.refuses)(&scenario.backend_params).map_err(|why| anyhow::anyhow!("{path}: {recipe} {why}"))?;
+    Ok(server)
 }
 
 /// One run's result and its history.
@@ -353,16 +330,15 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
             let params = command.params.iter();
             env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
             let served = serve(scenario, command.server, seed)?;
-            nodes.insert(0, command.server.node().to_string());
+            nodes.insert(0, command.server.node.to_string());
             (Some(served), command.argv.clone(), Guard::Lock)
         }
         Clients::Builtin(server) => {
             let served = serve(scenario, server, seed)?;
-            if server == CommandServer::PostgreSql {
-                let db = served.server.lock().expect("server lock").addr().0;
-                prepare_database(db, &scenario.backend_params)?;
-            }
-            nodes.insert(0, server.node().to_string());
+            let real = served.server.lock().expect("server lock");
+            (real.launcher().set_up)(real.addr().0, &scenario.backend_params)?;
+            drop(real);
+            nodes.insert(0, server.node.to_string());
             (Some(served), adapter_argv(scenario, seed)?, Guard::Lock)
         }
         Clients::Baseline(guard) => (None, Vec::new(), guard),
@@ -438,46 +414,18 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
     Ok(RealRun { result, history })
 }
 
-/// Start `kind`'s real server and a proxy per client.
-fn serve(scenario: &Scenario, kind: CommandServer, seed: u64) -> anyhow::Result<Served> {
-    let server = Server::start(match kind {
-        CommandServer::Redis => Kind::Redis,
-        CommandServer::ZooKeeper => Kind::ZooKeeper,
-        CommandServer::Etcd => Kind::Etcd,
-        CommandServer::PostgreSql => Kind::Postgres,
-    })?;
+/// Start `server` and a proxy per client.
+fn serve(scenario: &Scenario, server: &'static RealServer, seed: u64) -> anyhow::Result<Served> {
+    let real = Server::start(Launcher::of(server))?;
     let proxies = (0..scenario.workload.clients)
-        .map(|i| proxy::Proxy::start(server.addr().0, stream(seed, Stream::Network, i as u64)))
+        .map(|i| proxy::Proxy::start(real.addr().0, stream(seed, Stream::Network, i as u64)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Served {
-        server: Mutex::new(server),
-        // Only Redis runs without persistence; every other server logs before it answers.
-        keep_data: kind != CommandServer::Redis || scenario.backend_params.bool("persist"),
+        server: Mutex::new(real),
+        keep_data: (server.keeps_data)(&scenario.backend_params),
         proxies,
-        kind,
+        server_of: server,
     })
-}
-
-/// Make the built-in database recipes' tables on a fresh real PostgreSQL, and give its sessions the
-/// scenario's `[backend]` settings (as the simulated server starts with them).
-fn prepare_database(addr: std::net::SocketAddr, backend: &locksim_locks::params::Params) -> anyhow::Result<()> {
-    let mut conn = crate::wire::pgwire::Conn::connect(addr, Duration::from_secs(10))?;
-    let ms = |name: &str| format!("'{}ms'", backend.duration(name).as_millis());
-    let settings = [
-        format!("idle_in_transaction_session_timeout = {}", ms("idle_in_transaction_session_timeout")),
-        format!("tcp_keepalives_idle = {}", ms("tcp_keepalives_idle")),
-        format!("tcp_keepalives_interval = {}", ms("tcp_keepalives_interval")),
-        format!("tcp_keepalives_count = {}", backend.int("tcp_keepalives_count")),
-    ];
-    let statements = std::iter::once(locksim_locks::sql::SCHEMA.to_string())
-        .chain(settings.iter().map(|s| format!("ALTER DATABASE postgres SET {s}")));
-    for statement in statements {
-        if let Some((code, message)) = conn.query(&statement)?.error {
-            anyhow::bail!("preparing the real database: {statement}: {code} {message}");
-        }
-    }
-    conn.terminate();
-    Ok(())
 }
 
 /// A built-in recipe's client process: the hidden `adapter` subcommand of this very binary (or of the
@@ -496,18 +444,6 @@ fn adapter_argv(scenario: &Scenario, seed: u64) -> anyhow::Result<Vec<String>> {
         anyhow::bail!("{}: the scenario's or locksim's own path is not UTF-8", scenario.path);
     };
     Ok(vec![exe, "adapter".into(), path, "--seed".into(), seed.to_string()])
-}
-
-/// Where the processes find the server (through a proxy at `addr`): `host:port`, or for PostgreSQL a
-/// libpq connection string (the cluster `Server::start` makes trusts `postgres` on loopback, as conform
-/// connects).
-fn address(kind: CommandServer, addr: std::net::SocketAddr) -> String {
-    match kind {
-        CommandServer::PostgreSql => {
-            format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
-        }
-        CommandServer::Redis | CommandServer::ZooKeeper | CommandServer::Etcd => addr.to_string(),
-    }
 }
 
 /// The scenario file's directory, absolute: where its command runs.

@@ -20,7 +20,7 @@ mod txn_lease;
 pub use election::observe;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
-use crate::{async_trait, Family, Outcome, Servers};
+use crate::{async_trait, Family, Outcome, RealServer, Servers};
 use locksim_sim::backend::etcd::client::{ClientEnv, EtcdClient, KeepAlive, Router, Watcher};
 use locksim_sim::backend::etcd::{
     Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, EventType, KeyValue, LeaseId, Op, OpResult, Range,
@@ -46,10 +46,7 @@ pub struct EtcdServers {
 impl EtcdServers {
     /// The etcd servers among a world's servers (every recipe of this family is handed them).
     pub fn from(servers: &Servers) -> &EtcdServers {
-        match servers {
-            Servers::Etcd(e) => e,
-            _ => unreachable!("an etcd recipe is deployed with etcd servers"),
-        }
+        servers.sim()
     }
 }
 
@@ -59,10 +56,25 @@ pub static FAMILY: Family = Family {
     params: &[],
     topology,
     deploy,
+    real: Some(&REAL),
+    marks: |h| crate::LEASE_HAZARDS.contains(&h),
+};
+
+/// etcd (Debian 12 `etcd-server`, 3.4; or a 3.5 binary from PyPI), one member; its store and leases
+/// outlive a crash (the WAL).
+pub static REAL: RealServer = RealServer {
+    name: "etcd",
+    node: "etcd-0",
+    env: "LOCKSIM_ETCD",
+    package: "etcd-server",
+    client_built: true,
+    refuses: RealServer::refuses_nothing,
+    keeps_data: |_| true,
+    address: RealServer::host_port,
 };
 
 fn topology(_: &Params) -> Topology {
-    Topology { servers: vec!["etcd-0".into()], ..Topology::default() }
+    Topology { servers: vec![REAL.node.into()], ..Topology::default() }
 }
 
 fn deploy(world: &mut World, _: &Params) -> Servers {
@@ -83,8 +95,8 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
-    let server = world.add_server("etcd-0", program);
-    Servers::Etcd(EtcdServers { server, recorder: world.recorder().clone() })
+    let server = world.add_server(REAL.node, program);
+    Servers::new(EtcdServers { server, recorder: world.recorder().clone() })
 }
 
 /// Why a call did not succeed: no answer in time (it may have been applied), or an etcd error.
@@ -243,7 +255,7 @@ pub fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
 /// wait up to `call_timeout`.
 pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn {
     if let Servers::Real(real) = servers {
-        let addr = real.etcd.as_deref().expect("an etcd recipe's process is given LOCKSIM_ETCD");
+        let addr = real.of(&REAL);
         return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), addr, call_timeout));
     }
     let etcd = EtcdServers::from(servers);

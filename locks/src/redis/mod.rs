@@ -18,7 +18,7 @@ mod set_nx_px;
 mod watchdog;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
-use crate::{Family, Grant, Outcome, RecipeSpec, Servers};
+use crate::{Family, Grant, Outcome, RealServer, RecipeSpec, Servers};
 use locksim_sim::backend::redis::client::{Router, Subscription};
 use locksim_sim::backend::redis::{sha1_hex, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards};
 use locksim_sim::ctx::Ctx;
@@ -229,7 +229,7 @@ impl RedisConn {
             #[cfg(feature = "real-clients")]
             Servers::Real(real) => {
                 assert_eq!(shard, 0, "a real run has one Redis server");
-                let addr = real.redis.as_deref().expect("a Redis recipe's process is given LOCKSIM_REDIS");
+                let addr = real.of(&REAL);
                 RedisConn::Real(real::RealRedis::new(addr, timeout))
             }
             other => RedisConn::Sim(SimRedis::new(ctx, RedisServers::from(other), shard, timeout)),
@@ -301,10 +301,7 @@ pub struct RedisServers {
 impl RedisServers {
     /// The Redis servers among a world's servers (every recipe of this family is handed them).
     pub fn from(servers: &Servers) -> &RedisServers {
-        match servers {
-            Servers::Redis(r) => r,
-            _ => unreachable!("a simulated Redis recipe is deployed with Redis servers"),
-        }
+        servers.sim()
     }
 }
 
@@ -337,6 +334,32 @@ pub static FAMILY: Family = Family {
     params: BACKEND_PARAMS,
     topology,
     deploy,
+    real: Some(&REAL),
+    marks: |h| crate::LEASE_HAZARDS.contains(&h) || h == Hazard::LockKeyLostInFailover,
+};
+
+/// Redis 7.0 (Debian 12 `redis-server`), one master: no Redlock's independent masters, no replica or
+/// Sentinel to fail over to (both are simulated only). It restarts empty unless `persist = true` (real
+/// mode then runs it with an append-only file).
+pub static REAL: RealServer = RealServer {
+    name: "redis",
+    node: "redis-0",
+    env: "LOCKSIM_REDIS",
+    package: "redis-server",
+    client_built: cfg!(feature = "real-clients"),
+    refuses: |backend| match (backend.int("masters"), backend.int("replicas")) {
+        (1, 0) => Ok(()),
+        (masters, _) if masters != 1 => Err(format!(
+            "with [backend] masters = {masters}: --real starts one Redis server, and Redlock's independent masters \
+             would each need their own"
+        )),
+        (_, replicas) => Err(format!(
+            "with [backend] replicas = {replicas}: --real starts one Redis server, without a replica or Sentinel \
+             to fail over to"
+        )),
+    },
+    keeps_data: |backend| backend.bool("persist"),
+    address: RealServer::host_port,
 };
 
 fn master_name(shard: usize) -> String {
@@ -390,7 +413,7 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));
-    Servers::Redis(RedisServers { shards })
+    Servers::new(RedisServers { shards })
 }
 
 type SharedState = Arc<Mutex<RedisState>>;

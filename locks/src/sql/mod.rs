@@ -15,7 +15,7 @@ mod shedlock;
 mod unique_insert;
 
 use crate::params::{ParamSpec, Params};
-use crate::{async_trait, Family, Grant, Outcome, RecipeSpec, Servers};
+use crate::{async_trait, Family, Grant, Outcome, RealServer, RecipeSpec, Servers};
 use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
 use locksim_sim::backend::sql::text::Prepared;
 use locksim_sim::backend::sql::{Expr, Row, Settings, SqlError, SqlResult, SqlState, Stmt, ToValue, Value};
@@ -52,10 +52,7 @@ pub struct SqlServers {
 impl SqlServers {
     /// The database among a world's servers (every recipe of this family is handed it).
     pub fn from(servers: &Servers) -> &SqlServers {
-        match servers {
-            Servers::Sql(s) => s,
-            _ => unreachable!("a database recipe is deployed with a database"),
-        }
+        servers.sim()
     }
 }
 
@@ -81,10 +78,25 @@ pub static FAMILY: Family = Family {
     params: BACKEND_PARAMS,
     topology,
     deploy,
+    real: Some(&REAL),
+    marks: |h| crate::LEASE_HAZARDS.contains(&h),
+};
+
+/// PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own; committed rows outlive a crash (the
+/// WAL). Its clients are given a libpq connection string (the cluster trusts `postgres` on loopback).
+pub static REAL: RealServer = RealServer {
+    name: "postgresql",
+    node: "db-0",
+    env: "LOCKSIM_POSTGRES",
+    package: "postgresql-15",
+    client_built: cfg!(feature = "real-clients"),
+    refuses: RealServer::refuses_nothing,
+    keeps_data: |_| true,
+    address: |addr| format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port()),
 };
 
 fn topology(_: &Params) -> Topology {
-    Topology { servers: vec!["db-0".into()], ..Topology::default() }
+    Topology { servers: vec![REAL.node.into()], ..Topology::default() }
 }
 
 /// How often, at least, the server's keep-alive looks for silent connections (it also wakes when a
@@ -138,8 +150,8 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
-    let server = world.add_node("db-0", program);
-    Servers::Sql(SqlServers { server, recorder: world.recorder().clone() })
+    let server = world.add_node(REAL.node, program);
+    Servers::new(SqlServers { server, recorder: world.recorder().clone() })
 }
 
 /// A database connection's one call, as JDBC's `Statement.execute` or libpq's `PQexec`: one statement,
@@ -250,9 +262,7 @@ impl SqlClient {
     pub fn new(ctx: &Ctx, servers: &Servers, socket_timeout: Duration) -> SqlClient {
         let server = match servers {
             #[cfg(feature = "real-clients")]
-            Servers::Real(real) => {
-                Server::Real(real.postgres.clone().expect("a database recipe's process is given LOCKSIM_POSTGRES"))
-            }
+            Servers::Real(real) => Server::Real(real.of(&REAL).to_string()),
             servers => {
                 let sql = SqlServers::from(servers);
                 Server::Sim(ClientEnv {

@@ -23,11 +23,12 @@ mod semaphore;
 mod sequential;
 
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
-use crate::{async_trait, Family, Servers};
+use crate::{async_trait, Family, RealServer, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Library, Router, Watch, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
+use locksim_sim::hazard::Hazard;
 use locksim_sim::history::{NodeIx, Recorder};
 use locksim_sim::rng::Stream;
 use locksim_sim::world::{Program, World};
@@ -55,10 +56,7 @@ pub struct ZkServers {
 impl ZkServers {
     /// The ZooKeeper servers among a world's servers (every recipe of this family is handed them).
     pub fn from(servers: &Servers) -> &ZkServers {
-        match servers {
-            Servers::Zk(z) => z,
-            _ => unreachable!("a ZooKeeper recipe is deployed with ZooKeeper servers"),
-        }
+        servers.sim()
     }
 }
 
@@ -75,10 +73,39 @@ pub static FAMILY: Family = Family {
     params: BACKEND_PARAMS,
     topology,
     deploy,
+    real: Some(&REAL),
+    marks: |h| crate::LEASE_HAZARDS.contains(&h) || h == Hazard::WatchFiredWhileDisconnected,
+};
+
+/// The tickTime of the ZooKeeper real mode and conformance start (their `zoo.cfg`): sessions are
+/// negotiated into [400 ms, 4 s].
+pub const REAL_TICK: Duration = Duration::from_millis(200);
+
+/// ZooKeeper 3.8 (Debian 12 `zookeeper`), standalone, with tickTime [`REAL_TICK`]; its data outlives a
+/// crash (the transaction log).
+pub static REAL: RealServer = RealServer {
+    name: "zookeeper",
+    node: "zk-0",
+    env: "LOCKSIM_ZOOKEEPER",
+    package: "zookeeper",
+    client_built: true,
+    refuses: |backend| match backend.duration("tick_time") {
+        tick if tick == REAL_TICK => Ok(()),
+        tick => Err(format!(
+            "with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms, which bounds the \
+             sessions it grants (2 to 20 ticks); set [backend] tick_time = \"{}ms\" so that the simulated and \
+             the real server negotiate the same session timeout",
+            tick.as_millis(),
+            REAL_TICK.as_millis(),
+            REAL_TICK.as_millis()
+        )),
+    },
+    keeps_data: |_| true,
+    address: RealServer::host_port,
 };
 
 fn topology(_: &Params) -> Topology {
-    Topology { servers: vec!["zk-0".into()], ..Topology::default() }
+    Topology { servers: vec![REAL.node.into()], ..Topology::default() }
 }
 
 fn deploy(world: &mut World, params: &Params) -> Servers {
@@ -96,8 +123,8 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
             locksim_sim::backend::serve(state, &rpc, &env.clock, &env.recorder).await
         })
     });
-    let server = world.add_server("zk-0", program);
-    Servers::Zk(ZkServers { server, recorder: world.recorder().clone() })
+    let server = world.add_server(REAL.node, program);
+    Servers::new(ZkServers { server, recorder: world.recorder().clone() })
 }
 
 /// A ZooKeeper client's calls, as the Java client's (`org.apache.zookeeper.ZooKeeper`) and Curator's.
@@ -303,7 +330,7 @@ impl ZkSession {
         let router = ctx.node_wide(|| Router::new(ctx.stream(Stream::ZkReattach)));
         let host = match servers {
             Servers::Real(real) => {
-                let addr = real.zookeeper.as_deref().expect("a ZooKeeper recipe's process is given LOCKSIM_ZOOKEEPER");
+                let addr = real.of(&REAL);
                 let link = Rc::new(real::RealZk::new(ctx.clone(), addr, router.clone()));
                 Host::Real { ctx: ctx.clone(), link, router }
             }

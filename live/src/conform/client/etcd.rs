@@ -22,7 +22,7 @@
 
 use super::netns::Netns;
 use super::{ClientFamily, Late, Margin, Play, Timeline};
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use crate::wire::http;
 use locksim_locks::etcd::{connect, gateway, EtcdApi, EtcdConn, FAMILY};
 use locksim_locks::params::Params;
@@ -109,10 +109,13 @@ const LEASE_GONE: &str = "lease gone";
 
 impl ClientFamily for EtcdClientSide {
     const NAME: &'static str = "etcd-client";
+    const ABOUT: &'static str =
+        "Client side: clientv3's lease keep-alive loop (`etcdctl lease keep-alive`, Debian's etcd-client) \
+         under cuts and a server kill — when it gives up, whether it comes back (needs root).";
     type Plan = Plan;
 
-    fn server() -> Kind {
-        Kind::Etcd
+    fn server() -> &'static Launcher {
+        &crate::servers::ETCD
     }
 
     fn plan(rng: &mut ChaCha8Rng) -> Plan {

@@ -22,7 +22,7 @@ use super::zk::{
     GET_LOST, GOT, NO_NODE, RECONNECTED,
 };
 use super::{ClientFamily, Margin, Timeline};
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use locksim_sim::backend::zk::client::Library;
 use locksim_sim::rng::ChaCha8Rng;
 use std::path::PathBuf;
@@ -35,9 +35,12 @@ pub struct KazooClientSide;
 
 impl ClientFamily for KazooClientSide {
     const NAME: &'static str = "kazoo-client";
+    const ABOUT: &'static str =
+        "Client side: kazoo 2.10 (scenarios/real/.venv, made by scenarios/real/setup) on zk-client's \
+         plans — its jittered pings, its backoff, the requests it holds while disconnected (needs root).";
     type Plan = Plan;
 
-    fn server() -> Kind {
+    fn server() -> &'static Launcher {
         ZkClientSide::server()
     }
 

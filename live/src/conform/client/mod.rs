@@ -25,7 +25,7 @@ pub mod netns;
 pub mod sql;
 pub mod zk;
 
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use std::fmt;
 use std::sync::Mutex;
@@ -95,12 +95,14 @@ pub struct Margin {
 
 /// A client library checked against a real one.
 pub trait ClientFamily: Sync {
-    /// `sql-client`, `zk-client`, `kazoo-client`.
+    /// `sql-client`, `zk-client`, `kazoo-client`, `etcd-client`: `locksim conform`'s argument.
     const NAME: &'static str;
+    /// One line for `locksim conform --help`: the client, its faults, what is compared, what it needs.
+    const ABOUT: &'static str;
     type Plan: fmt::Display + Clone + Send + Sync;
 
     /// The real server the plans are played on.
-    fn server() -> Kind;
+    fn server() -> &'static Launcher;
     /// A plan from a random stream.
     fn plan(rng: &mut ChaCha8Rng) -> Self::Plan;
     /// The name of a plan's kind (its fault), for the coverage counts.

@@ -21,7 +21,7 @@
 
 use super::netns::Netns;
 use super::{ClientFamily, Margin, Play, Timeline};
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use crate::wire::pgwire::{Conn, Reply};
 use locksim_locks::params::{ParamValue, Params};
 use locksim_locks::sql::{SqlApi, SqlClient, BACKEND_PARAMS, FAMILY};
@@ -126,10 +126,13 @@ const NEXT_FAILED: &str = "holder's next statement: failed";
 
 impl ClientFamily for SqlClientSide {
     const NAME: &'static str = "sql-client";
+    const ABOUT: &'static str =
+        "Client side: when PostgreSQL ends a silent client's session (keep-alive, a killed process, a \
+         dead host), and what the client's next statement finds (needs root: a network namespace).";
     type Plan = Plan;
 
-    fn server() -> Kind {
-        Kind::Postgres
+    fn server() -> &'static Launcher {
+        &crate::servers::POSTGRES
     }
 
     fn plan(rng: &mut ChaCha8Rng) -> Plan {

@@ -20,7 +20,7 @@
 
 use super::netns::Netns;
 use super::{spawn_dying_with_locksim, ClientFamily, Late, Margin, Play, Timeline};
-use crate::servers::{Kind, Server};
+use crate::servers::{Launcher, Server};
 use locksim_locks::params::{ParamValue, Params};
 use locksim_locks::zk::{ZkSession, BACKEND_PARAMS, FAMILY};
 use locksim_sim::backend::zk::client::{ClientError, ConnState, Library, ZkClient};
@@ -123,10 +123,13 @@ pub(super) const EXPIRED: &str = "expired";
 
 impl ClientFamily for ZkClientSide {
     const NAME: &'static str = "zk-client";
+    const ABOUT: &'static str =
+        "Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is \
+         disconnected, which requests fail, whether its session comes back (needs root and java).";
     type Plan = Plan;
 
-    fn server() -> Kind {
-        Kind::ZooKeeper
+    fn server() -> &'static Launcher {
+        &crate::servers::ZOOKEEPER
     }
 
     fn plan(rng: &mut ChaCha8Rng) -> Plan {

@@ -6,44 +6,81 @@
 //! neither restarts nor stops it: scripts are played without their restarts and stops.
 
 use crate::process::{self, alive, children};
+use locksim_locks::params::Params;
+use locksim_locks::RealServer;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The ZooKeeper server's tickTime (the `zoo.cfg` this launcher writes): sessions are negotiated into
-/// [400 ms, 4 s].
-pub const ZK_TICK_MS: u64 = 200;
+mod etcd;
+mod postgres;
+mod redis;
+mod zookeeper;
 
-/// Which server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `redis-server` 7.0 (Debian 12 `redis-server`).
-    Redis,
-    /// `etcd` 3.4, one member (Debian 12 `etcd-server`).
-    Etcd,
-    /// ZooKeeper 3.8, standalone (Debian 12 `zookeeper`), tickTime 200 ms.
-    ZooKeeper,
-    /// PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own made by `initdb`.
-    Postgres,
+pub use etcd::LAUNCHER as ETCD;
+pub use postgres::LAUNCHER as POSTGRES;
+pub use redis::LAUNCHER as REDIS;
+pub use zookeeper::{LAUNCHER as ZOOKEEPER, TICK_MS as ZK_TICK_MS};
+
+/// Every launcher: one per [`locksim_locks::REAL_SERVERS`] entry (a test holds them to it).
+static LAUNCHERS: &[&Launcher] = &[&REDIS, &ETCD, &ZOOKEEPER, &POSTGRES];
+
+/// How locksim runs one kind of real server (each in a module of its own): how it starts, how it is
+/// seen to serve, what of its directory is its data, how it crashes, and how a built-in recipe's
+/// scenario sets it up. What the rest of locksim calls the server is its family's [`RealServer`].
+pub struct Launcher {
+    /// The server, as its family declares it.
+    pub server: &'static RealServer,
+    /// Its program, as messages and its temporary directory name it (e.g. `redis-server`).
+    pub program: &'static str,
+    /// The command that starts it in `dir` on `port` (and `peer_port`, for a server that listens on a
+    /// second port), its configuration written.
+    launch: fn(dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Command>,
+    /// Whether it answers its simplest request on `stream`, a fresh connection to it at `addr`.
+    ready: fn(stream: TcpStream, addr: SocketAddr) -> bool,
+    /// Run once it answers, before anyone else talks to it (a JVM's request paths made hot).
+    warm_up: fn(addr: SocketAddr) -> anyhow::Result<()>,
+    /// The files and directories of its temporary directory that are its data.
+    data: &'static [&'static str],
+    /// How a crash ends it.
+    crash: Crash,
+    /// Make a fresh server what a built-in recipe's scenario expects of it (its tables, the
+    /// `[backend]` settings the simulated server starts with).
+    pub set_up: fn(addr: SocketAddr, backend: &Params) -> anyhow::Result<()>,
 }
 
-impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Redis => "redis-server",
-            Kind::Etcd => "etcd",
-            Kind::ZooKeeper => "zookeeper",
-            Kind::Postgres => "postgres",
-        }
+/// How a crash ends a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Crash {
+    /// SIGKILL.
+    Kill,
+    /// SIGQUIT, PostgreSQL's immediate shutdown: every backend exits at once, nothing is written, and
+    /// the next start recovers from the WAL (a SIGKILL of the postmaster would leave its backends).
+    ImmediateShutdown,
+}
+
+impl Launcher {
+    /// The launcher of `server`.
+    pub fn of(server: &RealServer) -> &'static Launcher {
+        let found = LAUNCHERS.iter().copied().find(|l| l.server == server);
+        found.unwrap_or_else(|| panic!("every real server has a launcher, {} too", server.name))
     }
 
     /// How long it may take to answer after it starts.
-    fn patience(self) -> Duration {
-        match self {
-            Kind::Redis | Kind::Etcd | Kind::ZooKeeper | Kind::Postgres => Duration::from_secs(30),
-        }
+    fn patience(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// Nothing to warm up.
+    fn cold(_: SocketAddr) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Nothing to set up.
+    fn as_started(_: SocketAddr, _: &Params) -> anyhow::Result<()> {
+        Ok(())
     }
 }
 
@@ -53,7 +90,7 @@ pub struct Addr(pub SocketAddr);
 
 /// One real server.
 pub struct Server {
-    kind: Kind,
+    launcher: &'static Launcher,
     addr: Addr,
     /// A second port some servers need (etcd's peer port), kept across restarts.
     peer_port: u16,
@@ -70,15 +107,15 @@ struct Own {
 }
 
 impl Server {
-    /// Start a `kind` server in a fresh temporary directory on a free loopback port, and wait until it
+    /// Start `launcher`'s server in a fresh temporary directory on a free loopback port, and wait until it
     /// answers.
-    pub fn start(kind: Kind) -> anyhow::Result<Server> {
+    pub fn start(launcher: &'static Launcher) -> anyhow::Result<Server> {
         on_interrupt_stop_everything();
         // A port found free may be taken before the server binds it (the kernel hands out the same
         // range to outgoing connections): on that clash, try again with other ports.
         const ATTEMPTS: u32 = 3;
         for attempt in 1.. {
-            match Server::start_once(kind) {
+            match Server::start_once(launcher) {
                 Err(e) if attempt < ATTEMPTS && clash(&e) => continue,
                 started => return started,
             }
@@ -86,26 +123,26 @@ impl Server {
         unreachable!("the last attempt returns")
     }
 
-    fn start_once(kind: Kind) -> anyhow::Result<Server> {
-        let dir = ServerDir::new(kind)?;
+    fn start_once(launcher: &'static Launcher) -> anyhow::Result<Server> {
+        let dir = ServerDir::new(launcher)?;
         let (port, peer_port) = free_ports()?;
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
-        let child = launch(kind, dir.path(), port, peer_port)?;
-        let mut server = Server { kind, addr, peer_port, own: Some(Own { dir, child, down: false }) };
+        let child = launch(launcher, dir.path(), port, peer_port)?;
+        let mut server = Server { launcher, addr, peer_port, own: Some(Own { dir, child, down: false }) };
         server.wait_ready()?;
         Ok(server)
     }
 
     /// A server someone else runs at `addr`, if it answers there.
-    pub fn external(kind: Kind, addr: SocketAddr) -> anyhow::Result<Server> {
-        if !ready(kind, Addr(addr)) {
-            anyhow::bail!("no {} answers at {addr}", kind.name());
+    pub fn external(launcher: &'static Launcher, addr: SocketAddr) -> anyhow::Result<Server> {
+        if !ready(launcher, Addr(addr)) {
+            anyhow::bail!("no {} answers at {addr}", launcher.program);
         }
-        Ok(Server { kind, addr: Addr(addr), peer_port: 0, own: None })
+        Ok(Server { launcher, addr: Addr(addr), peer_port: 0, own: None })
     }
 
-    pub fn kind(&self) -> Kind {
-        self.kind
+    pub fn launcher(&self) -> &'static Launcher {
+        self.launcher
     }
 
     pub fn addr(&self) -> Addr {
@@ -132,10 +169,10 @@ impl Server {
     /// Kill the server as [`Server::restart`] does, and leave it down (its port refuses connections)
     /// until [`Server::relaunch`].
     pub fn crash(&mut self) -> anyhow::Result<()> {
-        let kind = self.kind;
+        let launcher = self.launcher;
         let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot crash a server locksim did not start"))?;
         if !own.down {
-            crash(kind, &mut own.child);
+            crash(launcher, &mut own.child);
             own.down = true;
         }
         Ok(())
@@ -144,15 +181,15 @@ impl Server {
     /// Start a crashed server again on the same port, with its data (`keep`) or without; return once
     /// it answers.
     pub fn relaunch(&mut self, keep: bool) -> anyhow::Result<()> {
-        let kind = self.kind;
+        let launcher = self.launcher;
         let own = self.own.as_mut().ok_or_else(|| anyhow::anyhow!("cannot restart a server locksim did not start"))?;
         if !own.down {
-            anyhow::bail!("{} is running: crash it before starting it again", kind.name());
+            anyhow::bail!("{} is running: crash it before starting it again", launcher.program);
         }
         if !keep {
-            wipe(kind, own.dir.path())?;
+            wipe(launcher, own.dir.path())?;
         }
-        own.child = launch(kind, own.dir.path(), self.addr.0.port(), self.peer_port)?;
+        own.child = launch(launcher, own.dir.path(), self.addr.0.port(), self.peer_port)?;
         own.down = false;
         self.wait_ready()
     }
@@ -187,22 +224,22 @@ impl Server {
     fn pid(&self, what: &str) -> anyhow::Result<libc::pid_t> {
         match &self.own {
             None => anyhow::bail!("cannot {what} a server locksim did not start"),
-            Some(own) if own.down => anyhow::bail!("cannot {what} {}: it is down", self.kind.name()),
+            Some(own) if own.down => anyhow::bail!("cannot {what} {}: it is down", self.launcher.program),
             Some(own) => Ok(own.child.id() as libc::pid_t),
         }
     }
 
     fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + self.kind.patience();
+        let deadline = Instant::now() + self.launcher.patience();
         loop {
-            if ready(self.kind, self.addr) {
-                return warm_up(self.kind, self.addr);
+            if ready(self.launcher, self.addr) {
+                return (self.launcher.warm_up)(self.addr.0);
             }
             if let Some(own) = &mut self.own {
                 if let Some(status) = own.child.try_wait()? {
                     anyhow::bail!(
                         "{} exited ({status}) before it answered: {}",
-                        self.kind.name(),
+                        self.launcher.program,
                         log_tail(own.dir.path())
                     );
                 }
@@ -211,9 +248,9 @@ impl Server {
                 let log = self.own.as_ref().map_or(String::new(), |o| log_tail(o.dir.path()));
                 anyhow::bail!(
                     "{} did not answer on {} within {:?}: {log}",
-                    self.kind.name(),
+                    self.launcher.program,
                     self.addr.0,
-                    self.kind.patience()
+                    self.launcher.patience()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -224,82 +261,27 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(own) = self.own.as_mut().filter(|o| !o.down) {
-            crash(self.kind, &mut own.child);
+            crash(self.launcher, &mut own.child);
         }
     }
 }
 
-/// The program, its arguments and its directory layout for each kind.
-fn launch(kind: Kind, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Child> {
+/// Start `launcher`'s server in `dir`, its output to `dir/server.log`.
+fn launch(launcher: &Launcher, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Child> {
     let log = std::fs::File::create(dir.join("server.log"))?;
-    let mut cmd = match kind {
-        Kind::Redis => {
-            // Persistence by AOF: Redis write()s the AOF before it replies, so a killed process loses
-            // no acknowledged write (the kernel has it; fsync matters only when the machine dies), as
-            // the model's `persist = true` assumes — and `appendfsync no` keeps a write from waiting
-            // on the disk. No RDB snapshots, no protected mode; `hz 100` so that a `WAIT` times out
-            // within 10 ms of its time rather than 100.
-            let mut cmd = Command::new(binary("redis-server", &["/usr/bin/redis-server"])?);
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
-                .arg(dir)
-                .args(["--appendonly", "yes", "--appendfsync", "no", "--save", "", "--daemonize", "no", "--hz", "100"])
-                .args(["--protected-mode", "no", "--logfile", ""]);
-            cmd
-        }
-        Kind::Etcd => {
-            let (client, peer) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{peer_port}"));
-            let mut cmd = Command::new(binary("etcd", &["/usr/bin/etcd"])?);
-            cmd.args(["--name", "locksim", "--data-dir"])
-                .arg(dir.join("data"))
-                .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-                .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-                .args(["--initial-cluster", &format!("locksim={peer}")]);
-            cmd
-        }
-        Kind::ZooKeeper => {
-            // Standalone, as Debian's zkServer.sh runs it, from a zoo.cfg of our own: no admin server,
-            // only `ruok` and `srvr` of the four-letter words, and no logging (slf4j finds no binding
-            // on the class path, so nothing is written outside the directory).
-            let jar =
-                ["/usr/share/java/zookeeper.jar"].into_iter().find(|p| Path::new(p).is_file()).ok_or_else(|| {
-                    anyhow::anyhow!("zookeeper is not installed: run .ci/install-servers (Debian packages, as root)")
-                })?;
-            let cfg = dir.join("zoo.cfg");
-            let data = dir.join("data");
-            std::fs::create_dir_all(&data)?;
-            std::fs::write(
-                &cfg,
-                format!(
-                    "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                     admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n",
-                    ZK_TICK_MS,
-                    data.display()
-                ),
-            )?;
-            let mut cmd = Command::new(binary("java", &["/usr/bin/java"])?);
-            cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", jar])
-                .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-                .arg(&cfg);
-            cmd
-        }
-        Kind::Postgres => postgres(dir, port)?,
-    };
+    let mut cmd = (launcher.launch)(dir, port, peer_port)?;
     cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Its own process group: a Ctrl-C at the terminal reaches locksim, which stops it in order, and
     // not the server behind its back.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", kind.name()))?;
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", launcher.program))?;
     remember(child.id());
     Ok(child)
 }
 
 /// Remove a stopped server's data, keeping its configuration and log.
-fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
-    let data: &[&str] = match kind {
-        Kind::Redis => &["appendonlydir", "dump.rdb"],
-        Kind::Etcd | Kind::ZooKeeper | Kind::Postgres => &["data"],
-    };
-    for name in data {
+fn wipe(launcher: &Launcher, dir: &Path) -> anyhow::Result<()> {
+    for name in launcher.data {
         let path = dir.join(name);
         if path.is_dir() {
             std::fs::remove_dir_all(&path)?;
@@ -311,43 +293,9 @@ fn wipe(kind: Kind, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Whether the server answers its simplest request.
-fn ready(kind: Kind, addr: Addr) -> bool {
+fn ready(launcher: &Launcher, addr: Addr) -> bool {
     let Ok(stream) = TcpStream::connect_timeout(&addr.0, Duration::from_millis(200)) else { return false };
-    match kind {
-        Kind::Redis => {
-            let mut conn = crate::wire::resp::Conn::on(stream);
-            matches!(conn.command(&["PING"]), Ok(crate::wire::resp::Value::Simple(s)) if s == "PONG")
-        }
-        // A read needs a leader: the server is up and serving.
-        Kind::Etcd => crate::wire::http::post(addr.0, "/v3/kv/range", r#"{"key":"AA=="}"#).is_ok(),
-        // A session: the server has loaded its data and serves.
-        Kind::ZooKeeper => match crate::wire::jute::Conn::connect(addr.0, 4000, None) {
-            Ok(Ok(mut conn)) => conn.call(crate::wire::jute::CLOSE_SESSION, crate::wire::jute::Body::default()).is_ok(),
-            _ => false,
-        },
-        Kind::Postgres => crate::wire::pgwire::Conn::connect(addr.0, Duration::from_millis(200))
-            .is_ok_and(|mut c| c.query("SELECT 1").is_ok_and(|r| r.error.is_none())),
-    }
-}
-
-/// Run a freshly started JVM's request paths a few hundred times, so that a script's first requests
-/// after a (re)start are not answered late by a cold JIT (which would make the seed inconclusive).
-fn warm_up(kind: Kind, addr: Addr) -> anyhow::Result<()> {
-    use crate::wire::jute::{Body, Conn, CLOSE_SESSION, CREATE2, DELETE, EXISTS, GET_CHILDREN2, PING};
-    if kind != Kind::ZooKeeper {
-        return Ok(());
-    }
-    let Ok(mut conn) = Conn::connect(addr.0, 4000, None)? else { anyhow::bail!("ZooKeeper refused a session") };
-    let path = "/locksim-warm-up";
-    for _ in 0..100 {
-        conn.call(CREATE2, Body::default().str(path).str("").open_acl().int(0))?;
-        conn.call(EXISTS, Body::default().str(path).bool(true))?;
-        conn.call(GET_CHILDREN2, Body::default().str("/").bool(false))?;
-        conn.call(DELETE, Body::default().str(path).int(-1))?;
-        conn.call(PING, Body::default())?;
-    }
-    conn.call(CLOSE_SESSION, Body::default())?;
-    Ok(())
+    (launcher.ready)(stream, addr.0)
 }
 
 /// The program `name`: where the environment variable `LOCKSIM_<NAME>` says (e.g.
@@ -386,11 +334,9 @@ fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
     process::signal(pid, sig).map_err(|e| anyhow::anyhow!("kill({pid}, {sig}): {e}"))
 }
 
-/// End a server as a crash would: SIGKILL, or for PostgreSQL an immediate shutdown (SIGQUIT: every
-/// backend exits at once, nothing is written, and the next start recovers from the WAL), which also
-/// ends the backends a SIGKILL of the postmaster would leave behind.
-fn crash(kind: Kind, child: &mut Child) {
-    if kind == Kind::Postgres && signal(child.id() as libc::pid_t, libc::SIGQUIT).is_ok() {
+/// End a server as a crash would ([`Crash`]).
+fn crash(launcher: &Launcher, child: &mut Child) {
+    if launcher.crash == Crash::ImmediateShutdown && signal(child.id() as libc::pid_t, libc::SIGQUIT).is_ok() {
         resume(child.id() as libc::pid_t);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -409,67 +355,6 @@ fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
     forget(child.id());
-}
-
-/// PostgreSQL: a cluster made by `initdb` in `dir/data` on the first start (trust authentication,
-/// as the `postgres` user when locksim runs as root, since PostgreSQL refuses to run as root), then
-/// the server on loopback only. `fsync` is off: it costs time and changes nothing a script can see
-/// (the kernel keeps what a killed process wrote), while `synchronous_commit` stays on, or a crash
-/// would lose transactions committed in the last few hundred milliseconds; no checkpoints on a timer, so
-/// that what a sequence logs ahead (and so skips after a crash) does not depend on when a script runs.
-fn postgres(dir: &Path, port: u16) -> anyhow::Result<Command> {
-    let bin = |name: &str| binary(name, &[&format!("/usr/lib/postgresql/15/bin/{name}")]);
-    let user = postgres_user(dir)?;
-    let data = dir.join("data");
-    if !data.join("PG_VERSION").exists() {
-        let mut initdb = Command::new(bin("initdb")?);
-        initdb.arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
-        let out = as_user(&mut initdb, user).current_dir(dir).stdin(Stdio::null()).output()?;
-        if !out.status.success() {
-            anyhow::bail!("initdb failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
-        }
-    }
-    let mut cmd = Command::new(bin("postgres")?);
-    cmd.arg("-D").arg(&data).args(["-p", &port.to_string()]);
-    for setting in [
-        "listen_addresses=127.0.0.1",
-        "unix_socket_directories=",
-        "fsync=off",
-        "full_page_writes=off",
-        "checkpoint_timeout=1d",
-        "shared_buffers=16MB",
-        "logging_collector=off",
-    ] {
-        cmd.args(["-c", setting]);
-    }
-    as_user(&mut cmd, user);
-    Ok(cmd)
-}
-
-/// Who PostgreSQL runs as: when locksim is root, the `postgres` user the Debian package made (and
-/// `dir` is given to it); otherwise locksim's own user.
-fn postgres_user(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return Ok(None);
-    }
-    // SAFETY: getpwnam with a NUL-terminated name; the record is read at once, before any other call.
-    let entry = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
-    if entry.is_null() {
-        anyhow::bail!("PostgreSQL will not run as root and there is no `postgres` user: run .ci/install-servers");
-    }
-    // SAFETY: a non-null record from getpwnam.
-    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
-    std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
-    Ok(Some((uid, gid)))
-}
-
-fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
-    if let Some((uid, gid)) = user {
-        std::os::unix::process::CommandExt::uid(cmd, uid);
-        std::os::unix::process::CommandExt::gid(cmd, gid);
-    }
-    cmd
 }
 
 /// Continue a server stopped by [`Server::pause`], and what it forked: a backend left stopped would
@@ -526,8 +411,8 @@ fn forget(pid: u32) {
 struct ServerDir(Option<tempfile::TempDir>);
 
 impl ServerDir {
-    fn new(kind: Kind) -> anyhow::Result<ServerDir> {
-        let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", kind.name())).tempdir()?;
+    fn new(launcher: &Launcher) -> anyhow::Result<ServerDir> {
+        let dir = tempfile::Builder::new().prefix(&format!("locksim-{}-", launcher.program)).tempdir()?;
         DIRS.lock().expect("directories lock").push(dir.path().to_path_buf());
         Ok(ServerDir(Some(dir)))
     }
@@ -566,4 +451,21 @@ fn on_interrupt_stop_everything() {
             std::process::exit(130);
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_real_server_has_one_launcher_and_its_package_is_installed_by_the_repo_script() {
+        let script = include_str!("../../../.ci/install-servers");
+        for server in locksim_locks::REAL_SERVERS {
+            let launchers = LAUNCHERS.iter().filter(|l| l.server == *server).count();
+            assert_eq!(launchers, 1, "{}: one launcher", server.name);
+            assert_eq!(Launcher::of(server).server, *server);
+            assert!(script.contains(&format!("need+=({})", server.package)), "{}: .ci/install-servers", server.package);
+        }
+        assert_eq!(LAUNCHERS.len(), locksim_locks::REAL_SERVERS.len(), "no launcher of a server no family declares");
+    }
 }
