@@ -225,10 +225,9 @@ impl std::fmt::Debug for Recorder {
 #[derive(Default)]
 struct RecorderState {
     events: Vec<Event>,
-    /// Who believes it holds the lock now, in node order (for `target = "holder"`).
-    holders: std::collections::BTreeSet<NodeIx>,
-    /// Who is inside `acquire` now (for `target = "waiter"`).
-    waiters: std::collections::BTreeSet<NodeIx>,
+    /// Who believes it holds the lock now and who is inside `acquire` (for `target = "holder"` and
+    /// `"waiter"`).
+    holds: Holds,
     /// The hazards reached so far (beside the history, so its hash never changes).
     hazards: HazardCounts,
     /// Holders whose lease a server ended during their hold (for `stale-holder-resumed`).
@@ -248,6 +247,72 @@ struct RecorderState {
     fire: Arc<tokio::sync::Notify>,
     /// Each worker's client node (`[workload] workers`): the node its faults and leases are of.
     hosts: std::collections::BTreeMap<NodeIx, NodeIx>,
+}
+
+/// Who believes it holds the lock and who waits inside `acquire`, kept from the events as they are
+/// recorded, for faults aimed at `holder` and `waiter`: the simulator's [`Recorder`] and real mode's keep
+/// it alike.
+#[derive(Debug, Default)]
+pub struct Holds {
+    holders: std::collections::BTreeSet<NodeIx>,
+    waiters: std::collections::BTreeSet<NodeIx>,
+}
+
+/// What an event changed for its node ([`Holds::note`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// It began to wait: an `acquire` was invoked.
+    Waits,
+    /// It was granted the lock.
+    Holds,
+    /// Its `acquire` ended without the lock.
+    GaveUp,
+    /// It let go of the lock, or learned it had lost it.
+    LetGo,
+    /// Nothing about the lock.
+    Nothing,
+}
+
+impl Holds {
+    /// Take `kind`, just recorded for `node`, into account.
+    pub fn note(&mut self, node: NodeIx, kind: &EventKind) -> Change {
+        match kind {
+            EventKind::AcquireInvoke => {
+                self.waiters.insert(node);
+                Change::Waits
+            }
+            EventKind::AcquireOk { .. } => {
+                self.waiters.remove(&node);
+                self.holders.insert(node);
+                Change::Holds
+            }
+            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
+                self.waiters.remove(&node);
+                Change::GaveUp
+            }
+            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
+                self.holders.remove(&node);
+                Change::LetGo
+            }
+            _ => Change::Nothing,
+        }
+    }
+
+    /// Keep only the nodes `keep` accepts (a crashed node believes and waits for nothing any more).
+    pub fn retain(&mut self, keep: impl Fn(&NodeIx) -> bool) {
+        self.holders.retain(&keep);
+        self.waiters.retain(&keep);
+    }
+
+    /// The nodes that believe they hold the lock, in node order.
+    pub fn holders(&self) -> &std::collections::BTreeSet<NodeIx> {
+        &self.holders
+    }
+
+    /// The nodes inside `acquire`, in node order.
+    pub fn waiters(&self) -> &std::collections::BTreeSet<NodeIx> {
+        &self.waiters
+    }
 }
 
 /// An aimed fault's trigger, waiting for its event ([`Recorder::arm`]).
@@ -307,26 +372,15 @@ impl Recorder {
     pub fn record(&self, node: NodeIx, kind: EventKind) {
         let t = crate::clock::sim_now_ns();
         let mut s = self.0.lock().expect("recorder lock");
-        match &kind {
-            EventKind::AcquireInvoke => {
-                s.waiters.insert(node);
+        match s.holds.note(node, &kind) {
+            Change::Waits => {
                 s.lease_ended_in_wait.remove(&node);
             }
-            EventKind::AcquireOk { .. } => {
-                s.waiters.remove(&node);
-                s.holders.insert(node);
-                if s.lease_ended_in_wait.remove(&node) {
-                    s.count(Hazard::GrantToExpiredSession);
-                }
-            }
-            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
-                s.waiters.remove(&node);
-            }
-            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
-                s.holders.remove(&node);
+            Change::Holds if s.lease_ended_in_wait.remove(&node) => s.count(Hazard::GrantToExpiredSession),
+            Change::LetGo => {
                 s.lease_ended_in_hold.remove(&node);
             }
-            _ => {}
+            Change::Holds | Change::GaveUp | Change::Nothing => {}
         }
         if s.events.len() >= EVENT_BUDGET {
             if s.over_budget_at.is_none() {
@@ -426,8 +480,7 @@ impl Recorder {
         let mut s = self.0.lock().expect("recorder lock");
         let hosts = s.hosts.clone();
         let elsewhere = |n: &NodeIx| hosts.get(n).copied().unwrap_or(*n) != node;
-        s.holders.retain(elsewhere);
-        s.waiters.retain(elsewhere);
+        s.holds.retain(elsewhere);
         s.lease_ended_in_hold.retain(elsewhere);
         s.lease_ended_in_wait.retain(elsewhere);
     }
@@ -450,7 +503,7 @@ impl Recorder {
         let on_node = |set: &std::collections::BTreeSet<NodeIx>| -> Vec<NodeIx> {
             set.iter().copied().filter(|n| s.host(*n) == node).collect()
         };
-        let (holding, waiting) = (on_node(&s.holders), on_node(&s.waiters));
+        let (holding, waiting) = (on_node(s.holds.holders()), on_node(s.holds.waiters()));
         if !holding.is_empty() {
             s.count(Hazard::LeaseExpiredWhileHeld);
             s.lease_ended_in_hold.extend(holding);
@@ -464,7 +517,7 @@ impl Recorder {
     /// counts.
     pub fn took_over(&self, node: NodeIx) {
         let mut s = self.0.lock().expect("recorder lock");
-        let stale: Vec<NodeIx> = s.holders.iter().copied().filter(|h| s.host(*h) != node).collect();
+        let stale: Vec<NodeIx> = s.holds.holders().iter().copied().filter(|h| s.host(*h) != node).collect();
         for holder in stale {
             s.count(Hazard::LeaseExpiredWhileHeld);
             s.lease_ended_in_hold.insert(holder);
@@ -484,7 +537,7 @@ impl Recorder {
     /// server ended its lease during the hold.
     pub fn resumed(&self, node: NodeIx) {
         let mut s = self.0.lock().expect("recorder lock");
-        if s.holders.iter().any(|h| s.host(*h) == node && s.lease_ended_in_hold.contains(h)) {
+        if s.holds.holders().iter().any(|h| s.host(*h) == node && s.lease_ended_in_hold.contains(h)) {
             s.count(Hazard::StaleHolderResumed);
         }
     }
@@ -497,13 +550,13 @@ impl Recorder {
     /// The nodes that believe they hold the lock now (through any of their workers), in node order.
     pub fn holders(&self) -> Vec<NodeIx> {
         let s = self.0.lock().expect("recorder lock");
-        s.holders.iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
+        s.holds.holders().iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     }
 
     /// The nodes waiting inside `acquire` now (through any of their workers), in node order.
     pub fn waiters(&self) -> Vec<NodeIx> {
         let s = self.0.lock().expect("recorder lock");
-        s.waiters.iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
+        s.holds.waiters().iter().map(|n| s.host(*n)).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     }
 
     /// The history so far, ending now.

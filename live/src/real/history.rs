@@ -1,11 +1,12 @@
 //! The history of a real run: the simulator's events ([`locksim_sim::history`]), stamped with real time.
 //!
 //! `t` is nanoseconds of a monotonic [`Instant`] since the run started, read under the recorder's lock
-//! so that the order of recording is the order of `t`. Like the simulator's recorder it knows who holds
-//! the lock and who waits for it now, for `target = "holder"` and `"waiter"`; and how long some fault
-//! has been in force (from its `FaultStart` to its `FaultEnd`), which a request's deadline does not count.
+//! so that the order of recording is the order of `t`. It keeps who holds the lock and who waits for it
+//! now as the simulator's recorder does ([`Holds`]), for `target = "holder"` and `"waiter"`; and how
+//! long some fault has been in force (from its `FaultStart` to its `FaultEnd`), which a request's
+//! deadline does not count.
 
-use locksim_sim::history::{Event, EventKind, History, NodeIx, EVENT_BUDGET};
+use locksim_sim::history::{Event, EventKind, History, Holds, NodeIx, EVENT_BUDGET};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,8 +19,7 @@ pub struct Recorder {
 #[derive(Default)]
 struct State {
     events: Vec<Event>,
-    holders: BTreeSet<NodeIx>,
-    waiters: BTreeSet<NodeIx>,
+    holds: Holds,
     over_budget: bool,
     /// The faults started and not ended, and since when (ns) one has been.
     in_force: BTreeSet<u32>,
@@ -41,20 +41,8 @@ impl Recorder {
     pub fn record(&self, node: NodeIx, kind: EventKind) {
         let mut s = self.state.lock().expect("recorder lock");
         let t = self.start.elapsed().as_nanos() as u64;
+        s.holds.note(node, &kind);
         match &kind {
-            EventKind::AcquireInvoke => {
-                s.waiters.insert(node);
-            }
-            EventKind::AcquireOk { .. } => {
-                s.waiters.remove(&node);
-                s.holders.insert(node);
-            }
-            EventKind::AcquireFail { .. } | EventKind::AcquireUnknown { .. } => {
-                s.waiters.remove(&node);
-            }
-            EventKind::ReleaseInvoke | EventKind::LockLost { .. } => {
-                s.holders.remove(&node);
-            }
             EventKind::FaultStart { id, .. } => {
                 if s.in_force.is_empty() {
                     s.in_force_since = t;
@@ -76,18 +64,17 @@ impl Recorder {
     /// A crashed client believes and waits for nothing any more.
     pub fn forget(&self, node: NodeIx) {
         let mut s = self.state.lock().expect("recorder lock");
-        s.holders.remove(&node);
-        s.waiters.remove(&node);
+        s.holds.retain(|n| *n != node);
     }
 
     /// The clients that believe they hold the lock now, in node order.
     pub fn holders(&self) -> Vec<NodeIx> {
-        self.state.lock().expect("recorder lock").holders.iter().copied().collect()
+        self.state.lock().expect("recorder lock").holds.holders().iter().copied().collect()
     }
 
     /// The clients waiting inside `acquire` now, in node order.
     pub fn waiters(&self) -> Vec<NodeIx> {
-        self.state.lock().expect("recorder lock").waiters.iter().copied().collect()
+        self.state.lock().expect("recorder lock").holds.waiters().iter().copied().collect()
     }
 
     /// Real time since the run started during which some fault was in force.
