@@ -44,6 +44,35 @@ pub struct SeedResult {
 }
 
 impl SeedResult {
+    /// The judge of a seed's history, simulated or real: its findings and verdict under the scenario's
+    /// checks, its measurements, its fingerprint, and the faults it ran. `traffic`: the messages sent and
+    /// the calls timed out (a real run counts neither); `hazards`: those counted beside the history.
+    pub fn judge(
+        seed: u64,
+        history: &History,
+        scenario: &Scenario,
+        faults: &[Fault],
+        traffic: (u64, u64),
+        hazards: HazardCounts,
+    ) -> SeedResult {
+        let findings = check(history, &scenario.check);
+        let skipped = history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. }));
+        SeedResult {
+            seed,
+            verdict: if findings.iter().any(|f| f.kind.is_violation()) { Verdict::Unsafe } else { Verdict::Safe },
+            counts: findings.iter().fold(BTreeMap::new(), |mut m, f| {
+                *m.entry(f.kind).or_default() += 1;
+                m
+            }),
+            findings: keep_first(findings),
+            measurements: measure(history, traffic.0, traffic.1),
+            history_hash: format!("{:016x}", history.hash()),
+            schedule: faults.iter().map(describe).collect(),
+            faults_skipped: skipped.count() as u64,
+            hazards,
+        }
+    }
+
     /// How many of its faults started (the rest were skipped when due).
     pub fn faults_fired(&self) -> u64 {
         (self.schedule.len() as u64).saturating_sub(self.faults_skipped)
@@ -159,27 +188,12 @@ fn simulate(scenario: &Scenario, seed: u64) -> Result<SeedRun, String> {
             Ok((history, world.recorder().hazards(), (world.net().messages(), world.net().call_timeouts())))
         }
     })?;
-    let findings = check(&history, &scenario.check);
-    let result = SeedResult {
-        seed,
-        verdict: if findings.iter().any(|f| f.kind.is_violation()) { Verdict::Unsafe } else { Verdict::Safe },
-        counts: findings.iter().fold(BTreeMap::new(), |mut m, f| {
-            *m.entry(f.kind).or_default() += 1;
-            m
-        }),
-        findings: keep_first(findings),
-        measurements: measure(&history, messages.0, messages.1),
-        history_hash: format!("{:016x}", history.hash()),
-        schedule: faults.iter().map(describe).collect(),
-        faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
-            as u64,
-        hazards,
-    };
+    let result = SeedResult::judge(seed, &history, scenario, &faults, messages, hazards);
     Ok(SeedRun { result, history, faults })
 }
 
 /// The first few findings of each kind (five).
-pub fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
+fn keep_first(findings: Vec<Finding>) -> Vec<Finding> {
     let mut seen: BTreeMap<FindingKind, usize> = BTreeMap::new();
     findings
         .into_iter()

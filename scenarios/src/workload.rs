@@ -18,7 +18,7 @@
 use crate::scenario::Workload;
 use locksim_locks::params::Params;
 use locksim_locks::work::{Section, WorkSpec};
-use locksim_locks::{Lock, Outcome, RecipeSpec, Servers};
+use locksim_locks::{Guard, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::TriggerEvent;
@@ -26,7 +26,7 @@ use locksim_sim::hazard::Hazard;
 use locksim_sim::history::{EventKind, NodeIx, WORKER_MARK};
 use locksim_sim::net::Rpc;
 use locksim_sim::resource::{on_behalf, ResourceReply, ResourceRequest, Store};
-use locksim_sim::rng::{stream, Rng, Stream};
+use locksim_sim::rng::{stream, ChaCha8Rng, Rng, Stream};
 use locksim_sim::world::{NodeEnv, Program};
 use std::future::Future;
 use std::pin::Pin;
@@ -99,32 +99,22 @@ struct Worker {
 /// A worker's loop: acquire, the critical section, release, think, until the run's end.
 async fn worker_loop(env: &NodeEnv, plan: &ClientPlan, rpc: &Rc<Rpc>, ctx: &Ctx, me: Worker, mut lock: Box<dyn Lock>) {
     let Worker { index, node, name } = me;
-    let stream_index = (index << 48) | (u64::from(env.me.0) << 16) | u64::from(env.incarnation);
-    let rng = std::cell::RefCell::new(stream(env.seed, Stream::Workload, stream_index));
+    let mut draws = Draws::new(env.seed, index, env.me, u64::from(env.incarnation));
     let worker = (index > 0).then_some(node);
-    let draw = |(lo, hi): (Duration, Duration)| {
-        if hi <= lo {
-            lo
-        } else {
-            Duration::from_nanos(rng.borrow_mut().gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
-        }
-    };
-    // Drawn only when the scenario has readers, so that other runs keep their streams.
-    let reads = plan.workload.reads;
-    let draw_shared = || reads > 0.0 && rng.borrow_mut().gen_bool(reads);
     let record = |kind| env.recorder.record(node, kind);
     let end = plan.workload.duration.as_nanos() as u64;
     let mut sold_out = false;
     // A buyer who has seen the stock run out goes home.
     while sim_now_ns() < end && !sold_out {
-        let shared = draw_shared();
+        let shared = draws.shared(&plan.workload);
         record(EventKind::AcquireInvoke);
         let outcome = if shared { lock.acquire_shared().await } else { lock.acquire().await };
         match outcome {
             Outcome::Ok(grant) => {
                 record(EventKind::AcquireOk { token: grant.token, shared });
-                let access = Access { resource: plan.resource, token: grant.token, shared, work: plan.work(), worker };
-                let work = critical_section(rpc, access, ctx, draw(plan.workload.hold), &name);
+                let work = Work::of(&plan.workload, plan.recipe.guard);
+                let access = Access { resource: plan.resource, token: grant.token, shared, work, worker };
+                let work = critical_section(rpc, access, ctx, draws.time(plan.workload.hold), &name);
                 // A recipe that learns its lock is gone stops its holder before the write.
                 tokio::select! {
                     biased;
@@ -147,28 +137,41 @@ async fn worker_loop(env: &NodeEnv, plan: &ClientPlan, rpc: &Rc<Rpc>, ctx: &Ctx,
                 record(EventKind::AcquireUnknown { reason })
             }
         }
-        ctx.sleep(draw(plan.workload.think)).await;
+        ctx.sleep(draws.time(plan.workload.think)).await;
     }
 }
 
-impl ClientPlan {
-    fn work(&self) -> Work {
-        if let Some(spec) = self.workload.work {
-            return Work::User(spec);
-        }
-        let atomic = self.recipe.guard == locksim_locks::Guard::ConditionalUpdate;
-        match (self.workload.stock.is_some(), atomic) {
-            (false, false) => Work::Increment,
-            (false, true) => Work::AtomicIncrement,
-            (true, false) => Work::Buy,
-            (true, true) => Work::AtomicBuy,
+/// What a client draws from its `Workload` stream, in the order it draws them: before each acquisition
+/// whether it is shared (only when the scenario has readers, so that other runs keep their streams),
+/// then its hold once granted, then its think time. Simulated and real clients draw alike, so a real
+/// run holds and thinks for the seed's times.
+pub struct Draws(ChaCha8Rng);
+
+impl Draws {
+    /// The stream of worker `worker` (0: the client itself) of the client node `client` in its
+    /// `incarnation` (0 until its first restart).
+    pub fn new(seed: u64, worker: u64, client: NodeIx, incarnation: u64) -> Draws {
+        Draws(stream(seed, Stream::Workload, (worker << 48) | (u64::from(client.0) << 16) | incarnation))
+    }
+
+    /// Whether the next acquisition is shared.
+    pub fn shared(&mut self, workload: &Workload) -> bool {
+        workload.reads > 0.0 && self.0.gen_bool(workload.reads)
+    }
+
+    /// A hold or think time within `(lo, hi)`.
+    pub fn time(&mut self, (lo, hi): (Duration, Duration)) -> Duration {
+        if hi <= lo {
+            lo
+        } else {
+            Duration::from_nanos(self.0.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
         }
     }
 }
 
-/// What a critical section does to the resource.
+/// What a critical section does to the resource: simulated and real clients do the same.
 #[derive(Clone, Copy)]
-enum Work {
+pub enum Work {
     /// Read the counter, hold, write it plus one.
     Increment,
     /// Hold, then add one in a single statement.
@@ -179,6 +182,49 @@ enum Work {
     AtomicBuy,
     /// The user's critical section, on the store.
     User(WorkSpec),
+}
+
+impl Work {
+    /// The work of `workload`'s clients under a recipe guarding them with `guard`.
+    pub fn of(workload: &Workload, guard: Guard) -> Work {
+        if let Some(spec) = workload.work {
+            return Work::User(spec);
+        }
+        match (workload.stock.is_some(), guard == Guard::ConditionalUpdate) {
+            (false, false) => Work::Increment,
+            (false, true) => Work::AtomicIncrement,
+            (true, false) => Work::Buy,
+            (true, true) => Work::AtomicBuy,
+        }
+    }
+
+    /// A buyer's: it sells stock, each write an order.
+    pub fn buys(self) -> bool {
+        matches!(self, Work::Buy | Work::AtomicBuy)
+    }
+
+    /// One conditional statement after the hold, with no read before it.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Work::AtomicIncrement | Work::AtomicBuy)
+    }
+
+    /// Whether a buyer who read `value` found the stock sold out (and goes home).
+    pub fn sold_out(self, value: i64) -> bool {
+        self.buys() && value <= 0
+    }
+
+    /// The write after the hold, of a section that read `value`.
+    pub fn write(self, token: Option<u64>, value: i64) -> ResourceRequest {
+        let next = if self.buys() { value - 1 } else { value + 1 };
+        ResourceRequest::Write { token, value: next, order: self.buys() }
+    }
+
+    /// An atomic section's one statement: `n = n + 1`, or `n = n - 1 WHERE n > 0` with the order (an
+    /// unchanged value answered means sold out).
+    pub fn update(self, token: Option<u64>) -> ResourceRequest {
+        let (delta, floor) = if self.buys() { (-1, Some(0)) } else { (1, None) };
+        ResourceRequest::Add { token, delta, floor, order: self.buys() }
+    }
 }
 
 /// Where a critical section goes and what it does there.
@@ -205,24 +251,20 @@ async fn critical_section(rpc: &Rc<Rpc>, access: Access, ctx: &Ctx, hold: Durati
         return false;
     }
     let call = |request| rpc.call::<_, ResourceReply>(resource, on_behalf(worker, request), RESOURCE_TIMEOUT);
-    if let Work::AtomicIncrement | Work::AtomicBuy = work {
+    if work.is_atomic() {
         ctx.sleep(hold).await;
-        let buy = matches!(work, Work::AtomicBuy);
-        let (delta, floor) = if buy { (-1, Some(0)) } else { (1, None) };
-        let reply = call(ResourceRequest::Add { token, delta, floor, order: buy }).await;
-        return buy && matches!(reply, Ok(ResourceReply::Value(_)));
+        let reply = call(work.update(token)).await;
+        return work.buys() && matches!(reply, Ok(ResourceReply::Value(_)));
     }
     let Ok(ResourceReply::Value(value)) = call(ResourceRequest::Read { token, shared }).await else {
         return false;
     };
-    let buy = matches!(work, Work::Buy);
-    if buy && value <= 0 {
+    if work.sold_out(value) {
         return true;
     }
     ctx.sleep(hold).await;
     if !shared {
-        let next = if buy { value - 1 } else { value + 1 };
-        let _ = call(ResourceRequest::Write { token, value: next, order: buy }).await;
+        let _ = call(work.write(token, value)).await;
     }
     false
 }

@@ -72,14 +72,12 @@ pub mod workload;
 use crate::servers::{Launcher, Server};
 use history::Recorder;
 use locksim_locks::{Guard, RealServer, REAL_SERVERS};
-use locksim_scenarios::checkers::{check, measure};
-use locksim_scenarios::run::{describe, keep_first, resolve_schedule, SeedResult};
+use locksim_scenarios::run::{describe, resolve_schedule, SeedResult};
 use locksim_scenarios::scenario::{CommandRecipe, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
-use locksim_scenarios::{Scenario, Verdict};
-use locksim_sim::history::{EventKind, History, NodeIx};
+use locksim_scenarios::Scenario;
+use locksim_sim::history::{History, NodeIx};
 use locksim_sim::rng::{stream, Stream};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -395,22 +393,7 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
             anyhow::bail!("{}: real run with seed {seed}: {why}", scenario.path);
         }
     }
-    let findings = check(&history, &scenario.check);
-    let result = SeedResult {
-        seed,
-        verdict: if findings.iter().any(|f| f.kind.is_violation()) { Verdict::Unsafe } else { Verdict::Safe },
-        counts: findings.iter().fold(BTreeMap::new(), |mut m, f| {
-            *m.entry(f.kind).or_default() += 1;
-            m
-        }),
-        findings: keep_first(findings),
-        measurements: measure(&history, 0, 0),
-        history_hash: format!("{:016x}", history.hash()),
-        schedule: faults.iter().map(describe).collect(),
-        faults_skipped: history.events.iter().filter(|e| matches!(e.kind, EventKind::FaultSkipped { .. })).count()
-            as u64,
-        hazards: Default::default(),
-    };
+    let result = SeedResult::judge(seed, &history, scenario, &faults, (0, 0), Default::default());
     Ok(RealRun { result, history })
 }
 

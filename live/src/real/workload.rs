@@ -24,10 +24,9 @@
 use super::client::{ClientProcess, Line, Spawn};
 use super::protocol::{Message, Request};
 use super::Run;
-use locksim_locks::Guard;
+use locksim_scenarios::workload::{Draws, Work};
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::resource::{ResourceReply, ResourceRequest};
-use locksim_sim::rng::{stream, Rng, Stream};
 use std::time::Duration;
 
 /// How a client process's session ended.
@@ -59,15 +58,6 @@ enum Got {
     End(End),
     /// The time asked for passed.
     Idle,
-}
-
-/// A hold or think time from the client's stream, as the simulator draws it.
-fn draw(rng: &mut impl Rng, (lo, hi): (Duration, Duration)) -> Duration {
-    if hi <= lo {
-        lo
-    } else {
-        Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos() as u64))
-    }
 }
 
 /// One client for the whole run: its processes, one after another when a crash restarts it.
@@ -130,18 +120,17 @@ struct Session<'a> {
 
 impl Session<'_> {
     fn go(mut self, incarnation: u64) -> anyhow::Result<End> {
-        let mut rng = stream(self.run.seed, Stream::Workload, (u64::from(self.node.0) << 16) | incarnation);
+        let mut draws = Draws::new(self.run.seed, 0, self.node, incarnation);
         let workload = &self.run.workload;
         while !self.run.over() && !self.sold_out {
-            // Drawn first, and only when the scenario has readers, as the simulator draws it.
-            let shared = workload.reads > 0.0 && rng.gen_bool(workload.reads);
+            let shared = draws.shared(workload);
             self.record(EventKind::AcquireInvoke);
             match self.call(if shared { Request::AcquireShared } else { Request::Acquire })? {
                 Answer::End(end) => return Ok(end),
                 Answer::Message(Message::Ok { token }) => {
                     self.record(EventKind::AcquireOk { token, shared });
                     self.lost = false;
-                    if let Some(end) = self.critical_section(token, shared, draw(&mut rng, workload.hold))? {
+                    if let Some(end) = self.critical_section(token, shared, draws.time(workload.hold))? {
                         return Ok(end);
                     }
                     self.record(EventKind::ReleaseInvoke);
@@ -158,7 +147,7 @@ impl Session<'_> {
                 Answer::Message(Message::Unknown { reason }) => self.record(EventKind::AcquireUnknown { reason }),
                 Answer::Message(other) => return Err(self.unexpected(&other, "acquire")),
             }
-            if let Some(end) = self.idle(draw(&mut rng, workload.think))? {
+            if let Some(end) = self.idle(draws.time(workload.think))? {
                 return Ok(end);
             }
         }
@@ -176,14 +165,13 @@ impl Session<'_> {
         if self.lost {
             return Ok(None);
         }
-        let buy = self.run.workload.stock.is_some();
-        let atomic = self.run.guard == Guard::ConditionalUpdate;
-        let read = if atomic {
+        let work = Work::of(&self.run.workload, self.run.guard);
+        let read = if work.is_atomic() {
             None
         } else {
             let read = ResourceRequest::Read { token, shared };
             let ResourceReply::Value(value) = self.access(read) else { return Ok(None) };
-            if buy && value <= 0 {
+            if work.sold_out(value) {
                 self.sold_out = true;
                 return Ok(None);
             }
@@ -203,16 +191,13 @@ impl Session<'_> {
         if self.lost {
             return Ok(None);
         }
-        let step = if buy { -1 } else { 1 };
         match read {
             Some(value) => {
-                self.access(ResourceRequest::Write { token, value: value + step, order: buy });
+                self.access(work.write(token, value));
             }
-            // `UPDATE stock SET n = n - 1 WHERE n > 0`: an unchanged value means sold out.
             None => {
-                let floor = buy.then_some(0);
-                let reply = self.access(ResourceRequest::Add { token, delta: step, floor, order: buy });
-                self.sold_out = buy && matches!(reply, ResourceReply::Value(_));
+                let reply = self.access(work.update(token));
+                self.sold_out = work.buys() && matches!(reply, ResourceReply::Value(_));
             }
         }
         Ok(None)
