@@ -181,7 +181,9 @@ fn show_real(stmt: &Stmt, reply: &pgwire::Reply) -> String {
             format!("{} rows", reply.tag.rsplit(' ').next().unwrap_or_default())
         }
         Stmt::NextVal { .. } => first(),
-        Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) => (first() == "t").to_string(),
+        Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) | Stmt::TryAdvisoryXactLock(_) => {
+            (first() == "t").to_string()
+        }
         _ => "ok".into(),
     }
 }
@@ -387,12 +389,14 @@ fn cond(rng: &mut ChaCha8Rng, client: usize) -> Vec<Cond> {
 fn statement(rng: &mut ChaCha8Rng, client: usize, session: Session) -> Op {
     let key = KEYS[rng.gen_range(0..KEYS.len())].to_string();
     let stmt = if session.in_transaction {
-        match rng.gen_range(0..20) {
+        match rng.gen_range(0..23) {
             0..=5 => Stmt::Select { table: TABLE.into(), key, for_update: true },
             6..=9 => Stmt::Commit,
             10 | 11 => Stmt::Rollback,
             12 => Stmt::Select { table: TABLE.into(), key, for_update: false },
             13 => Stmt::NextVal { sequence: SEQUENCE.into() },
+            14 | 15 => Stmt::AdvisoryXactLock(ADVISORY[rng.gen_range(0..2)]),
+            16 => Stmt::TryAdvisoryXactLock(ADVISORY[rng.gen_range(0..2)]),
             _ => return change(rng, key, client),
         }
     } else {
@@ -476,6 +480,8 @@ impl Family for Sql {
             Stmt::NextVal { .. } => "nextval",
             Stmt::AdvisoryLock(_) => "pg_advisory_lock",
             Stmt::TryAdvisoryLock(_) => "pg_try_advisory_lock",
+            Stmt::AdvisoryXactLock(_) => "pg_advisory_xact_lock",
+            Stmt::TryAdvisoryXactLock(_) => "pg_try_advisory_xact_lock",
             Stmt::AdvisoryUnlock(_) => "pg_advisory_unlock",
             Stmt::SetLockTimeout(_) => "SET lock_timeout",
             Stmt::SetIdleInTransactionSessionTimeout(_) => "SET idle_in_transaction_session_timeout",

@@ -7,6 +7,7 @@
 //! is a row keyed by its name), `shedlock` (ShedLock's table) and the sequence `fence` (fencing tokens).
 
 mod advisory;
+mod advisory_xact;
 mod conditional_update;
 mod for_update;
 #[cfg(feature = "real-clients")]
@@ -28,8 +29,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
-pub const RECIPES: &[RecipeSpec] =
-    &[for_update::RECIPE, unique_insert::RECIPE, shedlock::RECIPE, advisory::RECIPE, conditional_update::RECIPE];
+pub const RECIPES: &[RecipeSpec] = &[
+    for_update::RECIPE,
+    unique_insert::RECIPE,
+    shedlock::RECIPE,
+    advisory::RECIPE,
+    advisory_xact::RECIPE,
+    conditional_update::RECIPE,
+];
 
 /// The tables and sequence the built-in recipes use, as real mode makes them on a fresh server (the
 /// simulated server's, whose rows take any column: here typed as the recipes write them): `lock_rows`

@@ -125,7 +125,7 @@ impl RealConnection {
                 Some(Value::Int(n)) => SqlResult::Int(n),
                 other => SqlResult::Error(unexpected(other)),
             },
-            Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) => {
+            Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) | Stmt::TryAdvisoryXactLock(_) => {
                 match first(typed_rows(sql, self.client.query(sql, &params).await?)) {
                     Some(Value::Text(t)) => SqlResult::Bool(t == "t"),
                     other => SqlResult::Error(unexpected(other)),
@@ -284,7 +284,7 @@ fn result(stmt: &Stmt, messages: &[SimpleQueryMessage]) -> SqlResult {
             Some(Value::Int(n)) => SqlResult::Int(n),
             other => SqlResult::Error(unexpected(other)),
         },
-        Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) => match first() {
+        Stmt::TryAdvisoryLock(_) | Stmt::AdvisoryUnlock(_) | Stmt::TryAdvisoryXactLock(_) => match first() {
             Some(Value::Text(t)) => SqlResult::Bool(t == "t"),
             other => SqlResult::Error(unexpected(other)),
         },

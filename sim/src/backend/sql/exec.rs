@@ -144,11 +144,36 @@ impl SqlState {
         self.end_transaction(conn);
     }
 
+    /// Free the transaction's locks: its row locks and its transaction-level advisory holds.
     fn end_transaction(&mut self, conn: ConnId) {
+        let mut xact_advisory = BTreeMap::new();
         if let Some(session) = self.sessions.get_mut(&conn) {
             session.aborted = false;
+            xact_advisory = std::mem::take(&mut session.xact_advisory);
+        }
+        for (key, n) in xact_advisory {
+            self.let_go(Lock::Advisory(key), n);
         }
         self.locks.retain(|lock, (owner, _)| !(matches!(lock, Lock::Row(..)) && *owner == conn));
+    }
+
+    /// Give up `n` of the holds of `lock` (its holder's).
+    fn let_go(&mut self, lock: Lock, n: u32) {
+        if let Some((_, count)) = self.locks.get_mut(&lock) {
+            *count -= n;
+            if *count == 0 {
+                self.locks.remove(&lock);
+            }
+        }
+    }
+
+    /// Take advisory lock `key` for `conn`'s transaction, or say who has it.
+    fn take_for_transaction(&mut self, conn: ConnId, key: i64) -> Result<(), Lock> {
+        self.take(conn, Lock::Advisory(key))?;
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            *session.xact_advisory.entry(key).or_default() += 1;
+        }
+        Ok(())
     }
 
     /// Take `lock` for `conn`, or say who has it.
@@ -303,16 +328,22 @@ impl SqlState {
                 Err(held) => return Ran::Blocked(held, None),
             },
             Stmt::TryAdvisoryLock(key) => SqlResult::Bool(self.take(conn, Lock::Advisory(*key)).is_ok()),
-            Stmt::AdvisoryUnlock(key) => match self.locks.get_mut(&Lock::Advisory(*key)) {
-                Some((owner, count)) if *owner == conn => {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.locks.remove(&Lock::Advisory(*key));
+            Stmt::AdvisoryUnlock(key) => {
+                // Only a session-level hold: the transaction's stay until it ends.
+                let in_txn = self.sessions[&conn].xact_advisory.get(key).copied().unwrap_or(0);
+                match self.locks.get(&Lock::Advisory(*key)) {
+                    Some((owner, count)) if *owner == conn && *count > in_txn => {
+                        self.let_go(Lock::Advisory(*key), 1);
+                        SqlResult::Bool(true)
                     }
-                    SqlResult::Bool(true)
+                    _ => SqlResult::Bool(false),
                 }
-                _ => SqlResult::Bool(false),
+            }
+            Stmt::AdvisoryXactLock(key) => match self.take_for_transaction(conn, *key) {
+                Ok(()) => SqlResult::Done,
+                Err(held) => return Ran::Blocked(held, None),
             },
+            Stmt::TryAdvisoryXactLock(key) => SqlResult::Bool(self.take_for_transaction(conn, *key).is_ok()),
             Stmt::CreateTable { table, if_not_exists } => match self.tables.contains_key(table) {
                 true if *if_not_exists => SqlResult::Done,
                 true => SqlResult::Error(SqlError::DuplicateTable),

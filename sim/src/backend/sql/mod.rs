@@ -34,6 +34,11 @@
 //!   conform sql`: a fencing token drawn inside the lock's transaction can be drawn again).
 //! - Session advisory locks: `pg_advisory_lock` waits, `pg_try_advisory_lock` does not; both count up
 //!   when the session already holds the key, and `pg_advisory_unlock` counts down.
+//! - Transaction advisory locks: `pg_advisory_xact_lock` waits, `pg_try_advisory_xact_lock` does not;
+//!   held until the transaction ends (commit, rollback, an error, the session's end; an autocommit
+//!   statement's at once). A session's session- and transaction-level holds of one key stack: either
+//!   takes a key the session holds at once, and `pg_advisory_unlock` releases only a session-level hold
+//!   (false, with a warning, for a transaction's alone).
 //! - Session death rolls back its transaction and frees its locks: the client closing its connection —
 //!   or its process dying, whose kernel closes the connection for it (`pq_getbyte` reads EOF or a
 //!   reset in `SocketBackend`: "unexpected EOF on client connection", and the backend exits) — TCP
@@ -206,6 +211,10 @@ pub enum Stmt {
     AdvisoryLock(i64),
     TryAdvisoryLock(i64),
     AdvisoryUnlock(i64),
+    /// `SELECT pg_advisory_xact_lock(key)`: held until the transaction ends.
+    AdvisoryXactLock(i64),
+    /// `SELECT pg_try_advisory_xact_lock(key)`.
+    TryAdvisoryXactLock(i64),
     /// `SET lock_timeout = …` (0: wait for ever).
     SetLockTimeout(Duration),
     /// `SET idle_in_transaction_session_timeout = …` (0: never); sessions start with the server's.
@@ -348,6 +357,8 @@ struct Session {
     waiting: bool,
     /// The connection has ended (why); end the session once its waiting statement finishes.
     closing: Option<&'static str>,
+    /// The advisory locks its transaction holds at transaction level, and how many times each.
+    xact_advisory: BTreeMap<i64, u32>,
     /// Keep-alive probes sent since the peer was last heard (Linux `icsk_probes_out`).
     probes_out: u32,
     next_probe_ms: i64,
@@ -608,6 +619,7 @@ impl SqlState {
                     idle_since_ms: now.mono_ms,
                     waiting: false,
                     closing: None,
+                    xact_advisory: BTreeMap::new(),
                     probes_out: 0,
                     next_probe_ms: 0,
                 };

@@ -136,6 +136,29 @@ fn advisory_locks_wait_count_and_go_with_the_session() {
     assert_eq!(pushed(out), vec![(B, SqlResult::Done)], "A's session ended: B gets the lock");
 }
 
+/// PostgreSQL §9.27.10: a transaction-level hold ends with its transaction, stacks with a session-level
+/// hold of the same key, and is not `pg_advisory_unlock`'s to release.
+#[test]
+fn transaction_advisory_locks_end_with_their_transaction_and_stack_with_the_sessions() {
+    let mut db = db();
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryXactLock(7)), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 0, B, Stmt::AdvisoryXactLock(7)), vec![], "B waits (autocommit)");
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryUnlock(7)), vec![(A, SqlResult::Bool(false))], "not unlock's");
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(7)), vec![(A, SqlResult::Done)], "A's session stacks on it");
+    // A's commit ends the transaction's hold; its session's stays, so B still waits.
+    assert_eq!(exec(&mut db, 1, A, Stmt::Commit), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 1, C, Stmt::TryAdvisoryXactLock(7)), vec![(C, SqlResult::Bool(false))]);
+    // The session's hold released, B's autocommit statement takes the key and its end lets it go.
+    assert_eq!(exec(&mut db, 2, A, Stmt::AdvisoryUnlock(7)), vec![(A, SqlResult::Bool(true)), (B, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 3, C, Stmt::TryAdvisoryXactLock(7)), vec![(C, SqlResult::Bool(true))], "autocommit: gone");
+    // An error aborts the transaction at once and frees its hold, before the block's end.
+    exec(&mut db, 4, A, Stmt::Begin);
+    exec(&mut db, 4, A, Stmt::AdvisoryXactLock(8));
+    exec(&mut db, 4, A, Stmt::Select { table: "nowhere".into(), key: "x".into(), for_update: false });
+    assert_eq!(exec(&mut db, 5, B, Stmt::TryAdvisoryLock(8)), vec![(B, SqlResult::Bool(true))]);
+}
+
 #[test]
 fn a_waiting_statement_whose_client_left_still_runs_and_commits() {
     let mut db = db();

@@ -741,13 +741,22 @@ impl Parser<'_, '_, '_> {
 
     fn select(&mut self, schema: &Schema) -> Result<Stmt, SqlTextError> {
         if let Some(Tok::Word(f)) = self.peek().map(|t| t.tok.clone()) {
-            let calls = ["nextval", "pg_advisory_lock", "pg_try_advisory_lock", "pg_advisory_unlock"];
+            let calls = [
+                "nextval",
+                "pg_advisory_lock",
+                "pg_try_advisory_lock",
+                "pg_advisory_unlock",
+                "pg_advisory_xact_lock",
+                "pg_try_advisory_xact_lock",
+            ];
             if calls.contains(&f.as_str()) && self.tokens.get(self.at + 1).is_some_and(|t| t.tok == Tok::Symbol("(")) {
                 self.at += 2;
                 let stmt = match f.as_str() {
                     "nextval" => Stmt::NextVal { sequence: self.string("the sequence's name as a string ('s')")? },
                     "pg_advisory_lock" => Stmt::AdvisoryLock(self.int("a 64-bit key")?),
                     "pg_try_advisory_lock" => Stmt::TryAdvisoryLock(self.int("a 64-bit key")?),
+                    "pg_advisory_xact_lock" => Stmt::AdvisoryXactLock(self.int("a 64-bit key")?),
+                    "pg_try_advisory_xact_lock" => Stmt::TryAdvisoryXactLock(self.int("a 64-bit key")?),
                     _ => Stmt::AdvisoryUnlock(self.int("a 64-bit key")?),
                 };
                 self.symbol(")")?;
@@ -999,6 +1008,8 @@ pub fn write(stmt: &Stmt, style: &Style) -> String {
         Stmt::AdvisoryLock(k) => format!("SELECT pg_advisory_lock({k})"),
         Stmt::TryAdvisoryLock(k) => format!("SELECT pg_try_advisory_lock({k})"),
         Stmt::AdvisoryUnlock(k) => format!("SELECT pg_advisory_unlock({k})"),
+        Stmt::AdvisoryXactLock(k) => format!("SELECT pg_advisory_xact_lock({k})"),
+        Stmt::TryAdvisoryXactLock(k) => format!("SELECT pg_try_advisory_xact_lock({k})"),
         Stmt::SetLockTimeout(d) => format!("SET lock_timeout = {}", ms(d)),
         Stmt::SetIdleInTransactionSessionTimeout(d) => format!("SET idle_in_transaction_session_timeout = {}", ms(d)),
         Stmt::CreateTable { table, if_not_exists: yes } => {
@@ -1096,6 +1107,8 @@ mod tests {
             ),
             ("SELECT nextval('fence')", Stmt::NextVal { sequence: "fence".into() }),
             ("SELECT pg_try_advisory_lock(-42)", Stmt::TryAdvisoryLock(-42)),
+            ("SELECT pg_advisory_xact_lock(7)", Stmt::AdvisoryXactLock(7)),
+            ("SELECT pg_try_advisory_xact_lock(7)", Stmt::TryAdvisoryXactLock(7)),
             ("SET lock_timeout = '2s'", Stmt::SetLockTimeout(Duration::from_secs(2))),
             ("SET idle_in_transaction_session_timeout TO 0", Stmt::SetIdleInTransactionSessionTimeout(Duration::ZERO)),
             ("CREATE SEQUENCE fence", Stmt::CreateSequence { sequence: "fence".into(), if_not_exists: false }),
