@@ -59,22 +59,10 @@ impl AdvisoryXact {
 impl Lock for AdvisoryXact {
     async fn acquire(&mut self) -> Outcome<Grant> {
         let taken = self.lock().await;
-        if taken.is_err() {
-            // An aborted transaction must be rolled back before the connection is usable again.
-            if let Some(conn) = self.db.client.current() {
-                let _ = conn.execute(Stmt::Rollback).await;
-            }
-        }
-        self.db.granted(taken)
+        self.db.granted_in_transaction(taken).await
     }
 
     async fn release(&mut self) -> Outcome<()> {
-        if let Err(refused) = self.db.releasing(true) {
-            return refused;
-        }
-        match self.db.run(Stmt::Commit).await {
-            Ok(_) => Outcome::Ok(()),
-            Err(outcome) => outcome,
-        }
+        self.db.commit().await
     }
 }

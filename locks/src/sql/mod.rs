@@ -362,6 +362,28 @@ impl Db {
         }
     }
 
+    /// [`Db::granted`] for a lock that lives in a transaction: a failed acquire first rolls back its
+    /// aborted transaction, which the connection needs before it is usable again.
+    async fn granted_in_transaction(&mut self, taken: Result<u64, Outcome<()>>) -> Outcome<Grant> {
+        if taken.is_err() {
+            if let Some(conn) = self.client.current() {
+                let _ = conn.execute(Stmt::Rollback).await;
+            }
+        }
+        self.granted(taken)
+    }
+
+    /// Release a lock that lives in a transaction: `COMMIT` ends it.
+    async fn commit(&mut self) -> Outcome<()> {
+        if let Err(refused) = self.releasing(true) {
+            return refused;
+        }
+        match self.run(Stmt::Commit).await {
+            Ok(_) => Outcome::Ok(()),
+            Err(outcome) => outcome,
+        }
+    }
+
     /// Start a release: refused if we do not hold the lock, and — for a lock that lives in the
     /// session (`needs_session`) — if the connection that held it is gone.
     fn releasing(&mut self, needs_session: bool) -> Result<(), Outcome<()>> {
