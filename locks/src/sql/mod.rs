@@ -7,7 +7,6 @@
 //! is a row keyed by its name), `shedlock` (ShedLock's table) and the sequence `fence` (fencing tokens).
 
 mod advisory;
-mod advisory_xact;
 mod conditional_update;
 mod for_update;
 #[cfg(feature = "real-clients")]
@@ -33,8 +32,8 @@ pub const RECIPES: &[RecipeSpec] = &[
     for_update::RECIPE,
     unique_insert::RECIPE,
     shedlock::RECIPE,
-    advisory::RECIPE,
-    advisory_xact::RECIPE,
+    advisory::SESSION,
+    advisory::TRANSACTION,
     conditional_update::RECIPE,
 ];
 
