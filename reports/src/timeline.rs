@@ -3,7 +3,7 @@
 //! findings — two holders' overlap shaded across their lanes, a stale write marked.
 
 use locksim_scenarios::checkers::{Finding, FindingKind};
-use locksim_sim::fault::FaultKind;
+use locksim_sim::fault::{FaultKind, Shade};
 use locksim_sim::history::{EventKind, History, NodeIx};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
@@ -165,10 +165,17 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
         };
         // Faults behind, then waits and holds, then the lease line, then the findings on top.
         let faults = spans.iter().filter_map(|s| match s.what {
-            Bar::Fault(FaultKind::Pause) => Some(bar(s, 0.05, 0.95, PAUSED.mix(0.35).filled())),
-            Bar::Fault(FaultKind::Crash | FaultKind::HostCrash) => Some(bar(s, 0.05, 0.95, DOWN.mix(0.6).filled())),
-            Bar::Fault(FaultKind::Partition | FaultKind::Clog) => Some(bar(s, 0.05, 0.95, CUT.mix(0.45).filled())),
-            Bar::Fault(_) => Some(bar(s, 0.05, 0.95, CUT.mix(0.2).filled())),
+            Bar::Fault(kind) => Some(bar(
+                s,
+                0.05,
+                0.95,
+                match kind.spec().shade {
+                    Shade::Paused => PAUSED.mix(0.35).filled(),
+                    Shade::Down => DOWN.mix(0.6).filled(),
+                    Shade::Cut => CUT.mix(0.45).filled(),
+                    Shade::Disturbed => CUT.mix(0.2).filled(),
+                },
+            )),
             _ => None,
         });
         chart.draw_series(faults).expect("faults");

@@ -7,7 +7,9 @@ use crate::file::{CheckFile, ExpectFile, ScenarioError, ScenarioFile, Section, S
 use locksim_locks::params::Params;
 use locksim_locks::work::WorkSpec;
 use locksim_locks::{Family, Guard, RealServer, RecipeSpec, Registry, REAL_SERVERS};
-use locksim_sim::fault::{Action, Fault, FaultKind, RandomFaults, Target, Topology, Trigger, TriggerEvent};
+use locksim_sim::fault::{
+    Action, Fault, FaultKind, FaultParams, Nemesis, RandomFaults, Slot, Target, Topology, Trigger, TriggerEvent,
+};
 use locksim_sim::hazard::Hazard;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -578,6 +580,26 @@ fn target(s: &Section, v: &Spanned<toml::Value>, topo: &Topology) -> Result<Targ
     })
 }
 
+/// `peers = [...]`: nodes of the scenario, at least one of them other than the fault's own target.
+fn peers(
+    s: &Section,
+    v: &Spanned<toml::Value>,
+    topo: &Topology,
+    own_name: Option<&str>,
+) -> Result<Vec<String>, ScenarioError> {
+    let items = v.get_ref().as_array().ok_or_else(|| s.error(v.span(), "peers: expected an array of node names"))?;
+    let peers: Vec<String> = items
+        .iter()
+        .map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo))
+        .collect::<Result<_, _>>()?;
+    if peers.iter().all(|p| Some(p.as_str()) == own_name) {
+        let m =
+            "peers: expected at least one node other than the target (leave `peers` out to cut it off from everyone)";
+        return Err(s.error(v.span(), m));
+    }
+    Ok(peers)
+}
+
 /// A run no longer than its liveness window can never call a wedged lock a deadlock: a crashed holder
 /// whose lock never frees would pass as safe. Refused, at `liveness` or else at the run's `duration`.
 fn wedge_unseen(src: &Source, file: &ScenarioFile, liveness: Duration, duration: Duration) -> ScenarioError {
@@ -671,91 +693,52 @@ fn fault(
         let m = "target: \"trigger\" means the node whose event started the fault; it needs `on` (e.g. on = \"acquire-ok\")";
         return Err(s.error(target_v.span(), m));
     }
-    if kind == FaultKind::Restart && on.is_some() {
-        let m = "on: a restart brings back a node a crash left down; aim the crash (with a `duration`) instead";
-        return Err(s.error(kind_v.span(), m));
+    let spec = kind.spec();
+    if let (Some(why), Some(_)) = (spec.not_aimed, &on) {
+        return Err(s.error(kind_v.span(), format!("on: {why}")));
     }
-    let mut s = Section::new(src, format!("a `{}` fault", kind.name()), table.get_ref());
+    if let (true, Target::Node(n)) = (spec.needs_replica, &target) {
+        if !topo.failover_masters.contains(n) {
+            let m = format!(
+                "target: {} needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one",
+                spec.name
+            );
+            return Err(s.error(target_v.span(), m));
+        }
+    }
+    let mut s = Section::new(src, format!("a `{}` fault", spec.name), table.get_ref());
     for k in ["at", "kind", "target", "on", "nth", "client"] {
         s.take(k);
     }
-    let duration = |s: &mut Section| -> Result<Option<Duration>, ScenarioError> {
-        s.take("duration").map(|v| s.duration("duration", &v, false).map(|d| d.1)).transpose()
-    };
     let own_name = match &target {
         Target::Node(n) => Some(n.clone()),
         _ => None,
     };
-    let peers = |s: &mut Section| -> Result<Vec<String>, ScenarioError> {
-        let Some(v) = s.take("peers") else {
-            return Ok(vec![]);
+    let mut params = FaultParams::default();
+    for key in spec.keys {
+        let name = key.slot.name();
+        let v = match key.required {
+            Some(what) => s.require(name, what)?,
+            None => match s.take(name) {
+                Some(v) => v,
+                None => continue,
+            },
         };
-        let items =
-            v.get_ref().as_array().ok_or_else(|| s.error(v.span(), "peers: expected an array of node names"))?;
-        let peers: Vec<String> = items
-            .iter()
-            .map(|i| node_name(s, "peers", &Spanned::new(v.span(), i.clone()), topo))
-            .collect::<Result<_, _>>()?;
-        let cuts_nothing = peers.iter().all(|p| Some(p) == own_name.as_ref());
-        if cuts_nothing {
-            let m = "peers: expected at least one node other than the target (leave `peers` out to cut it off from everyone)";
-            return Err(s.error(v.span(), m));
-        }
-        Ok(peers)
-    };
-    let (action, keys): (Action, &[&str]) = match kind {
-        FaultKind::Pause => {
-            let v = s.require("duration", "how long the node stays paused")?;
-            (Action::Pause { duration: s.duration("duration", &v, false)?.1 }, &["duration"])
-        }
-        FaultKind::Crash => (Action::Crash { restart_after: duration(&mut s)?, host: false }, &["duration"]),
-        FaultKind::HostCrash => (Action::Crash { restart_after: duration(&mut s)?, host: true }, &["duration"]),
-        FaultKind::Restart => (Action::Restart, &[]),
-        FaultKind::Partition => {
-            (Action::Partition { peers: peers(&mut s)?, duration: duration(&mut s)? }, &["duration", "peers"])
-        }
-        FaultKind::Clog => {
-            (Action::Clog { peers: peers(&mut s)?, duration: duration(&mut s)? }, &["duration", "peers"])
-        }
-        FaultKind::Delay => {
-            let v = s.require("latency", "the extra latency, e.g. \"200ms\"")?;
-            let latency = s.duration("latency", &v, false)?.1;
-            (Action::Delay { latency, duration: duration(&mut s)? }, &["duration", "latency"])
-        }
-        FaultKind::Loss => {
-            let v = s.require("rate", "the probability of losing each message, e.g. 0.3")?;
-            let rate = s.number("rate", &v, 0.0..1.0)?;
-            (Action::Loss { rate, duration: duration(&mut s)? }, &["duration", "rate"])
-        }
-        FaultKind::DropReply => {
-            let rate = s.take("rate").map_or(Ok(1.0), |v| s.number("rate", &v, 0.0..1.0))?;
-            (Action::DropReply { rate, duration: duration(&mut s)? }, &["duration", "rate"])
-        }
-        FaultKind::ClockJump => {
-            let v = s.require("delta", "how far the clock steps, e.g. \"10s\" or \"-3s\"")?;
-            let (negative, d) = s.duration("delta", &v, true)?;
-            let ms = d.as_millis() as i64;
-            (Action::ClockJump { delta_ms: if negative { -ms } else { ms } }, &["delta"])
-        }
-        FaultKind::ClockDrift => {
-            let v = s.require("rate", "the clock's speed, e.g. 1.5 (1.0 is exact)")?;
-            let rate = s.number("rate", &v, 0.0..100.0)?;
-            (Action::ClockDrift { rate, duration: duration(&mut s)? }, &["duration", "rate"])
-        }
-        FaultKind::Failover => {
-            if let Target::Node(n) = &target {
-                if !topo.failover_masters.contains(n) {
-                    let m = format!(
-                        "target: failover needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one"
-                    );
-                    return Err(s.error(target_v.span(), m));
-                }
+        match &key.slot {
+            Slot::Duration => params.duration = Some(s.duration(name, &v, false)?.1),
+            Slot::Latency => params.latency = Some(s.duration(name, &v, false)?.1),
+            Slot::Delta => {
+                let (negative, d) = s.duration(name, &v, true)?;
+                let ms = d.as_millis() as i64;
+                params.delta_ms = Some(if negative { -ms } else { ms });
             }
-            (Action::Failover, &[])
+            Slot::Rate(range) => params.rate = Some(s.number(name, &v, range.clone())?),
+            Slot::Peers => params.peers = peers(&s, &v, topo, own_name.as_deref())?,
         }
-    };
+    }
+    let action = (spec.build)(params);
     let mut accepted = vec!["at", "kind", "target", "on", "nth", "client"];
-    accepted.extend(keys);
+    accepted.extend(spec.keys.iter().map(|k| k.slot.name()));
     s.finish(&accepted)?;
     Ok(Fault { at, target, action, on })
 }
@@ -832,18 +815,14 @@ fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<
     let mut kinds = Vec::new();
     for k in r.kinds.get_ref() {
         let kind = fault_kind(&section, &Spanned::new(k.span(), toml::Value::String(k.get_ref().clone())))?;
-        match kind {
-            FaultKind::Restart => {
-                return Err(src.error(
-                    k.span(),
-                    "kinds: the nemesis restarts what it crashes; \"restart\" is for written schedules",
-                ))
-            }
-            FaultKind::Failover if topo.failover_masters.is_empty() => {
-                return Err(src.error(k.span(), "kinds: failover needs [backend] replicas = 1"))
-            }
-            _ => kinds.push(kind),
+        let spec = kind.spec();
+        if let Nemesis::Never(why) = spec.nemesis {
+            return Err(src.error(k.span(), format!("kinds: {why}")));
         }
+        if spec.needs_replica && topo.failover_masters.is_empty() {
+            return Err(src.error(k.span(), format!("kinds: {} needs [backend] replicas = 1", spec.name)));
+        }
+        kinds.push(kind);
     }
     let every = *r.every.get_ref();
     if every.0.is_zero() {

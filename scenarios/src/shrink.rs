@@ -12,7 +12,7 @@
 use crate::checkers::FindingKind;
 use crate::run::{resolve_schedule, run_seed, HarnessError};
 use crate::scenario::{Expect, Scenario, Verdict};
-use locksim_sim::fault::{fmt_duration, Action, Fault};
+use locksim_sim::fault::{fmt_duration, Fault, Slot};
 use std::time::Duration;
 
 /// A shrunk schedule and what it still shows.
@@ -55,20 +55,6 @@ impl Search<'_> {
     }
 }
 
-/// How long a fault lasts, if it has a length to shorten.
-fn length(action: &mut Action) -> Option<&mut Duration> {
-    match action {
-        Action::Pause { duration } | Action::Crash { restart_after: Some(duration), .. } => Some(duration),
-        Action::Partition { duration: Some(d), .. }
-        | Action::Clog { duration: Some(d), .. }
-        | Action::Delay { duration: Some(d), .. }
-        | Action::Loss { duration: Some(d), .. }
-        | Action::DropReply { duration: Some(d), .. }
-        | Action::ClockDrift { duration: Some(d), .. } => Some(d),
-        _ => None,
-    }
-}
-
 /// Whole milliseconds, so that written-out times read well.
 fn ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
@@ -89,9 +75,9 @@ fn remove(search: &mut Search, mut faults: Vec<Fault>) -> Result<Vec<Fault>, Har
 /// Halve each fault's duration while the finding still occurs.
 fn shorten(search: &mut Search, mut faults: Vec<Fault>) -> Result<Vec<Fault>, HarnessError> {
     for i in 0..faults.len() {
-        while let Some(d) = length(&mut faults[i].action).map(|d| *d) {
+        while let Some(d) = faults[i].action.duration() {
             let mut shorter = faults.clone();
-            *length(&mut shorter[i].action).expect("has a length") = ms(d / 2);
+            shorter[i].action = faults[i].action.lasting(ms(d / 2));
             if d < Duration::from_millis(20) || !search.fails(&shorter)? {
                 break;
             }
@@ -177,33 +163,21 @@ fn fault_table(f: &Fault) -> toml::Table {
             t.insert("client".into(), client.clone().into());
         }
     }
-    let peers = |p: &[String]| toml::Value::Array(p.iter().map(|n| n.clone().into()).collect());
-    let mut put = |k: &str, v: toml::Value| t.insert(k.into(), v);
-    match &f.action {
-        Action::Pause { duration } => drop(put("duration", d(duration))),
-        Action::Crash { restart_after, .. } => drop(restart_after.as_ref().map(|r| put("duration", d(r)))),
-        Action::Restart | Action::Failover => {}
-        Action::Partition { peers: p, duration } | Action::Clog { peers: p, duration } => {
-            if !p.is_empty() {
-                put("peers", peers(p));
-            }
-            drop(duration.as_ref().map(|r| put("duration", d(r))));
-        }
-        Action::Delay { latency, duration } => {
-            put("latency", d(latency));
-            drop(duration.as_ref().map(|r| put("duration", d(r))));
-        }
-        Action::Loss { rate, duration } | Action::DropReply { rate, duration } => {
-            put("rate", (*rate).into());
-            drop(duration.as_ref().map(|r| put("duration", d(r))));
-        }
-        Action::ClockJump { delta_ms } => {
-            let magnitude = fmt_duration(Duration::from_millis(delta_ms.unsigned_abs()));
-            put("delta", if *delta_ms < 0 { format!("-{magnitude}") } else { magnitude }.into());
-        }
-        Action::ClockDrift { rate, duration } => {
-            put("rate", (*rate).into());
-            drop(duration.as_ref().map(|r| put("duration", d(r))));
+    let params = f.action.params();
+    for key in f.action.kind().spec().keys {
+        let value = match key.slot {
+            Slot::Duration => params.duration.as_ref().map(d),
+            Slot::Latency => params.latency.as_ref().map(d),
+            Slot::Delta => params.delta_ms.map(|ms| {
+                let magnitude = fmt_duration(Duration::from_millis(ms.unsigned_abs()));
+                toml::Value::String(if ms < 0 { format!("-{magnitude}") } else { magnitude })
+            }),
+            Slot::Rate(_) => params.rate.map(toml::Value::Float),
+            Slot::Peers if params.peers.is_empty() => None,
+            Slot::Peers => Some(toml::Value::Array(params.peers.iter().map(|n| n.clone().into()).collect())),
+        };
+        if let Some(value) = value {
+            t.insert(key.slot.name().into(), value);
         }
     }
     t

@@ -164,8 +164,10 @@ fn unreachable(hazard: Hazard, scenario: &Scenario, registry: &Registry) -> Opti
             )
         })
     };
-    let needs = |kinds: &[FaultKind]| {
-        (!kinds.iter().any(|k| has(*k))).then(|| {
+    // The faults that bring it about, as their kinds declare (`Spec::brings`).
+    let kinds: Vec<FaultKind> = FaultKind::ALL.into_iter().filter(|k| k.spec().brings.contains(&hazard)).collect();
+    let needs = || {
+        (!kinds.is_empty() && !kinds.iter().any(|k| has(*k))).then(|| {
             let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
             let names = match names.split_last() {
                 Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
@@ -174,16 +176,11 @@ fn unreachable(hazard: Hazard, scenario: &Scenario, registry: &Registry) -> Opti
             format!("it needs a {names} fault, and the scenario has none")
         })
     };
-    match hazard {
-        Hazard::StaleHolderResumed => marked().or_else(|| needs(&[FaultKind::Pause])),
-        Hazard::LockKeyLostInFailover => marked().or_else(|| needs(&[FaultKind::Failover])),
-        Hazard::ClockJumpDuringHold => needs(&[FaultKind::ClockJump]),
-        Hazard::HolderCrashed => needs(&[FaultKind::Crash, FaultKind::HostCrash, FaultKind::Restart]),
-        Hazard::LeaseExpiredWhileHeld
-        | Hazard::GrantToExpiredSession
-        | Hazard::ReleaseReplyLost
-        | Hazard::AcquireReplyLost
-        | Hazard::WatchFiredWhileDisconnected => marked(),
+    // A hazard some family's servers or clients mark needs that family; the world marks the others.
+    let by_families = registry.families().into_iter().any(|f| (f.marks)(hazard));
+    match by_families {
+        true => marked().or_else(needs),
+        false => needs(),
     }
 }
 

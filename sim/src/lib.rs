@@ -4,7 +4,7 @@
 //! - [`world`]: nodes and their programs, the fault schedule applied to them.
 //! - [`clock`]: per-node clocks (offset and drift over madsim's simulated time).
 //! - [`net`]: typed messages between nodes: seeded latency, per-link order, cuts, delay, loss, lost replies.
-//! - [`fault`]: the fault vocabulary, written-out schedules and the random nemesis.
+//! - [`fault`]: the fault kinds (one declaration each), written-out schedules and the random nemesis.
 //! - [`history`]: the event log of a run and its determinism fingerprint.
 //! - [`hazard`]: the dangerous situations a run reached, counted beside the history (never in it).
 //! - [`resource`]: the thing a lock protects, with or without fencing.

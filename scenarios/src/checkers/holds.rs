@@ -4,7 +4,6 @@
 //! as holder), at `LockLost` (the recipe told it the lock is gone), at its crash (a dead process believes
 //! nothing), or at the end of the run.
 
-use locksim_sim::fault::FaultKind;
 use locksim_sim::history::{EventKind, History, NodeIx};
 use std::collections::BTreeMap;
 
@@ -20,13 +19,7 @@ pub struct Hold {
 
 /// Does this event end every belief the node had (a crash or restart of it), and its workers'?
 pub fn kills(kind: &EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::FaultStart {
-            fault: FaultKind::Crash | FaultKind::HostCrash | FaultKind::Restart | FaultKind::Failover,
-            ..
-        }
-    )
+    matches!(kind, EventKind::FaultStart { fault, .. } if fault.spec().ends_beliefs)
 }
 
 /// Every hold of the run, in order of start.

@@ -219,7 +219,7 @@ pub fn wants(h: &History) -> Vec<Want> {
                         finish(&mut open, client, t, &mut done);
                     }
                 }
-                if *fault == FaultKind::Restart {
+                if fault.spec().revives {
                     // A restart brings back what a crash without `duration` left down: that crash ends.
                     let crashes: Vec<u32> = (dist.active.iter())
                         .filter(|(_, (_, n, k, _))| *n == e.node && k.is_crash())
@@ -229,7 +229,7 @@ pub fn wants(h: &History) -> Vec<Want> {
                         dist.end(id, t);
                     }
                 }
-                if !matches!(fault, FaultKind::Restart | FaultKind::Failover) {
+                if fault.spec().in_force {
                     dist.active.insert(*id, (whom, e.node, *fault, t));
                 }
                 for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || host(**c) == whom) {

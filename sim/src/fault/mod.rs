@@ -8,111 +8,17 @@
 //! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
 //! recipe (a [`Point`] the recipe declares): an *aimed* fault. A lease's expiry as the server sees it is
 //! not yet a trigger (`lease-renew` is the client's side of it).
+//!
+//! What a fault *does* is its kind's: each kind is one declaration ([`Spec`], `kind.rs`; the kinds in
+//! `kinds.rs`), which the scenario reader, the nemesis, the shrinker, the checkers and the report read.
+
+mod kind;
+pub mod kinds;
+
+pub use kind::{Action, Draw, FaultKind, FaultParams, Key, Nemesis, Shade, Slot, Spec};
 
 use crate::rng::{ChaCha8Rng, Rng};
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
-
-/// The fault vocabulary of scenario files, results and reports (docs/scenarios.md, "Faults").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FaultKind {
-    Pause,
-    Crash,
-    HostCrash,
-    Restart,
-    Partition,
-    Clog,
-    Delay,
-    Loss,
-    DropReply,
-    ClockJump,
-    ClockDrift,
-    Failover,
-}
-
-impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
-        FaultKind::Pause,
-        FaultKind::Crash,
-        FaultKind::HostCrash,
-        FaultKind::Restart,
-        FaultKind::Partition,
-        FaultKind::Clog,
-        FaultKind::Delay,
-        FaultKind::Loss,
-        FaultKind::DropReply,
-        FaultKind::ClockJump,
-        FaultKind::ClockDrift,
-        FaultKind::Failover,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::Pause => "pause",
-            FaultKind::Crash => "crash",
-            FaultKind::HostCrash => "host-crash",
-            FaultKind::Restart => "restart",
-            FaultKind::Partition => "partition",
-            FaultKind::Clog => "clog",
-            FaultKind::Delay => "delay",
-            FaultKind::Loss => "loss",
-            FaultKind::DropReply => "drop-reply",
-            FaultKind::ClockJump => "clock-jump",
-            FaultKind::ClockDrift => "clock-drift",
-            FaultKind::Failover => "failover",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<FaultKind> {
-        FaultKind::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// Whether the fault kills the node (its process, or its whole host): its holds end, its volatile
-    /// state is lost, and it comes back (if at all) as a new life.
-    pub fn is_crash(self) -> bool {
-        matches!(self, FaultKind::Crash | FaultKind::HostCrash)
-    }
-
-    /// One line for `locksim list faults`: what it does and the keys it takes beside `at` and `target`.
-    pub fn describe(self) -> &'static str {
-        match self {
-            FaultKind::Pause => {
-                "stop-the-world pause (GC): every task of the node freezes, timers fire late; keys: duration"
-            }
-            FaultKind::Crash => {
-                "kill the node's process (OOM, deploy, segfault): its kernel closes its connections at once, peers \
-                 see them reset; volatile state lost; keys: duration (restart after it; omit to stay down)"
-            }
-            FaultKind::HostCrash => {
-                "the node's host dies (power loss, kernel panic): silence, peers learn only by their timeouts and \
-                 keep-alive; volatile state lost; keys: duration (restart after it; omit to stay down)"
-            }
-            FaultKind::Restart => "restart a crashed node",
-            FaultKind::Partition => {
-                "cut the node off in both directions; keys: duration, peers (default: every other node)"
-            }
-            FaultKind::Clog => "drop the node's outgoing messages only (one-way partition); keys: duration, peers",
-            FaultKind::Delay => "add latency to every message to or from the node; keys: duration, latency",
-            FaultKind::Loss => {
-                "lose each transmission to or from the node with a probability: TCP retransmits it (200 ms, \
-                 doubling), so messages arrive late and in order, none removed; keys: duration, rate"
-            }
-            FaultKind::DropReply => {
-                "a server applies requests but loses each reply with a probability, which breaks the connection \
-                 (TCP loses no data otherwise): the caller does not know the outcome and reconnects; keys: \
-                 duration, rate (default 1.0)"
-            }
-            FaultKind::ClockJump => "step the node's wall clock; keys: delta (e.g. \"10s\" or \"-3s\")",
-            FaultKind::ClockDrift => {
-                "run the node's clock fast or slow; keys: rate (e.g. 1.5), duration (omit: for good)"
-            }
-            FaultKind::Failover => {
-                "Sentinel-style failover: the master dies and its replica is promoted, losing unreplicated writes"
-            }
-        }
-    }
-}
 
 /// Whom a fault hits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,116 +43,6 @@ impl std::fmt::Display for Target {
             Target::Waiter => f.write_str("waiter"),
             Target::RandomClient => f.write_str("random-client"),
             Target::Trigger => f.write_str("trigger"),
-        }
-    }
-}
-
-/// What a fault does, with its parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    Pause {
-        duration: Duration,
-    },
-    /// `host`: the whole host dies (`host-crash`: silence) rather than the process (`crash`: its
-    /// kernel closes its connections, so every peer sees them closed one network delay later).
-    Crash {
-        restart_after: Option<Duration>,
-        host: bool,
-    },
-    Restart,
-    Partition {
-        peers: Vec<String>,
-        duration: Option<Duration>,
-    },
-    Clog {
-        peers: Vec<String>,
-        duration: Option<Duration>,
-    },
-    Delay {
-        latency: Duration,
-        duration: Option<Duration>,
-    },
-    Loss {
-        rate: f64,
-        duration: Option<Duration>,
-    },
-    DropReply {
-        rate: f64,
-        duration: Option<Duration>,
-    },
-    ClockJump {
-        delta_ms: i64,
-    },
-    ClockDrift {
-        rate: f64,
-        duration: Option<Duration>,
-    },
-    Failover,
-}
-
-impl Action {
-    pub fn kind(&self) -> FaultKind {
-        match self {
-            Action::Pause { .. } => FaultKind::Pause,
-            Action::Crash { host: false, .. } => FaultKind::Crash,
-            Action::Crash { host: true, .. } => FaultKind::HostCrash,
-            Action::Restart => FaultKind::Restart,
-            Action::Partition { .. } => FaultKind::Partition,
-            Action::Clog { .. } => FaultKind::Clog,
-            Action::Delay { .. } => FaultKind::Delay,
-            Action::Loss { .. } => FaultKind::Loss,
-            Action::DropReply { .. } => FaultKind::DropReply,
-            Action::ClockJump { .. } => FaultKind::ClockJump,
-            Action::ClockDrift { .. } => FaultKind::ClockDrift,
-            Action::Failover => FaultKind::Failover,
-        }
-    }
-
-    /// How long the fault lasts, for faults that end by themselves.
-    pub fn duration(&self) -> Option<Duration> {
-        match self {
-            Action::Pause { duration } => Some(*duration),
-            Action::Crash { restart_after, .. } => *restart_after,
-            Action::Partition { duration, .. }
-            | Action::Clog { duration, .. }
-            | Action::Delay { duration, .. }
-            | Action::Loss { duration, .. }
-            | Action::DropReply { duration, .. }
-            | Action::ClockDrift { duration, .. } => *duration,
-            Action::Restart | Action::ClockJump { .. } | Action::Failover => None,
-        }
-    }
-
-    /// The parameters in words, for the history and traces.
-    pub fn detail(&self) -> String {
-        let dur = |d: &Option<Duration>| d.map_or("until the end".to_string(), |d| format!("for {}", fmt_duration(d)));
-        let peers = |p: &Vec<String>| {
-            if p.is_empty() {
-                "everyone".to_string()
-            } else {
-                p.join(",")
-            }
-        };
-        match self {
-            Action::Pause { duration } => format!("for {}", fmt_duration(*duration)),
-            Action::Crash { restart_after: Some(d), .. } => format!("restart after {}", fmt_duration(*d)),
-            Action::Crash { restart_after: None, .. } => "stays down".into(),
-            Action::Restart => String::new(),
-            Action::Partition { peers: p, duration } => {
-                format!("from {} {}", peers(p), dur(duration))
-            }
-            Action::Clog { peers: p, duration } => {
-                format!("outgoing to {} {}", peers(p), dur(duration))
-            }
-            Action::Delay { latency, duration } => {
-                format!("+{} {}", fmt_duration(*latency), dur(duration))
-            }
-            Action::Loss { rate, duration } | Action::DropReply { rate, duration } => {
-                format!("rate {rate} {}", dur(duration))
-            }
-            Action::ClockJump { delta_ms } => format!("{delta_ms:+}ms"),
-            Action::ClockDrift { rate, duration } => format!("rate {rate} {}", dur(duration)),
-            Action::Failover => String::new(),
         }
     }
 }
@@ -445,7 +241,7 @@ impl RandomFaults {
                 .map_or(TriggerEvent::AcquireOk, |(e, _)| e)
         };
         fault.on = Some(Trigger { event, nth: 1, client: None });
-        let on_servers = matches!(fault.action, Action::DropReply { .. } | Action::Failover);
+        let on_servers = fault.action.kind().spec().on_servers;
         // `random-client` leaves the client to the nemesis: aimed, that is the client whose event it
         // chose. A named node, `holder` or `waiter` stays what the scenario says.
         if matches!(self.target, None | Some(Target::RandomClient)) && !on_servers {
@@ -453,6 +249,9 @@ impl RandomFaults {
         }
     }
 
+    /// One fault of `kind`, drawn as its declaration says ([`Spec::nemesis`]). Targets are drawn even
+    /// when `self.target` overrides them, so that setting it changes only where faults land, not when or
+    /// what they are.
     fn draw_one(
         &self,
         rng: &mut ChaCha8Rng,
@@ -460,38 +259,9 @@ impl RandomFaults {
         duration: Duration,
         topo: &Topology,
     ) -> Option<(Target, Action)> {
-        // Targets are drawn even when `self.target` overrides them, so that setting it changes only
-        // where faults land, not when or what they are.
-        let any_node = |rng: &mut ChaCha8Rng| {
-            let all: Vec<&String> = topo.clients.iter().chain(&topo.servers).collect();
-            Target::Node(all[rng.gen_range(0..all.len())].clone())
-        };
-        let pick = |rng: &mut ChaCha8Rng, from: &[String]| Target::Node(from[rng.gen_range(0..from.len())].clone());
-        let d = Some(duration);
-        Some(match kind {
-            // Half of the pauses hit the holder: a pause matters most where the lock is held.
-            FaultKind::Pause if rng.gen_bool(0.5) => (Target::Holder, Action::Pause { duration }),
-            FaultKind::Pause => (any_node(rng), Action::Pause { duration }),
-            FaultKind::Crash => (any_node(rng), Action::Crash { restart_after: d, host: false }),
-            FaultKind::HostCrash => (any_node(rng), Action::Crash { restart_after: d, host: true }),
-            FaultKind::Restart => return None,
-            FaultKind::Partition => (any_node(rng), Action::Partition { peers: vec![], duration: d }),
-            FaultKind::Clog => (any_node(rng), Action::Clog { peers: vec![], duration: d }),
-            FaultKind::Delay => (any_node(rng), Action::Delay { latency: duration / 10, duration: d }),
-            FaultKind::Loss => (any_node(rng), Action::Loss { rate: 0.5, duration: d }),
-            FaultKind::DropReply => (pick(rng, &topo.servers), Action::DropReply { rate: 1.0, duration: d }),
-            FaultKind::ClockJump => {
-                let ms = duration.as_millis() as i64;
-                let delta_ms = if rng.gen_bool(0.5) { ms } else { -ms };
-                (any_node(rng), Action::ClockJump { delta_ms })
-            }
-            FaultKind::ClockDrift => {
-                let rate = if rng.gen_bool(0.5) { 2.0 } else { 0.5 };
-                (any_node(rng), Action::ClockDrift { rate, duration: d })
-            }
-            FaultKind::Failover if topo.failover_masters.is_empty() => return None,
-            FaultKind::Failover => (pick(rng, &topo.failover_masters), Action::Failover),
-        })
+        let spec = kind.spec();
+        let Nemesis::Draws(draw) = spec.nemesis else { return None };
+        draw(rng, duration, topo).map(|(target, params)| (target, (spec.build)(params)))
     }
 }
 
