@@ -169,7 +169,7 @@ pub fn timeline(title: &str, h: &History, findings: &[Finding], lease: Option<Du
                 s,
                 0.05,
                 0.95,
-                match kind.spec().shade {
+                match kind.spec().means.shade {
                     Shade::Paused => PAUSED.mix(0.35).filled(),
                     Shade::Down => DOWN.mix(0.6).filled(),
                     Shade::Cut => CUT.mix(0.45).filled(),

@@ -694,10 +694,10 @@ fn fault(
         return Err(s.error(target_v.span(), m));
     }
     let spec = kind.spec();
-    if let (Some(why), Some(_)) = (spec.not_aimed, &on) {
+    if let (Some(why), Some(_)) = (spec.means.not_aimed, &on) {
         return Err(s.error(kind_v.span(), format!("on: {why}")));
     }
-    if let (true, Target::Node(n)) = (spec.needs_replica, &target) {
+    if let (true, Target::Node(n)) = (spec.means.needs_replica, &target) {
         if !topo.failover_masters.contains(n) {
             let m = format!(
                 "target: {} needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one",
@@ -819,7 +819,7 @@ fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<
         if let Nemesis::Never(why) = spec.nemesis {
             return Err(src.error(k.span(), format!("kinds: {why}")));
         }
-        if spec.needs_replica && topo.failover_masters.is_empty() {
+        if spec.means.needs_replica && topo.failover_masters.is_empty() {
             return Err(src.error(k.span(), format!("kinds: {} needs [backend] replicas = 1", spec.name)));
         }
         kinds.push(kind);

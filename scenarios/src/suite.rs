@@ -165,7 +165,8 @@ fn unreachable(hazard: Hazard, scenario: &Scenario, registry: &Registry) -> Opti
         })
     };
     // The faults that bring it about, as their kinds declare (`Spec::brings`).
-    let kinds: Vec<FaultKind> = FaultKind::ALL.into_iter().filter(|k| k.spec().brings.contains(&hazard)).collect();
+    let kinds: Vec<FaultKind> =
+        FaultKind::ALL.into_iter().filter(|k| k.spec().means.brings.contains(&hazard)).collect();
     let needs = || {
         (!kinds.is_empty() && !kinds.iter().any(|k| has(*k))).then(|| {
             let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();

@@ -19,7 +19,7 @@ pub struct Hold {
 
 /// Does this event end every belief the node had (a crash or restart of it), and its workers'?
 pub fn kills(kind: &EventKind) -> bool {
-    matches!(kind, EventKind::FaultStart { fault, .. } if fault.spec().ends_beliefs)
+    matches!(kind, EventKind::FaultStart { fault, .. } if fault.spec().means.ends_beliefs)
 }
 
 /// Every hold of the run, in order of start.

@@ -219,7 +219,7 @@ pub fn wants(h: &History) -> Vec<Want> {
                         finish(&mut open, client, t, &mut done);
                     }
                 }
-                if fault.spec().revives {
+                if fault.spec().means.revives {
                     // A restart brings back what a crash without `duration` left down: that crash ends.
                     let crashes: Vec<u32> = (dist.active.iter())
                         .filter(|(_, (_, n, k, _))| *n == e.node && k.is_crash())
@@ -229,7 +229,7 @@ pub fn wants(h: &History) -> Vec<Want> {
                         dist.end(id, t);
                     }
                 }
-                if fault.spec().in_force {
+                if fault.spec().means.in_force {
                     dist.active.insert(*id, (whom, e.node, *fault, t));
                 }
                 for (c, w) in open.iter_mut().filter(|(c, _)| whom == EVERYONE || host(**c) == whom) {

@@ -69,7 +69,7 @@ impl FaultKind {
 
     /// Whether the fault kills the node (its process, or its whole host): see [`Spec::crash`].
     pub fn is_crash(self) -> bool {
-        self.spec().crash
+        self.spec().means.crash
     }
 
     /// One line for `locksim list faults`: what it does and the keys it takes beside `at` and `target`.
@@ -186,6 +186,13 @@ pub struct Spec {
     pub detail: fn(&FaultParams) -> String,
     /// How the nemesis draws one, or why it never does.
     pub nemesis: Nemesis,
+    /// What it means to the rest of locksim: whom it may hit, the checkers, timelines and suites.
+    pub means: Meaning,
+}
+
+/// What a fault kind means beyond its keys. Most kinds are [`Meaning::LASTING`] with a field or two changed.
+#[derive(Clone, Copy)]
+pub struct Meaning {
     /// Why `on` cannot start it, if it cannot.
     pub not_aimed: Option<&'static str>,
     /// It hits a server (a connection's server end, a replicated master): the aimed nemesis keeps the
@@ -210,6 +217,21 @@ pub struct Spec {
     /// The hazards a scenario can reach only with a fault of this kind (or of another kind listing
     /// them): a suite requiring one of them of a scenario with none of these faults is refused.
     pub brings: &'static [Hazard],
+}
+
+impl Meaning {
+    /// A fault on any one node that lasts until its end, ends nothing and brings no hazard of its own.
+    pub const LASTING: Meaning = Meaning {
+        not_aimed: None,
+        on_servers: false,
+        needs_replica: false,
+        crash: false,
+        revives: false,
+        ends_beliefs: false,
+        in_force: true,
+        shade: Shade::Disturbed,
+        brings: &[],
+    };
 }
 
 /// How the nemesis draws a fault of a kind: `(rng, duration, topology)`, with the duration drawn from

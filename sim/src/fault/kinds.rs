@@ -3,7 +3,7 @@
 //! The nemesis' draws are part of every seed's schedule: a draw function's calls on the stream, and
 //! their order, are as fixed as a history's format.
 
-use super::kind::{for_how_long, Action, FaultKind, FaultParams, Key, Nemesis, Shade, Slot, Spec};
+use super::kind::{for_how_long, Action, FaultKind, FaultParams, Key, Meaning, Nemesis, Shade, Slot, Spec};
 use super::{fmt_duration, Target, Topology};
 use crate::hazard::Hazard;
 use crate::rng::{ChaCha8Rng, Rng};
@@ -40,15 +40,7 @@ pub static PAUSE: Spec = Spec {
         let target = if rng.gen_bool(0.5) { Target::Holder } else { any_node(rng, topo) };
         Some((target, lasting(d)))
     }),
-    not_aimed: None,
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Paused,
-    brings: &[Hazard::StaleHolderResumed],
+    means: Meaning { shade: Shade::Paused, brings: &[Hazard::StaleHolderResumed], ..Meaning::LASTING },
 };
 
 /// `crash` and `host-crash`: one action, two ways to die.
@@ -75,15 +67,13 @@ const fn crash(host: bool) -> Spec {
         },
         detail: |p| p.duration.map_or("stays down".into(), |d| format!("restart after {}", fmt_duration(d))),
         nemesis: Nemesis::Draws(|rng, d, topo| Some((any_node(rng, topo), lasting(d)))),
-        not_aimed: None,
-        on_servers: false,
-        needs_replica: false,
-        crash: true,
-        revives: false,
-        ends_beliefs: true,
-        in_force: true,
-        shade: Shade::Down,
-        brings: &[Hazard::HolderCrashed],
+        means: Meaning {
+            crash: true,
+            ends_beliefs: true,
+            shade: Shade::Down,
+            brings: &[Hazard::HolderCrashed],
+            ..Meaning::LASTING
+        },
     }
 }
 
@@ -99,15 +89,14 @@ pub static RESTART: Spec = Spec {
     params: |_| FaultParams::default(),
     detail: |_| String::new(),
     nemesis: Nemesis::Never("the nemesis restarts what it crashes; \"restart\" is for written schedules"),
-    not_aimed: Some("a restart brings back a node a crash left down; aim the crash (with a `duration`) instead"),
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: true,
-    ends_beliefs: true,
-    in_force: false,
-    shade: Shade::Disturbed,
-    brings: &[Hazard::HolderCrashed],
+    means: Meaning {
+        not_aimed: Some("a restart brings back a node a crash left down; aim the crash (with a `duration`) instead"),
+        revives: true,
+        ends_beliefs: true,
+        in_force: false,
+        brings: &[Hazard::HolderCrashed],
+        ..Meaning::LASTING
+    },
 };
 
 /// `partition` and `clog`: both ways, or the node's outgoing messages only.
@@ -138,15 +127,7 @@ const fn cut(both_ways: bool) -> Spec {
             |p| format!("outgoing to {} {}", peers(&p.peers), for_how_long(p.duration))
         },
         nemesis: Nemesis::Draws(|rng, d, topo| Some((any_node(rng, topo), lasting(d)))),
-        not_aimed: None,
-        on_servers: false,
-        needs_replica: false,
-        crash: false,
-        revives: false,
-        ends_beliefs: false,
-        in_force: true,
-        shade: Shade::Cut,
-        brings: &[],
+        means: Meaning { shade: Shade::Cut, ..Meaning::LASTING },
     }
 }
 
@@ -179,15 +160,7 @@ pub static DELAY: Spec = Spec {
     nemesis: Nemesis::Draws(|rng, d, topo| {
         Some((any_node(rng, topo), FaultParams { latency: Some(d / 10), ..lasting(d) }))
     }),
-    not_aimed: None,
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Disturbed,
-    brings: &[],
+    means: Meaning::LASTING,
 };
 
 pub static LOSS: Spec = Spec {
@@ -208,15 +181,7 @@ pub static LOSS: Spec = Spec {
     },
     detail: rate_for_how_long,
     nemesis: Nemesis::Draws(|rng, d, topo| Some((any_node(rng, topo), FaultParams { rate: Some(0.5), ..lasting(d) }))),
-    not_aimed: None,
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Disturbed,
-    brings: &[],
+    means: Meaning::LASTING,
 };
 
 pub static DROP_REPLY: Spec = Spec {
@@ -239,15 +204,7 @@ pub static DROP_REPLY: Spec = Spec {
     nemesis: Nemesis::Draws(|rng, d, topo| {
         Some((pick(rng, &topo.servers), FaultParams { rate: Some(1.0), ..lasting(d) }))
     }),
-    not_aimed: None,
-    on_servers: true,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Disturbed,
-    brings: &[],
+    means: Meaning { on_servers: true, ..Meaning::LASTING },
 };
 
 pub static CLOCK_JUMP: Spec = Spec {
@@ -271,15 +228,7 @@ pub static CLOCK_JUMP: Spec = Spec {
         let delta_ms = if rng.gen_bool(0.5) { ms } else { -ms };
         Some((any_node(rng, topo), FaultParams { delta_ms: Some(delta_ms), ..FaultParams::default() }))
     }),
-    not_aimed: None,
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Disturbed,
-    brings: &[Hazard::ClockJumpDuringHold],
+    means: Meaning { brings: &[Hazard::ClockJumpDuringHold], ..Meaning::LASTING },
 };
 
 pub static CLOCK_DRIFT: Spec = Spec {
@@ -307,15 +256,7 @@ pub static CLOCK_DRIFT: Spec = Spec {
         let rate = if rng.gen_bool(0.5) { 2.0 } else { 0.5 };
         Some((any_node(rng, topo), FaultParams { rate: Some(rate), ..lasting(d) }))
     }),
-    not_aimed: None,
-    on_servers: false,
-    needs_replica: false,
-    crash: false,
-    revives: false,
-    ends_beliefs: false,
-    in_force: true,
-    shade: Shade::Disturbed,
-    brings: &[],
+    means: Meaning::LASTING,
 };
 
 pub static FAILOVER: Spec = Spec {
@@ -330,15 +271,14 @@ pub static FAILOVER: Spec = Spec {
         true => None,
         false => Some((pick(rng, &topo.failover_masters), FaultParams::default())),
     }),
-    not_aimed: None,
-    on_servers: true,
-    needs_replica: true,
-    crash: false,
-    revives: false,
-    ends_beliefs: true,
-    in_force: false,
-    shade: Shade::Disturbed,
-    brings: &[Hazard::LockKeyLostInFailover],
+    means: Meaning {
+        on_servers: true,
+        needs_replica: true,
+        ends_beliefs: true,
+        in_force: false,
+        brings: &[Hazard::LockKeyLostInFailover],
+        ..Meaning::LASTING
+    },
 };
 
 /// A key the reader made sure of ([`Key::required`]).

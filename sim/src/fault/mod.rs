@@ -15,7 +15,7 @@
 mod kind;
 pub mod kinds;
 
-pub use kind::{Action, Draw, FaultKind, FaultParams, Key, Nemesis, Shade, Slot, Spec};
+pub use kind::{Action, Draw, FaultKind, FaultParams, Key, Meaning, Nemesis, Shade, Slot, Spec};
 
 use crate::rng::{ChaCha8Rng, Rng};
 use std::time::Duration;
@@ -241,7 +241,7 @@ impl RandomFaults {
                 .map_or(TriggerEvent::AcquireOk, |(e, _)| e)
         };
         fault.on = Some(Trigger { event, nth: 1, client: None });
-        let on_servers = fault.action.kind().spec().on_servers;
+        let on_servers = fault.action.kind().spec().means.on_servers;
         // `random-client` leaves the client to the nemesis: aimed, that is the client whose event it
         // chose. A named node, `holder` or `waiter` stays what the scenario says.
         if matches!(self.target, None | Some(Target::RandomClient)) && !on_servers {
