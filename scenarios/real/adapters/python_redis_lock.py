@@ -15,10 +15,16 @@ host, port = redis_address()
 client = redis.Redis(host=host, port=port, socket_timeout=2.0)
 expire = max(1, round(seconds(param("expire", "10s"))))  # whole seconds, as the library takes them
 wait = seconds(param("timeout", "5s"))
-lock = redis_lock.Lock(client, LOCK_NAME, expire=expire, auto_renewal=param("auto_renewal", "false") == "true")
+auto_renewal = param("auto_renewal", "false") == "true"
+lock = None
 
 
 def acquire():
+    # A Lock per acquire, as the library's docs use it (`with redis_lock.Lock(conn, name):`). One Lock
+    # reused cannot be acquired again once its renewal thread has died on an expired key: release()
+    # leaves the dead thread set (4.0.0, `_stop_lock_renewer`), and acquire() raises AlreadyStarted.
+    global lock
+    lock = redis_lock.Lock(client, LOCK_NAME, expire=expire, auto_renewal=auto_renewal)
     try:
         if lock.acquire(blocking=True, timeout=wait):
             return {"ok": True, "token": None}  # no fencing token

@@ -67,7 +67,7 @@ impl FaultKind {
         FaultKind::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// Whether the fault kills the node (its process, or its whole host): see [`Spec::crash`].
+    /// Whether the fault kills the node (its process, or its whole host): see [`Meaning::crash`].
     pub fn is_crash(self) -> bool {
         self.spec().means.crash
     }
