@@ -290,4 +290,35 @@ mod tests {
         assert_eq!(lines, text.lines().collect::<Vec<_>>(), "{written}");
         assert_eq!(toml::from_str::<toml::Table>(&written).unwrap(), file);
     }
+
+    #[test]
+    fn every_kind_written_out_reads_back_as_the_same_fault() {
+        let head = "name = \"t\"\ndescription = \"d\"\n[recipe]\nid = \"redis.set-nx-px\"\n\
+                    [backend]\nreplicas = 1\n[workload]\nkind = \"counter\"\nclients = 3\nduration = \"60s\"\n\
+                    [check]\nliveness = \"20s\"\n[expect]\nverdict = \"safe\"\n";
+        let faults = "[[faults.schedule]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"holder\"\nduration = \"2s\"\n\
+            [[faults.schedule]]\nat = \"2s\"\nkind = \"crash\"\ntarget = \"client-0\"\nduration = \"1500ms\"\n\
+            [[faults.schedule]]\nat = \"3s\"\nkind = \"host-crash\"\ntarget = \"client-1\"\n\
+            [[faults.schedule]]\nat = \"9s\"\nkind = \"restart\"\ntarget = \"client-1\"\n\
+            [[faults.schedule]]\nat = \"4s\"\nkind = \"partition\"\ntarget = \"client-2\"\npeers = [\"redis-0\"]\nduration = \"3s\"\n\
+            [[faults.schedule]]\nat = \"5s\"\nkind = \"clog\"\ntarget = \"redis-0\"\n\
+            [[faults.schedule]]\nat = \"6s\"\nkind = \"delay\"\ntarget = \"client-2\"\nlatency = \"250ms\"\nduration = \"2s\"\n\
+            [[faults.schedule]]\nat = \"7s\"\nkind = \"loss\"\ntarget = \"client-0\"\nrate = 0.3\n\
+            [[faults.schedule]]\nat = \"8s\"\nkind = \"drop-reply\"\ntarget = \"redis-0\"\nduration = \"1s\"\n\
+            [[faults.schedule]]\nat = \"10s\"\nkind = \"clock-jump\"\ntarget = \"client-2\"\ndelta = \"-3s\"\n\
+            [[faults.schedule]]\nat = \"11s\"\nkind = \"clock-drift\"\ntarget = \"redis-0\"\nrate = 1.5\n\
+            [[faults.schedule]]\nat = \"12s\"\nkind = \"failover\"\ntarget = \"redis-0\"\n";
+        let registry = locksim_locks::Registry::builtin();
+        let read = Scenario::parse("t.toml", &format!("{head}{faults}"), &registry).unwrap();
+        let kinds: std::collections::BTreeSet<_> = read.schedule.iter().map(|f| f.action.kind()).collect();
+        assert_eq!(kinds.len(), locksim_sim::fault::FaultKind::ALL.len(), "every kind: {kinds:?}");
+        let schedule = read.schedule.iter().map(|f| toml::Value::Table(fault_table(f))).collect();
+        let mut written = toml::Table::new();
+        written.insert("schedule".into(), toml::Value::Array(schedule));
+        let mut file = toml::Table::new();
+        file.insert("faults".into(), toml::Value::Table(written));
+        let text = format!("{head}{}", toml::to_string(&file).unwrap());
+        let again = Scenario::parse("t.toml", &text, &registry).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(again.schedule, read.schedule, "{text}");
+    }
 }
