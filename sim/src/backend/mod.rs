@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::ctx::Background;
 use crate::fault::Point;
 use crate::history::{EventKind, NodeIx, Recorder};
-use crate::net::{Input, ReplyTo, Rpc};
+use crate::net::{Connection, Input, ReplyTo, Rpc, Socket};
 use std::any::Any;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,8 @@ pub struct Out {
     /// Clients whose lease the server granted (`true`) or ended without their asking (`false`), in order:
     /// hazard marks (see [`Recorder::lease_ended`]).
     pub leases: Vec<(NodeIx, u64, bool)>,
+    /// Client connections the server closes, after its reply ([`Rpc::close_connection`]).
+    pub closes: Vec<Connection>,
 }
 
 impl Out {
@@ -65,6 +67,11 @@ impl Out {
         self.leases.push((client, lease, true));
     }
 
+    /// The server closes `connection` (ZooKeeper, an expired session's).
+    pub fn close(&mut self, connection: Connection) {
+        self.closes.push(connection);
+    }
+
     fn flush(&mut self, rpc: &Rpc, recorder: &Recorder) {
         for (node, lease, started) in self.leases.drain(..) {
             if started {
@@ -78,6 +85,9 @@ impl Out {
         }
         for (to, msg) in self.pushes.drain(..) {
             rpc.tell_boxed(to, msg);
+        }
+        for connection in self.closes.drain(..) {
+            rpc.close_connection(connection);
         }
     }
 }
@@ -114,6 +124,12 @@ pub trait Backend: Send + 'static {
 
     /// Apply one request at `now` by the server's own clocks.
     fn apply(&mut self, now: Now, from: NodeIx, request: Self::Request, out: &mut Out) -> Self::Reply;
+
+    /// [`Backend::apply`] to a request that came on connection `via`: what the shell calls. A server
+    /// that closes connections itself ([`Out::close`]) keeps which one each client uses.
+    fn apply_via(&mut self, now: Now, via: Connection, request: Self::Request, out: &mut Out) -> Self::Reply {
+        self.apply(now, via.peer, request, out)
+    }
 
     /// How often the server's clock ticks (`None`: this backend has no timers). Unless
     /// [`Backend::ticks_from`] says otherwise, ticks fall on the multiples of the interval on the
@@ -205,11 +221,13 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
         };
         let (reply_to, request) = match input {
             Input::Request(reply_to, request) => (reply_to, request),
-            Input::Closed { peer, life } => {
+            Input::Closed { peer, life, socket: None, .. } => {
                 state.lock().expect("backend lock").connection_closed(Now::of(clock), peer, life, &mut out);
                 out.flush(rpc, recorder);
                 continue;
             }
+            // Only servers close connections of their own ([`Rpc::close_connection`]).
+            Input::Closed { socket: Some(_), .. } => continue,
         };
         let mut s = state.lock().expect("backend lock");
         match s.parks(&request) {
@@ -219,7 +237,7 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
                 parked.push(Parked { reply_to, request, deadline_ns });
             }
             None => {
-                let reply = s.apply(Now::of(clock), reply_to.from, request, &mut out);
+                let reply = s.apply_via(Now::of(clock), reply_to.connection(), request, &mut out);
                 drop(s);
                 out.flush(rpc, recorder);
                 rpc.reply(&reply_to, reply);
@@ -286,16 +304,17 @@ pub fn act<B: Backend>(state: &Mutex<B>, rpc: &Rpc, recorder: &Recorder, f: impl
 /// `deliver` on `to`, for as long as `to` lives (the ZooKeeper and etcd clients route watch
 /// notifications with it).
 pub fn listen<M: Any + Send, T: 'static>(rpc: &Rpc, to: &Rc<T>, deliver: fn(&T, M)) -> Background {
-    listen_closed(rpc, to, deliver, |_, _, _| {})
+    listen_closed(rpc, to, deliver, |_, _, _, _, _| {})
 }
 
-/// [`listen`], also handing `closed` each connection a peer's kernel closed (its process died): the
-/// library reads the end of its stream (a database client's connection breaks).
+/// [`listen`], also handing `closed` each connection a peer closed — the socket its server closed, or
+/// every connection of a process that died (`None`) — with when the close arrived: the library reads
+/// the end of its stream (a database client's connection breaks; a ZooKeeper client is disconnected).
 pub fn listen_closed<M: Any + Send, T: 'static>(
     rpc: &Rpc,
     to: &Rc<T>,
     deliver: fn(&T, M),
-    closed: fn(&T, NodeIx, u32),
+    closed: fn(&T, NodeIx, u32, Option<Socket>, u64),
 ) -> Background {
     let (to, rpc) = (Rc::downgrade(to), rpc.clone());
     Background::spawn(async move {
@@ -304,11 +323,15 @@ pub fn listen_closed<M: Any + Send, T: 'static>(
             let Some(to) = to.upgrade() else { return };
             match input {
                 Input::Request(_, msg) => deliver(&to, msg),
-                Input::Closed { peer, life } => closed(&to, peer, life),
+                Input::Closed { peer, life, socket, arrived_ns } => closed(&to, peer, life, socket, arrived_ns),
             }
         }
     })
 }
+
+/// How late a client library's thread must take what waited for it (a timer, a close) for its node to
+/// have been paused meanwhile: the application's next step then comes first.
+pub(crate) const RESUMED_LATE: Duration = Duration::from_millis(50);
 
 #[cfg(test)]
 mod tests {

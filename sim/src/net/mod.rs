@@ -47,6 +47,9 @@
 //!   this rule per family). A late reply to a closed socket finds no call waiting. The FIN of a
 //!   closed socket is not modelled: the servers learn of a client going away from its requests
 //!   (`SqlRequest::Close`) or its process's death.
+//! - A server that closes a client's connection itself ([`Rpc::close_connection`]: ZooKeeper, an
+//!   expired session's) sends a FIN behind what it sent on it; the client reads the end of its stream,
+//!   and what it sent on the connection meanwhile is reset unread.
 //! - A server's pushes (watch notifications) go on the newest socket its client opened to it. One
 //!   that reaches a socket its client has closed is still handed to the client: it stands for the
 //!   replay of missed notifications on the new connection (ZooKeeper's `SetWatches` after a
@@ -189,8 +192,10 @@ type Reply = (u64, u32, Result<Payload, CallError>);
 /// A call waiting for its reply: the reply once it is on its way, the caller's waker, and when the
 /// caller gives up (sim ns).
 struct Waiting {
-    /// Whom the call went to: a reset of its connection by that node's kernel ends it.
+    /// Whom the call went to, and on which socket: a close of its connection by that node (its
+    /// kernel's, for a dead process; the server's own, for that socket) ends it.
     peer: NodeIx,
+    socket: u32,
     reply: Option<Reply>,
     caller: Option<Waker>,
     deadline_ns: u64,
@@ -202,8 +207,9 @@ struct Inbox {
     /// The node's process was killed and its host still runs ([`Net::kill_process`]): its kernel
     /// resets what arrives, and the node sends nothing.
     process_dead: bool,
-    /// Connections peers' kernels closed (a killed process's): when the close arrives, who, which life.
-    closed: Vec<(u64, NodeIx, u32)>,
+    /// Connections peers closed (a killed process's, or one socket its server closed): when the close
+    /// arrives, who, which life, which socket (`None`: every connection of the dead process).
+    closed: Vec<(u64, NodeIx, u32, Option<u32>)>,
     /// Requests by arrival time, then by send order.
     requests: BinaryHeap<Queued>,
     /// The newest socket each peer's requests came on: data on an older one is not read (see
@@ -223,18 +229,23 @@ struct Inbox {
 }
 
 impl Inbox {
-    /// The next request that has arrived by `now_ns`, skipping those that came on a socket its client
-    /// closed once a newer socket of that client was read: a client opens a new connection after
-    /// giving the old one up, and a server that has read from the new one has closed the old —
+    /// The next request for `me` that has arrived by `now_ns`, skipping those that came on a socket
+    /// its client closed once a newer socket of that client was read: a client opens a new connection
+    /// after giving the old one up, and a server that has read from the new one has closed the old —
     /// ZooKeeper's `processConnectRequest` closes the session's other connection (`closeSession(
     /// sessionId, CLIENT_RECONNECT)`) as it re-attaches, and what arrives on it afterwards is reset
-    /// unread (its RST finds the client's socket closed: nobody hears of it).
-    fn take_request(&mut self, now_ns: u64, closed: &std::collections::BTreeSet<(NodeIx, u32)>) -> Option<Request> {
+    /// unread (its RST finds the client's socket closed: nobody hears of it). Those on a socket `me`
+    /// closed itself ([`Rpc::close_connection`]) are reset unread too: its FIN, on its way first, has
+    /// ended the client's calls on it.
+    fn take_request(&mut self, me: NodeIx, now_ns: u64, sockets: &Sockets) -> Option<Request> {
         while self.requests.peek().is_some_and(|q| q.at.0 <= now_ns) {
             let request = self.requests.pop().expect("just seen").request;
             let (from, socket) = (request.0.from, request.0.socket);
+            if sockets.shut.contains(&(me, socket)) {
+                continue;
+            }
             let newest = self.newest.entry(from).or_default();
-            if socket >= *newest || !closed.contains(&(from, socket)) {
+            if socket >= *newest || !sockets.closed.contains(&(from, socket)) {
                 *newest = socket.max(*newest);
                 return Some(request);
             }
@@ -316,9 +327,11 @@ enum Message {
         body: Result<Payload, CallError>,
         life: u32,
     },
-    /// The sender's kernel closed its connections: life `life` of its process died.
+    /// The sender's kernel closed its connections: life `life` of its process died (`socket`
+    /// `None`), or the process closed the one on `socket` ([`Rpc::close_connection`]).
     Closed {
         life: u32,
+        socket: Option<u32>,
     },
 }
 
@@ -356,6 +369,9 @@ struct Sockets {
     /// Sockets their owner closed: a server that has read a newer socket of the same client resets
     /// what arrives on them ([`Inbox::take_request`]).
     closed: std::collections::BTreeSet<(NodeIx, u32)>,
+    /// Client connections their server closed ([`Rpc::close_connection`]), by server and socket: it
+    /// resets what arrives on them.
+    shut: std::collections::BTreeSet<(NodeIx, u32)>,
 }
 
 impl Sockets {
@@ -510,10 +526,10 @@ impl Net {
         for peer in peers {
             let socket = s.sockets.current(node, peer);
             match s.conn(node, peer, socket) {
-                Some(conn) if s.holds(&conn) => s.hold(conn, Message::Closed { life }, now),
+                Some(conn) if s.holds(&conn) => s.hold(conn, Message::Closed { life, socket: None }, now),
                 // A cut link to a host that is down: nothing to close.
                 None if s.cuts.contains_key(&(node, peer)) => {}
-                _ => s.deliver(node, peer, socket, Message::Closed { life }, now),
+                _ => s.deliver(node, peer, socket, Message::Closed { life, socket: None }, now),
             }
         }
     }
@@ -662,12 +678,13 @@ impl NetState {
                 }
             }
             Message::Reply { .. } | Message::Closed { .. } if inbox.process_dead => {}
-            Message::Closed { life } => {
-                inbox.closed.push((arrive_ns, from, life));
+            Message::Closed { life, socket: closed } => {
+                inbox.closed.push((arrive_ns, from, life, closed));
                 wake_at(arrive_ns, &inbox.reader);
-                // Calls still waiting on the dead process end with the reset of their connection.
+                // Calls still waiting on the closed connection (all of a dead process's) end with it.
                 let mut reset = false;
-                for (_, w) in inbox.waiting.iter_mut().filter(|(_, w)| w.peer == from) {
+                let on_it = |w: &Waiting| w.peer == from && closed.is_none_or(|s| s == w.socket);
+                for (_, w) in inbox.waiting.iter_mut().filter(|(_, w)| on_it(w)) {
                     reset |= w.reply.is_none();
                     w.reply.get_or_insert((arrive_ns, life, Err(CallError::Reset)));
                 }
@@ -769,6 +786,41 @@ pub struct ReplyTo {
     pub from: NodeIx,
     reply_tag: u64,
     socket: u32,
+}
+
+impl ReplyTo {
+    /// The connection the request came on.
+    pub fn connection(&self) -> Connection {
+        Connection { peer: self.from, socket: self.socket }
+    }
+}
+
+/// A client's connection as its server knows it: the peer, and the socket its requests come on. A
+/// server that ends connections itself keeps it (ZooKeeper closes an expired session's connection:
+/// [`Rpc::close_connection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Connection {
+    pub peer: NodeIx,
+    socket: u32,
+}
+
+impl Connection {
+    /// The connection `peer`'s calls without a socket of their own share (socket 0): a server's state
+    /// machine driven outside the network (tests, conformance) sees every request on it.
+    pub fn shared(peer: NodeIx) -> Connection {
+        Connection { peer, socket: 0 }
+    }
+
+    /// A client's connection on its socket number `socket` (tests of state machines).
+    #[cfg(test)]
+    pub(crate) fn on(peer: NodeIx, socket: u32) -> Connection {
+        Connection { peer, socket }
+    }
+
+    /// Whether this is the connection a client opened as `socket`.
+    pub fn is(&self, socket: Socket) -> bool {
+        self.socket == socket.0
+    }
 }
 
 #[cfg(test)]

@@ -37,8 +37,10 @@ impl Drop for Pending<'_> {
 pub enum Input<Q> {
     /// A request or stream message, and where its answer goes.
     Request(ReplyTo, Q),
-    /// Life `life` of `peer`'s process died and its kernel closed its connections to this node.
-    Closed { peer: NodeIx, life: u32 },
+    /// `peer` closed its connection on `socket` to this node ([`Rpc::close_connection`]), or life
+    /// `life` of its process died and its kernel closed them all (`socket` `None`); the close arrived
+    /// at `arrived_ns` (earlier than now if this node was paused).
+    Closed { peer: NodeIx, life: u32, socket: Option<Socket>, arrived_ns: u64 },
 }
 
 /// One node's endpoint for this life of the node: it makes calls and serves them. Clones share it.
@@ -125,6 +127,29 @@ impl Rpc {
         self.net.state().close(self.me, to, socket);
     }
 
+    /// A server closes a client's connection (ZooKeeper's `ServerCnxn.close`: an expired session's,
+    /// a shut-down server's): its kernel sends a FIN behind what the server already sent on it, one
+    /// network delay away (held by a cut, as data is; its latency from the kernel's stream, so a run
+    /// that closes none draws what it drew before). The client reads the end of its stream
+    /// ([`Input::Closed`] with the socket), and its calls still waiting on the connection end as
+    /// [`CallError::Reset`]; what it sends on it meanwhile is reset unread.
+    pub fn close_connection(&self, connection: Connection) {
+        let mut s = self.net.state();
+        if s.inboxes.get(&self.me).is_none_or(|i| i.process_dead) {
+            return;
+        }
+        let (peer, socket) = (connection.peer, connection.socket);
+        s.sockets.shut.insert((self.me, socket));
+        let msg = Message::Closed { life: self.incarnation, socket: Some(socket) };
+        let now = sim_now_ns();
+        match s.conn(self.me, peer, socket) {
+            Some(conn) if s.holds(&conn) => s.hold(conn, msg, now),
+            Some(_) => s.deliver(self.me, peer, socket, msg, now),
+            // The client's host is down: nothing to close.
+            None => {}
+        }
+    }
+
     /// Send `req` to `to` and wait for its reply, at most `timeout` by this node's clock.
     pub async fn call<Q, R>(&self, to: NodeIx, req: Q, timeout: Duration) -> Result<R, CallError>
     where
@@ -157,14 +182,14 @@ impl Rpc {
         // madsim's timers wait at least 1 ms.
         let now = sim_now_ns();
         let deadline_ns = now + self.clock.real_duration(timeout).max(Duration::from_millis(1)).as_nanos() as u64;
-        let waiting = Waiting { peer: to, reply: None, caller: None, deadline_ns };
         {
             let mut s = self.net.state();
+            let socket = socket.map_or_else(|| s.sockets.current(self.me, to), |Socket(s)| s);
+            let waiting = Waiting { peer: to, socket, reply: None, caller: None, deadline_ns };
             match s.inboxes.get_mut(&self.me) {
                 Some(inbox) => inbox.waiting.push((tag, waiting)),
                 None => return Err(CallError::Timeout),
             };
-            let socket = socket.map_or_else(|| s.sockets.current(self.me, to), |Socket(s)| s);
             s.send(self.me, to, socket, Message::Request { reply_tag: tag, body: Box::new(req), conn }, now);
         }
         let _pending = Pending { rpc: self, tag };
@@ -219,7 +244,7 @@ impl Rpc {
             let mut s = self.net.state();
             let s = &mut *s;
             let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
-            match inbox.take_request(sim_now_ns(), &s.sockets.closed) {
+            match inbox.take_request(self.me, sim_now_ns(), &s.sockets) {
                 Some((reply_to, body)) => Poll::Ready((reply_to, downcast_request(body))),
                 None => {
                     inbox.reader.set(cx.waker());
@@ -242,10 +267,10 @@ impl Rpc {
             if let Some(i) =
                 (0..inbox.closed.len()).filter(|i| inbox.closed[*i].0 <= now).min_by_key(|i| inbox.closed[*i])
             {
-                let (_, peer, life) = inbox.closed.remove(i);
-                return Poll::Ready(Input::Closed { peer, life });
+                let (arrived_ns, peer, life, socket) = inbox.closed.remove(i);
+                return Poll::Ready(Input::Closed { peer, life, socket: socket.map(Socket), arrived_ns });
             }
-            match inbox.take_request(now, &s.sockets.closed) {
+            match inbox.take_request(self.me, now, &s.sockets) {
                 Some((reply_to, body)) => Poll::Ready(Input::Request(reply_to, downcast_request(body))),
                 None => {
                     inbox.reader.set(cx.waker());

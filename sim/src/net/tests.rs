@@ -27,9 +27,14 @@ async fn sleep_until(at_ns: u64) {
     crate::clock::sleep(Duration::from_nanos(at_ns - sim_now_ns())).await;
 }
 
-/// `waiter` waits on a call with `tag` to `peer`.
+/// `waiter` waits on a call with `tag` to `peer` (on their shared socket).
 fn wait_on(net: &Net, waiter: NodeIx, peer: NodeIx, tag: u64) {
-    let waiting = Waiting { peer, reply: None, caller: None, deadline_ns: u64::MAX };
+    wait_on_socket(net, waiter, peer, 0, tag);
+}
+
+/// `waiter` waits on a call with `tag` to `peer` on `socket`.
+fn wait_on_socket(net: &Net, waiter: NodeIx, peer: NodeIx, socket: u32, tag: u64) {
+    let waiting = Waiting { peer, socket, reply: None, caller: None, deadline_ns: u64::MAX };
     net.state().inboxes.get_mut(&waiter).unwrap().waiting.push((tag, waiting));
 }
 
@@ -128,8 +133,8 @@ fn a_killed_process_kernel_closes_its_connections_and_resets_what_comes_after() 
         let mut s = net.state();
         let closed = s.inboxes[&B].closed.clone();
         assert_eq!(closed.len(), 1, "B had a connection with A: it sees the close");
-        let (at, peer, life) = closed[0];
-        assert_eq!((peer, life), (A, 0));
+        let (at, peer, life, socket) = closed[0];
+        assert_eq!((peer, life, socket), (A, 0, None), "every connection of the process");
         assert!(at >= s.link_clear_ns[&(A, B, 0)] && at <= LATENCY_NS.1, "one network delay later");
         let reply = s.inboxes.get_mut(&B).unwrap().waiting(5).unwrap().reply.take();
         assert!(matches!(reply, Some((_, 0, Err(CallError::Reset)))), "its call ends with a reset");
@@ -297,7 +302,7 @@ fn tell_on(net: &Net, from: NodeIx, to: NodeIx, Socket(socket): Socket, tag: u64
 fn requests_read(net: &Net, to: NodeIx) -> Vec<u64> {
     let s = &mut *net.state();
     let inbox = s.inboxes.get_mut(&to).unwrap();
-    let read = std::iter::from_fn(|| inbox.take_request(sim_now_ns(), &s.sockets.closed));
+    let read = std::iter::from_fn(|| inbox.take_request(to, sim_now_ns(), &s.sockets));
     read.map(|(reply_to, _)| reply_to.reply_tag).collect()
 }
 
@@ -410,5 +415,57 @@ fn data_on_a_closed_socket_arriving_after_the_new_connection_is_not_read() {
         sleep_until(20_000_000_000).await;
         let tags = requests_read(&net, B);
         assert_eq!(tags, [0, 2], "the server closed the old connection when it read the new one");
+    });
+}
+
+#[test]
+fn a_server_closes_one_connection_and_its_client_hears_of_that_one_only() {
+    in_world_async(|net| async move {
+        // Client A has two connections to server B: an old one and a new one, a call waiting on each.
+        let a = rpc_a(&net);
+        let (old, new) = (a.open(B), a.open(B));
+        tell_on(&net, A, B, old, 1);
+        tell_on(&net, A, B, new, 2);
+        sleep_until(20_000_000).await;
+        assert_eq!(requests_read(&net, B), [1, 2]);
+        let (Socket(old_n), Socket(new_n)) = (old, new);
+        wait_on_socket(&net, A, B, old_n, 1);
+        wait_on_socket(&net, A, B, new_n, 2);
+        let now = sim_now_ns();
+        Rpc::bind(&net, &Clock::default(), B, 0).close_connection(Connection { peer: A, socket: old_n });
+        {
+            let mut s = net.state();
+            let closed = s.inboxes[&A].closed.clone();
+            let [(at, peer, life, socket)] = closed[..] else { panic!("one close: {closed:?}") };
+            assert_eq!((peer, life, socket), (B, 0, Some(old_n)), "the one socket, not the process");
+            assert!((now + LATENCY_NS.0..=now + LATENCY_NS.1).contains(&at), "one network delay later");
+            let inbox = s.inboxes.get_mut(&A).unwrap();
+            assert!(matches!(inbox.waiting(1).unwrap().reply, Some((_, 0, Err(CallError::Reset)))), "its call ends");
+            assert!(inbox.waiting(2).unwrap().reply.is_none(), "the other connection's call waits on");
+        }
+        // What A sends on it before hearing of the close is reset unread; the new connection is read.
+        tell_on(&net, A, B, old, 3);
+        tell_on(&net, A, B, new, 4);
+        sleep_until(now + 20_000_000).await;
+        assert_eq!(requests_read(&net, B), [4]);
+    });
+}
+
+#[test]
+fn a_cut_holds_a_servers_close_as_it_holds_data() {
+    in_world_async(|net| async move {
+        let a = rpc_a(&net);
+        let socket = a.open(B);
+        tell_on(&net, A, B, socket, 1);
+        net.cut(B, A, true);
+        let Socket(n) = socket;
+        Rpc::bind(&net, &Clock::default(), B, 0).close_connection(Connection { peer: A, socket: n });
+        sleep_until(2_000_000_000).await;
+        assert!(net.state().inboxes[&A].closed.is_empty(), "held in B's kernel");
+        net.cut(B, A, false);
+        let closed = net.state().inboxes[&A].closed.clone();
+        // Sent at 0: retransmitted at 0.2, 0.4, 0.8, 1.6, 3.2 s — the first after the heal at 2 s.
+        let [(at, ..)] = closed[..] else { panic!("one close: {closed:?}") };
+        assert!((3_200_000_000 + LATENCY_NS.0..=3_200_000_000 + LATENCY_NS.1).contains(&at), "{at}");
     });
 }

@@ -11,7 +11,11 @@
 //!   the server), and after the heal the client learns its session `Expired`;
 //! - a *server kill* (SIGKILL, restarted with its data after a while): `Disconnected` at once (its
 //!   kernel closes the connection), a `get /x` made meanwhile fails, and the client re-attaches its
-//!   session once the server is back; a final `get /x` finds the ephemeral still there.
+//!   session once the server is back; a final `get /x` finds the ephemeral still there;
+//! - a *client pause* (SIGSTOP, past T by seconds): the server expires the session and closes its
+//!   connection meanwhile, so the resumed client reads the end of its stream — `Disconnected` at once —
+//!   and learns the session `Expired` at its re-attach (1–2 s later for the Java client, 0.1 s for
+//!   kazoo); no `get` is sent.
 //!
 //! Cuts are either well inside the read timeout or past the session's expiry by seconds: between the
 //! two, whether the session survives depends on the real client's random re-attach delay. The times of
@@ -44,6 +48,8 @@ pub enum ZkFault {
     Cut { ms: u64 },
     /// The server killed, and started again with its data `down_ms` later.
     ServerKill { down_ms: u64 },
+    /// The client's process stopped for `ms` (past its session's expiry), then resumed.
+    Pause { ms: u64 },
 }
 
 /// One plan (times from the moment the session is connected).
@@ -63,20 +69,25 @@ impl Plan {
         self.timeout_ms * 2 / 3
     }
 
-    /// When the `get /x` during the fault is sent.
-    fn ask_ms(&self) -> u64 {
-        self.fault_ms
-            + match self.fault {
-                ZkFault::Cut { .. } => 50,
-                ZkFault::ServerKill { .. } => 300,
-            }
+    /// When the `get /x` during the fault is sent (none to a stopped process).
+    fn ask_ms(&self) -> Option<u64> {
+        match self.fault {
+            ZkFault::Cut { .. } => Some(self.fault_ms + 50),
+            ZkFault::ServerKill { .. } => Some(self.fault_ms + 300),
+            ZkFault::Pause { .. } => None,
+        }
+    }
+
+    /// The `get /x`s, in order.
+    fn gets_ms(&self) -> impl Iterator<Item = u64> {
+        self.ask_ms().into_iter().chain(self.final_ms())
     }
 
     /// When a final `get /x` is sent, for the plans whose session lives on.
     fn final_ms(&self) -> Option<u64> {
         match self.fault {
             ZkFault::Cut { ms } if ms < self.read_timeout_ms() => Some(self.fault_ms + ms + 1500),
-            ZkFault::Cut { .. } => None,
+            ZkFault::Cut { .. } | ZkFault::Pause { .. } => None,
             ZkFault::ServerKill { down_ms } => Some(self.fault_ms + down_ms + 7000),
         }
     }
@@ -85,6 +96,7 @@ impl Plan {
         match self.fault {
             ZkFault::Cut { ms } => self.final_ms().unwrap_or(self.fault_ms + ms + self.timeout_ms + 4000) + 1000,
             ZkFault::ServerKill { .. } => self.final_ms().expect("a final get") + 1000,
+            ZkFault::Pause { ms } => self.fault_ms + ms + 4000,
         }
     }
 }
@@ -95,10 +107,11 @@ impl fmt::Display for Plan {
         match self.fault {
             ZkFault::Cut { ms } => write!(f, "the connection is cut for {ms} ms")?,
             ZkFault::ServerKill { down_ms } => write!(f, "the server is killed, restarted {down_ms} ms later")?,
+            ZkFault::Pause { ms } => write!(f, "the client's process is stopped for {ms} ms")?,
         }
-        write!(f, "; get /x at {} ms", self.ask_ms())?;
-        if let Some(at) = self.final_ms() {
-            write!(f, " and at {at} ms")?;
+        let gets: Vec<String> = self.gets_ms().map(|at| format!("{at} ms")).collect();
+        if !gets.is_empty() {
+            write!(f, "; get /x at {}", gets.join(" and at "))?;
         }
         Ok(())
     }
@@ -124,7 +137,7 @@ pub(super) const EXPIRED: &str = "expired";
 impl ClientFamily for ZkClientSide {
     const NAME: &'static str = "zk-client";
     const ABOUT: &'static str =
-        "Client side: the Java ZooKeeper client (zkCli) under cuts and a server kill — when it is \
+        "Client side: the Java ZooKeeper client (zkCli) under cuts, a server kill and a client pause — when it is \
          disconnected, which requests fail, whether its session comes back (needs root and java).";
     type Plan = Plan;
 
@@ -148,6 +161,13 @@ impl ClientFamily for ZkClientSide {
                 let ms = timeout_ms + rng.gen_range(25..=40) * 100;
                 Plan { timeout_ms, fault_ms, fault: ZkFault::Cut { ms } }
             }
+            // Stopped past T by seconds, so the server has expired the session and closed its
+            // connection well before the resume.
+            7 => {
+                let timeout_ms = rng.gen_range(2..=4) * 1000;
+                let ms = timeout_ms + rng.gen_range(25..=40) * 100;
+                Plan { timeout_ms, fault_ms, fault: ZkFault::Pause { ms } }
+            }
             // Down long enough for a connect attempt to be refused first (the client tries 1–2 s after
             // the disconnect): the request made meanwhile fails then, rather than racing the restart.
             _ => Plan {
@@ -163,6 +183,7 @@ impl ClientFamily for ZkClientSide {
             ZkFault::Cut { ms } if ms < plan.read_timeout_ms() => "short cut",
             ZkFault::Cut { .. } => "cut past expiry",
             ZkFault::ServerKill { .. } => "server kill",
+            ZkFault::Pause { .. } => "client pause past expiry",
         }
     }
 
@@ -247,7 +268,7 @@ pub fn model_as(plan: &Plan, seed: u64, host: bool, library: Library) -> Timelin
                 // Each get on its own, as a real client's asynchronous request: one the client holds
                 // (kazoo queues it while disconnected) does not hold up the next.
                 let mut gets = Vec::new();
-                for at in std::iter::once(plan.ask_ms()).chain(plan.final_ms()) {
+                for at in plan.gets_ms() {
                     until(at).await;
                     let (zk, record) = (zk.clone(), record_into(seen.clone(), start));
                     gets.push(ctx.spawn(async move {
@@ -269,6 +290,12 @@ pub fn model_as(plan: &Plan, seed: u64, host: bool, library: Library) -> Timelin
                 at: Duration::from_millis(plan.fault_ms),
                 target: Target::Node("zk-0".into()),
                 action: Action::Crash { restart_after: Some(Duration::from_millis(down_ms)), host },
+                on: None,
+            },
+            ZkFault::Pause { ms } => Fault {
+                at: Duration::from_millis(plan.fault_ms),
+                target: Target::Node("client-0".into()),
+                action: Action::Pause { duration: Duration::from_millis(ms) },
                 on: None,
             },
         };
@@ -368,6 +395,7 @@ fn real(plan: &Plan, server: &mut Server, net: &Netns) -> anyhow::Result<Timelin
 pub fn play_real(plan: &Plan, server: &mut Server, net: &Netns, client: &RealClient) -> anyhow::Result<Timeline> {
     let addr = server.addr().0;
     let mut child = (client.spawn)(addr, plan.timeout_ms)?;
+    let pid = child.id() as libc::pid_t;
     let reaped = Reaped(&mut child);
     let mut stdin = reaped.0.stdin.take().expect("piped");
     // Every line, stamped when it is read.
@@ -429,10 +457,15 @@ pub fn play_real(plan: &Plan, server: &mut Server, net: &Netns, client: &RealCli
                     play.by(plan.fault_ms + down_ms + RESTART_WITHIN_MS, "the restarted server ready");
                     Ok(())
                 }
+                ZkFault::Pause { ms } => {
+                    play.at(plan.fault_ms, "the stop");
+                    signal(pid, libc::SIGSTOP)?;
+                    play.at(plan.fault_ms + ms, "the resume");
+                    signal(pid, libc::SIGCONT)
+                }
             }
         });
-        send(plan.ask_ms(), &get)?;
-        if let Some(at) = plan.final_ms() {
+        for at in plan.gets_ms() {
             send(at, &get)?;
         }
         faults.join().expect("the fault thread")
@@ -461,6 +494,15 @@ pub fn play_real(plan: &Plan, server: &mut Server, net: &Netns, client: &RealCli
         return Err(Late(format!("{} answered the create at {at} ms, before any fault", client.name)).into());
     }
     Ok(seen.sorted())
+}
+
+/// Send `sig` to the client's process.
+fn signal(pid: libc::pid_t, sig: libc::c_int) -> anyhow::Result<()> {
+    // SAFETY: `kill` only sends a signal; `pid` is our own child, not yet reaped.
+    match unsafe { libc::kill(pid, sig) } {
+        0 => Ok(()),
+        _ => Err(anyhow::anyhow!("cannot signal the client ({pid}): {}", std::io::Error::last_os_error())),
+    }
 }
 
 /// How long a restarted real ZooKeeper may take to serve (a JVM's start, its data loaded) before the
@@ -505,7 +547,7 @@ mod tests {
                 assert!(ms.abs_diff(250) >= 50 || ms > 350, "seed {seed}: {p}");
             }
         }
-        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        assert_eq!(kinds.len(), 4, "{kinds:?}");
     }
 
     #[test]
@@ -536,5 +578,20 @@ mod tests {
             played += 1;
         }
         assert!(played >= 10, "{played}");
+    }
+
+    /// Debian's ZooKeeper 3.8 closes an expired session's connection (kazoo went SUSPENDED the moment
+    /// its stopped process resumed, LOST 0.1 s later): the model's resumed client reads the close first,
+    /// and learns of the expiry only at its re-attach.
+    #[test]
+    fn a_client_stopped_past_expiry_is_disconnected_on_resume_and_expired_at_its_reattach() {
+        let p = Plan { timeout_ms: 2000, fault_ms: 1000, fault: ZkFault::Pause { ms: 5000 } };
+        for (library, within) in [(Library::Java, 1000..2100), (Library::Kazoo, 50..200)] {
+            let t = model_as(&p, 1, false, library);
+            assert_eq!(t.whats(), [CREATED, DISCONNECTED, EXPIRED], "{library:?}: {t}");
+            let at = |what| t.at(what).unwrap();
+            assert!((6000..6050).contains(&at(DISCONNECTED)), "at the resume: {library:?} {t}");
+            assert!(within.contains(&(at(EXPIRED) - at(DISCONNECTED))), "at the re-attach: {library:?} {t}");
+        }
     }
 }

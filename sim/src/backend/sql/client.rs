@@ -50,7 +50,9 @@ impl Router {
     }
 
     /// The server's process died: every connection to that life of it reads the end of its stream.
-    fn closed(&self, server: NodeIx, life: u32) {
+    /// (A simulated PostgreSQL closes no connection of its own: `_socket` is always `None`. The
+    /// driver reads its socket on the application's thread: the close is the next statement's.)
+    fn closed(&self, server: NodeIx, life: u32, _socket: Option<crate::net::Socket>, _arrived_ns: u64) {
         self.closed.borrow_mut().insert((server, life));
         let conns: BTreeSet<ConnId> =
             self.servers.borrow().iter().filter(|(_, s)| **s == (server, life)).map(|(c, _)| *c).collect();

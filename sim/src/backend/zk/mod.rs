@@ -19,11 +19,18 @@
 //!   watches on a path (NoWatcher if none). `sync` on a single server answers once what came before is
 //!   applied, which it always is.
 //! - Sessions: timeouts negotiated into [2, 20] × tickTime; each request or ping renews one; the server
-//!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches.
+//!   expires a session whose bucket's tick passes, deleting its ephemerals and firing their watches,
+//!   and closes the session's connection (`FinalRequestProcessor`: a `closeSession` without a
+//!   connection of its own — the tracker's — closes the session's `ServerCnxn`). Its client reads the
+//!   end of the stream and is disconnected at once, even idle; it learns the session expired when it
+//!   re-attaches (seen on Debian's ZooKeeper 3.8 with kazoo: SUSPENDED as the server closed the
+//!   connection, LOST on the re-attach 0.1 s later).
 //!   Buckets are the multiples of tickTime on the host's monotonic clock (`ExpiryQueue` over
 //!   `Time.currentElapsedTime()`, i.e. `System.nanoTime`, which counts from the host's boot): their
 //!   phase is the host's uptime, drawn per seed (`World::add_server`) and kept across restarts.
-//!   A request on an expired session fails with SessionExpired — which is how a client learns of it.
+//!   A re-attach of an expired session fails with SessionExpired, which is how a client learns of it
+//!   (the real server answers a `ConnectResponse` with timeout 0; the client library reports
+//!   Expired); so does a request that reaches the server on another connection.
 //! - Durability: every transaction is logged to disk before it is acknowledged, so a restarted server
 //!   recovers its tree and its sessions, and gives each session a fresh timeout to reconnect in
 //!   (SessionTrackerImpl on load). Watches are kept: a real client sets its watches again when it
@@ -36,6 +43,7 @@ mod watch;
 
 use super::{Backend, Now, Out};
 use crate::history::{EventKind, NodeIx};
+use crate::net::Connection;
 use std::time::Duration;
 
 pub use tree::{copy_stat, parent};
@@ -382,18 +390,25 @@ impl Backend for ZkState {
     type Request = ZkRequest;
     type Reply = ZkReply;
 
+    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
+        self.apply_via(now, Connection::shared(from), request, out)
+    }
+
     /// Sessions are timed on the monotonic clock (`ExpiryQueue` and `SessionTrackerImpl` read
     /// `Time.currentElapsedTime()`, i.e. `System.nanoTime`): a wall-clock jump changes nothing.
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
+    fn apply_via(&mut self, now: Now, via: Connection, request: ZkRequest, out: &mut Out) -> ZkReply {
         let now_ms = now.mono_ms;
         match request {
             ZkRequest::Connect { requested_ms, session: None } => {
-                let (session, timeout_ms) = self.sessions.open(from, requested_ms, now_ms);
-                out.lease_started(from, session); // hazard marks: a new session
+                let (session, timeout_ms) = self.sessions.open(via, requested_ms, now_ms);
+                out.lease_started(via.peer, session); // hazard marks: a new session
                 ZkReply::Connected { session, timeout_ms }
             }
             ZkRequest::Connect { session: Some(id), .. } => match self.sessions.touch(id, now_ms) {
-                Some(s) => ZkReply::Connected { session: id, timeout_ms: s.timeout_ms },
+                Some(s) => {
+                    s.connection = via;
+                    ZkReply::Connected { session: id, timeout_ms: s.timeout_ms }
+                }
                 None => ZkReply::Error(ZkError::SessionExpired),
             },
             ZkRequest::Op { session, op } => {
@@ -414,6 +429,7 @@ impl Backend for ZkState {
             out.record(session.owner, EventKind::Session { state: "expired by the server".into() });
             out.lease_ended(session.owner, id); // hazard: lease-expired-while-held (if it held)
             self.end_session(session.ephemerals, id, out);
+            out.close(session.connection);
         }
     }
 }

@@ -6,12 +6,16 @@
 
 use super::SessionId;
 use crate::history::NodeIx;
+use crate::net::Connection;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone)]
 pub struct Session {
     /// The client node that owns the session, where its watch events go.
     pub owner: NodeIx,
+    /// The connection the session was last attached on: the server closes it when the session ends
+    /// without its client's asking.
+    pub connection: Connection,
     pub timeout_ms: i64,
     expires_at_ms: i64,
     pub ephemerals: BTreeSet<String>,
@@ -33,13 +37,14 @@ impl Sessions {
         (now_ms + timeout_ms).div_euclid(self.tick_ms) * self.tick_ms + self.tick_ms
     }
 
-    /// Open a session for `owner`; returns its id and negotiated timeout.
-    pub fn open(&mut self, owner: NodeIx, requested_ms: i64, now_ms: i64) -> (SessionId, i64) {
+    /// Open a session for the client on `connection`; returns its id and negotiated timeout.
+    pub fn open(&mut self, connection: Connection, requested_ms: i64, now_ms: i64) -> (SessionId, i64) {
         let timeout_ms = requested_ms.clamp(2 * self.tick_ms, 20 * self.tick_ms);
         let id = self.next_id;
         self.next_id += 1;
         let expires_at_ms = self.expiry(now_ms, timeout_ms);
-        self.live.insert(id, Session { owner, timeout_ms, expires_at_ms, ephemerals: BTreeSet::new() });
+        let owner = connection.peer;
+        self.live.insert(id, Session { owner, connection, timeout_ms, expires_at_ms, ephemerals: BTreeSet::new() });
         (id, timeout_ms)
     }
 
@@ -86,15 +91,15 @@ mod tests {
     #[test]
     fn timeouts_are_negotiated_into_two_to_twenty_ticks() {
         let mut s = Sessions::new(2000);
-        assert_eq!(s.open(NodeIx(0), 1000, 0).1, 4000);
-        assert_eq!(s.open(NodeIx(0), 10_000, 0).1, 10_000);
-        assert_eq!(s.open(NodeIx(0), 100_000, 0).1, 40_000);
+        assert_eq!(s.open(Connection::shared(NodeIx(0)), 1000, 0).1, 4000);
+        assert_eq!(s.open(Connection::shared(NodeIx(0)), 10_000, 0).1, 10_000);
+        assert_eq!(s.open(Connection::shared(NodeIx(0)), 100_000, 0).1, 40_000);
     }
 
     #[test]
     fn a_session_expires_at_the_tick_after_its_timeout_unless_renewed() {
         let mut s = Sessions::new(2000);
-        let (id, _) = s.open(NodeIx(0), 5000, 100);
+        let (id, _) = s.open(Connection::shared(NodeIx(0)), 5000, 100);
         // 100 + 5000 = 5100, rounded up to the next tick: 6000.
         assert!(s.expire(5999).is_empty());
         assert!(s.touch(id, 3000).is_some());

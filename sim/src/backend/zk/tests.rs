@@ -111,6 +111,24 @@ fn an_expired_session_loses_its_ephemerals_and_fires_their_watches() {
 }
 
 #[test]
+fn an_expired_sessions_connection_is_closed_the_one_it_last_attached_on() {
+    let mut z = zk();
+    let (first, second) = (Connection::on(C1, 1), Connection::on(C1, 2));
+    let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
+    let ZkReply::Connected { session, .. } = z.apply_via(Now::at(0), first, connect, &mut Out::default()) else {
+        panic!("connected")
+    };
+    let mut out = Out::default();
+    let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session) };
+    assert!(matches!(z.apply_via(Now::at(1000), second, reattach, &mut out), ZkReply::Connected { .. }));
+    z.tick(Now::at(6000), &mut out);
+    assert!(out.closes.is_empty(), "alive until its bucket");
+    // Renewed at 1000: 7000 rounds up to the 8 s tick.
+    z.tick(Now::at(8000), &mut out);
+    assert_eq!(out.closes, [second], "FinalRequestProcessor closes the session's ServerCnxn");
+}
+
+#[test]
 fn closing_a_session_deletes_its_ephemerals_at_once() {
     let mut z = zk();
     let s = connect(&mut z, C1, 0);

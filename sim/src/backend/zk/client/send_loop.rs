@@ -30,10 +30,6 @@ async fn reattach(shared: &Shared) {
 /// Most time between the Java client's pings (`MAX_SEND_PING_INTERVAL`).
 const MAX_SEND_PING_INTERVAL_MS: i64 = 10_000;
 
-/// How late a timer must fire for its node to have been paused: then the application's next step
-/// runs before what the timer found is handed over.
-const RESUMED_LATE_MS: i64 = 50;
-
 /// The library's send loop: [`send_thread`] (Java's `ClientCnxn.SendThread`, go-zookeeper's send and
 /// receive loops) or [`kazoo_loop`].
 pub(super) async fn pinger(shared: Rc<Shared>) {
@@ -46,7 +42,7 @@ pub(super) async fn pinger(shared: Rc<Shared>) {
 /// A paused node's timer fired late: the application's tasks, ready since the resume, take their next
 /// step first. `wake_at`: when the timer was due.
 async fn after_a_pause(clock: &Host, wake_at: i64) {
-    if clock.monotonic_ms() - wake_at >= RESUMED_LATE_MS {
+    if clock.monotonic_ms() - wake_at >= crate::backend::RESUMED_LATE.as_millis() as i64 {
         clock.sleep(Duration::from_millis(1)).await;
     }
 }
