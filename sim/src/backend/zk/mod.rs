@@ -24,7 +24,11 @@
 //!   connection of its own — the tracker's — closes the session's `ServerCnxn`). Its client reads the
 //!   end of the stream and is disconnected at once, even idle; it learns the session expired when it
 //!   re-attaches (seen on Debian's ZooKeeper 3.8 with kazoo: SUSPENDED as the server closed the
-//!   connection, LOST on the re-attach 0.1 s later).
+//!   connection, LOST on the re-attach 0.1 s later). The sessions of one bucket are expired one after
+//!   the other, each by its own `closeSession` (`SessionTrackerImpl.run`): one expired later in the
+//!   same tick still hears of the ephemerals deleted before its own close.
+//! - The server's database (`replica.rs`: tree, watches, each session's owner and ephemerals)
+//!   is apart from its session tracker, as in ZooKeeper (`ZKDatabase` and `SessionTrackerImpl`).
 //!   Buckets are the multiples of tickTime on the host's monotonic clock (`ExpiryQueue` over
 //!   `Time.currentElapsedTime()`, i.e. `System.nanoTime`, which counts from the host's boot): their
 //!   phase is the host's uptime, drawn per seed (`World::add_server`) and kept across restarts.
@@ -37,6 +41,7 @@
 //!   reconnects (SetWatches), and the server fires any whose change it missed.
 
 pub mod client;
+mod replica;
 mod session;
 mod tree;
 mod watch;
@@ -220,26 +225,18 @@ pub enum ZkReply {
     Error(ZkError),
 }
 
-/// One ZooKeeper server's state (a single-server ensemble).
+/// One ZooKeeper server's state (a single-server ensemble): its database and its session tracker.
 #[derive(Debug)]
 pub struct ZkState {
-    tree: tree::Tree,
+    replica: replica::Replica,
     sessions: session::Sessions,
-    watches: watch::Watches,
-    zxid: u64,
     tick_ms: i64,
 }
 
 impl ZkState {
     pub fn new(tick: Duration) -> ZkState {
         let tick_ms = tick.as_millis() as i64;
-        ZkState {
-            tree: tree::Tree::default(),
-            sessions: session::Sessions::new(tick_ms),
-            watches: Default::default(),
-            zxid: 0,
-            tick_ms,
-        }
+        ZkState { replica: replica::Replica::default(), sessions: session::Sessions::new(tick_ms), tick_ms }
     }
 
     /// After a restart: the tree and sessions are recovered from the log, and every session gets a full
@@ -248,141 +245,17 @@ impl ZkState {
         self.sessions.renew_all(now_ms);
     }
 
-    /// Notify every session watching `path` for `event`.
-    fn fire(&mut self, path: &str, event: EventType, out: &mut Out) {
-        for session in self.watches.fire(path, event) {
-            if let Some(owner) = self.sessions.owner(session) {
-                out.record(owner, EventKind::Notify { cause: format!("{event:?} {path}") });
-                out.push(owner, WatchEvent { session, path: path.to_string(), event });
-            }
-        }
-    }
-
-    /// Delete `path` in transaction `zxid` and fire its watches.
-    fn delete_in(&mut self, path: &str, version: i32, zxid: u64, out: &mut Out) -> Result<(), ZkError> {
-        let owner = self.tree.stat(path).map(|s| s.ephemeral_owner);
-        self.tree.delete(path, version, zxid)?;
-        if let Some(session) = owner.and_then(|o| self.sessions.get_mut(o)) {
-            session.ephemerals.remove(path);
-        }
-        self.fire(path, EventType::NodeDeleted, out);
-        self.fire(parent(path), EventType::NodeChildrenChanged, out);
-        Ok(())
-    }
-
-    /// End a session (closed, or expired by the tracker): its watches are forgotten and its ephemerals
-    /// deleted, firing their watches — all in one `closeSession` transaction, so in one zxid
-    /// (PrepRequestProcessor turns the session's ephemerals into the txn's deletes).
-    fn end_session(&mut self, ephemerals: impl IntoIterator<Item = String>, id: SessionId, out: &mut Out) {
-        self.watches.forget(id);
-        self.zxid += 1;
-        for path in ephemerals {
-            let _ = self.delete_in(&path, -1, self.zxid, out);
-        }
-    }
-
-    /// Apply one write as part of transaction `zxid`, firing its watches into `out`.
-    fn write(&mut self, session: SessionId, op: TxnOp, zxid: u64, out: &mut Out) -> Result<ZkReply, ZkError> {
-        Ok(match op {
-            TxnOp::Create { path, data, mode } => {
-                let path = self.tree.create(&path, &data, mode, session, zxid)?;
-                if matches!(mode, CreateMode::Ephemeral | CreateMode::EphemeralSequential) {
-                    self.sessions.get_mut(session).expect("touched").ephemerals.insert(path.clone());
-                }
-                self.fire(&path, EventType::NodeCreated, out);
-                self.fire(parent(&path), EventType::NodeChildrenChanged, out);
-                let stat = *self.tree.stat(&path).expect("just created");
-                ZkReply::Created { path, stat: copy_stat(&stat) }
-            }
-            TxnOp::Delete { path, version } => {
-                self.delete_in(&path, version, zxid, out)?;
-                ZkReply::Deleted
-            }
-            TxnOp::SetData { path, data, version } => {
-                let stat = self.tree.set_data(&path, &data, version, zxid)?;
-                self.fire(&path, EventType::NodeDataChanged, out);
-                ZkReply::DataSet(copy_stat(&stat))
-            }
-            TxnOp::Check { path, version } => match self.tree.stat(&path) {
-                None => return Err(ZkError::NoNode),
-                Some(stat) if version != -1 && stat.version != version => return Err(ZkError::BadVersion),
-                Some(_) => ZkReply::Checked,
-            },
-        })
-    }
-
-    /// One write in a transaction of its own.
-    fn write_alone(&mut self, session: SessionId, op: TxnOp, out: &mut Out) -> Result<ZkReply, ZkError> {
-        let reply = self.write(session, op, self.zxid + 1, out)?;
-        self.zxid += 1;
-        Ok(reply)
-    }
-
-    /// `multi` (PrepRequestProcessor's MultiTxn): each operation sees the ones before it; all are
-    /// applied in one zxid, or — one failing — none, and no watch fires.
-    fn multi(&mut self, session: SessionId, ops: Vec<TxnOp>, out: &mut Out) -> ZkReply {
-        let before = (self.tree.clone(), self.sessions.clone(), self.watches.clone());
-        let mut fired = Out::default();
-        let mut replies = Vec::with_capacity(ops.len());
-        for (i, op) in ops.into_iter().enumerate() {
-            match self.write(session, op, self.zxid + 1, &mut fired) {
-                Ok(ZkReply::Created { path, .. }) => replies.push(ZkReply::CreatedPath { path }),
-                Ok(reply) => replies.push(reply),
-                Err(e) => {
-                    (self.tree, self.sessions, self.watches) = before;
-                    return ZkReply::Multi(Err((i, e)));
-                }
-            }
-        }
-        self.zxid += 1;
-        out.events.extend(fired.events);
-        out.pushes.extend(fired.pushes);
-        ZkReply::Multi(Ok(replies))
-    }
-
     fn op(&mut self, session: SessionId, op: ZkOp, out: &mut Out) -> Result<ZkReply, ZkError> {
-        Ok(match op {
-            ZkOp::Ping => ZkReply::Pong,
-            ZkOp::Create { path, data, mode } => self.write_alone(session, TxnOp::Create { path, data, mode }, out)?,
-            ZkOp::Delete { path, version } => self.write_alone(session, TxnOp::Delete { path, version }, out)?,
-            ZkOp::SetData { path, data, version } => {
-                self.write_alone(session, TxnOp::SetData { path, data, version }, out)?
-            }
-            ZkOp::Multi(ops) => self.multi(session, ops, out),
+        match op {
             // One server applies requests in order: everything accepted before is applied already.
-            ZkOp::Sync { path } => ZkReply::Synced { path },
-            ZkOp::Exists { path, watch } => {
-                if watch {
-                    self.watches.watch_data(&path, session);
-                }
-                ZkReply::Exists(self.tree.stat(&path).map(copy_stat))
-            }
-            ZkOp::GetData { path, watch } => {
-                let (data, stat) = self.tree.data(&path).ok_or(ZkError::NoNode)?;
-                let reply = ZkReply::Data { data: data.to_string(), stat: copy_stat(stat) };
-                if watch {
-                    self.watches.watch_data(&path, session);
-                }
-                reply
-            }
-            ZkOp::GetChildren { path, watch } => {
-                let (children, stat) = self.tree.children(&path).ok_or(ZkError::NoNode)?;
-                let reply = ZkReply::Children { children, stat: copy_stat(stat) };
-                if watch {
-                    self.watches.watch_children(&path, session);
-                }
-                reply
-            }
-            ZkOp::RemoveWatches { path } => match self.watches.remove(&path, session) {
-                true => ZkReply::WatchesRemoved,
-                false => return Err(ZkError::NoWatcher),
-            },
+            ZkOp::Sync { path } => Ok(ZkReply::Synced { path }),
             ZkOp::Close => {
-                let closed = self.sessions.close(session).expect("touched");
-                self.end_session(closed.ephemerals, session, out);
-                ZkReply::Closed
+                self.sessions.close(session).expect("touched");
+                self.replica.end_session(session, out);
+                Ok(ZkReply::Closed)
             }
-        })
+            op => self.replica.op(session, op, out),
+        }
     }
 }
 
@@ -401,6 +274,7 @@ impl Backend for ZkState {
         match request {
             ZkRequest::Connect { requested_ms, session: None } => {
                 let (session, timeout_ms) = self.sessions.open(via, requested_ms, now_ms);
+                self.replica.open_session(session, via.peer);
                 out.lease_started(via.peer, session); // hazard marks: a new session
                 ZkReply::Connected { session, timeout_ms }
             }
@@ -426,9 +300,10 @@ impl Backend for ZkState {
 
     fn tick(&mut self, now: Now, out: &mut Out) {
         for (id, session) in self.sessions.expire(now.mono_ms) {
-            out.record(session.owner, EventKind::Session { state: "expired by the server".into() });
-            out.lease_ended(session.owner, id); // hazard: lease-expired-while-held (if it held)
-            self.end_session(session.ephemerals, id, out);
+            let owner = self.replica.owner(id).expect("a tracked session is in the database");
+            out.record(owner, EventKind::Session { state: "expired by the server".into() });
+            out.lease_ended(owner, id); // hazard: lease-expired-while-held (if it held)
+            self.replica.end_session(id, out);
             out.close(session.connection);
         }
     }

@@ -2,23 +2,20 @@
 //!
 //! The server negotiates a client's requested timeout into [2, 20] × tickTime. Every request or ping
 //! renews the session: it now expires at `now + timeout`, rounded up to the next multiple of tickTime
-//! (ZooKeeper's ExpiryQueue), and the tick at that time expires it.
+//! (ZooKeeper's ExpiryQueue), and the tick at that time expires it. What a session owns (its
+//! ephemerals, where its events go) is the database's (`replica.rs`).
 
 use super::SessionId;
-use crate::history::NodeIx;
 use crate::net::Connection;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
 pub struct Session {
-    /// The client node that owns the session, where its watch events go.
-    pub owner: NodeIx,
     /// The connection the session was last attached on: the server closes it when the session ends
     /// without its client's asking.
     pub connection: Connection,
     pub timeout_ms: i64,
     expires_at_ms: i64,
-    pub ephemerals: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -43,8 +40,7 @@ impl Sessions {
         let id = self.next_id;
         self.next_id += 1;
         let expires_at_ms = self.expiry(now_ms, timeout_ms);
-        let owner = connection.peer;
-        self.live.insert(id, Session { owner, connection, timeout_ms, expires_at_ms, ephemerals: BTreeSet::new() });
+        self.live.insert(id, Session { connection, timeout_ms, expires_at_ms });
         (id, timeout_ms)
     }
 
@@ -64,14 +60,6 @@ impl Sessions {
         }
     }
 
-    pub fn get_mut(&mut self, id: SessionId) -> Option<&mut Session> {
-        self.live.get_mut(&id)
-    }
-
-    pub fn owner(&self, id: SessionId) -> Option<NodeIx> {
-        self.live.get(&id).map(|s| s.owner)
-    }
-
     pub fn close(&mut self, id: SessionId) -> Option<Session> {
         self.live.remove(&id)
     }
@@ -87,6 +75,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::NodeIx;
 
     #[test]
     fn timeouts_are_negotiated_into_two_to_twenty_ticks() {

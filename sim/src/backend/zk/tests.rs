@@ -129,6 +129,22 @@ fn an_expired_sessions_connection_is_closed_the_one_it_last_attached_on() {
 }
 
 #[test]
+fn a_session_expiring_in_the_same_tick_still_hears_of_the_ephemeral_deleted_before_its_own_close() {
+    // The tracker expires a bucket's sessions one after the other, each by its own closeSession: the
+    // second one's connection is still open while the first one's ephemerals go, and its watch fires.
+    let mut z = zk();
+    let (s1, s2) = (connect(&mut z, C1, 0), connect(&mut z, C2, 0));
+    let mut out = Out::default();
+    op(&mut z, C1, s1, 0, create("/lock", CreateMode::Ephemeral), &mut out);
+    op(&mut z, C2, s2, 0, ZkOp::Exists { path: "/lock".into(), watch: true }, &mut out);
+    let mut out = Out::default();
+    z.tick(Now::at(8000), &mut out);
+    let pushed: Vec<NodeIx> = out.pushes.iter().map(|(to, _)| *to).collect();
+    assert_eq!(pushed, [C2], "NodeDeleted /lock reaches the other expiring session");
+    assert_eq!(out.closes.len(), 2, "both connections closed");
+}
+
+#[test]
 fn closing_a_session_deletes_its_ephemerals_at_once() {
     let mut z = zk();
     let s = connect(&mut z, C1, 0);
