@@ -482,7 +482,10 @@ struct ModelRun {
 
 impl ModelRun {
     fn collect(&mut self) {
+        // What the scripts compare is the answers and the events: a connection the model closes (an
+        // expired session's) is the next connect's to find.
         self.out.events.clear();
+        self.out.closes.clear();
         for (node, push) in self.out.pushes.drain(..) {
             if let Ok(e) = push.downcast::<WatchEvent>() {
                 if self.sessions.get(&(node.0 as usize)) == Some(&e.session) {

@@ -241,7 +241,7 @@ impl Inbox {
         while self.requests.peek().is_some_and(|q| q.at.0 <= now_ns) {
             let request = self.requests.pop().expect("just seen").request;
             let (from, socket) = (request.0.from, request.0.socket);
-            if sockets.shut.contains(&(me, socket)) {
+            if sockets.shut.contains(&(me, from, socket)) {
                 continue;
             }
             let newest = self.newest.entry(from).or_default();
@@ -369,9 +369,9 @@ struct Sockets {
     /// Sockets their owner closed: a server that has read a newer socket of the same client resets
     /// what arrives on them ([`Inbox::take_request`]).
     closed: std::collections::BTreeSet<(NodeIx, u32)>,
-    /// Client connections their server closed ([`Rpc::close_connection`]), by server and socket: it
-    /// resets what arrives on them.
-    shut: std::collections::BTreeSet<(NodeIx, u32)>,
+    /// Client connections their server closed ([`Rpc::close_connection`]), by server, client and socket
+    /// (socket 0 is every pair's shared one): the server resets what arrives on them.
+    shut: std::collections::BTreeSet<(NodeIx, NodeIx, u32)>,
 }
 
 impl Sockets {
@@ -815,11 +815,6 @@ impl Connection {
     #[cfg(test)]
     pub(crate) fn on(peer: NodeIx, socket: u32) -> Connection {
         Connection { peer, socket }
-    }
-
-    /// Whether this is the connection a client opened as `socket`.
-    pub fn is(&self, socket: Socket) -> bool {
-        self.socket == socket.0
     }
 }
 

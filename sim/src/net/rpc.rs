@@ -139,7 +139,7 @@ impl Rpc {
             return;
         }
         let (peer, socket) = (connection.peer, connection.socket);
-        s.sockets.shut.insert((self.me, socket));
+        s.sockets.shut.insert((self.me, peer, socket));
         let msg = Message::Closed { life: self.incarnation, socket: Some(socket) };
         let now = sim_now_ns();
         match s.conn(self.me, peer, socket) {
