@@ -560,11 +560,12 @@ fn fault_kind(section: &Section, v: &Spanned<toml::Value>) -> Result<FaultKind, 
 
 fn node_name(section: &Section, key: &str, v: &Spanned<toml::Value>, topo: &Topology) -> Result<String, ScenarioError> {
     let name = section.string(key, v)?;
-    let all: Vec<&String> = topo.clients.iter().chain(&topo.servers).collect();
-    if name == "resource" || all.iter().any(|n| **n == name) {
+    let all: Vec<&str> = topo.clients.iter().chain(&topo.servers).map(String::as_str).collect();
+    let roles = topo.roles.iter().map(|(role, _)| *role);
+    if name == "resource" || all.contains(&name.as_str()) || roles.clone().any(|r| r == name) {
         return Ok(name);
     }
-    let list: Vec<&str> = all.iter().map(|s| s.as_str()).chain(["resource"]).collect();
+    let list: Vec<&str> = all.into_iter().chain(["resource"]).chain(roles).collect();
     Err(section
         .error(v.span(), format!("{key}: no node \"{name}\" in this scenario; expected one of: {}", list.join(", "))))
 }

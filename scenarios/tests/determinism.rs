@@ -24,8 +24,11 @@ fn every_catalog_scenario_replays_to_the_same_history() {
 #[test]
 fn results_do_not_depend_on_the_number_of_jobs() {
     // A nemesis of each family whose client draws its own timing from the seed (ZooKeeper's
-    // re-attach, etcd's keep-alive loop, Redis's retries).
-    for stem in ["redis-nemesis-del", "zk-leader-election-nemesis", "etcd-mutex-server-crash-nemesis"] {
+    // re-attach, etcd's keep-alive loop, Redis's retries); and a ZooKeeper ensemble's, whose clients
+    // shuffle their server lists from it.
+    for stem in
+        ["redis-nemesis-del", "zk-leader-election-nemesis", "etcd-mutex-server-crash-nemesis", "zk-ensemble-nemesis"]
+    {
         assert_same_at_any_jobs(&catalog(stem), 0..40);
     }
 }

@@ -66,6 +66,11 @@ pub type Program = Arc<dyn Fn(NodeEnv) -> Pin<Box<dyn Future<Output = ()>>> + Se
 /// Promote the replica of a failed master: returns the promoted node, or why there is none.
 pub type FailoverFn = Box<dyn FnMut(NodeIx) -> Result<NodeIx, String>>;
 
+/// The node a role of the family's names now (see [`crate::fault::Topology::roles`]), given who holds
+/// the lock: `None` if the name is no role, else the node or why no node has the role now (an
+/// ensemble's `leader` during an election).
+pub type RolesFn = Box<dyn Fn(&str, &[NodeIx]) -> Option<Result<NodeIx, String>>>;
+
 struct WorldNode {
     name: String,
     id: NodeId,
@@ -88,6 +93,9 @@ pub struct World {
     /// Nodes crashed by a fault that has not restarted them yet.
     down: BTreeSet<NodeIx>,
     failover: Option<FailoverFn>,
+    roles: Option<RolesFn>,
+    /// The peers each cut in force was made from.
+    cut_off: BTreeMap<u32, Vec<NodeIx>>,
     /// Choices made while the run goes on (which of several holders a fault hits).
     rng: ChaCha8Rng,
     /// Time readings go straight to this runtime's clock while the world lives.
@@ -118,6 +126,8 @@ impl World {
             pauses: BTreeMap::new(),
             down: BTreeSet::new(),
             failover: None,
+            roles: None,
+            cut_off: BTreeMap::new(),
             rng: stream(seed, Stream::Nemesis, 2),
         }
     }
@@ -156,6 +166,19 @@ impl World {
 
     pub fn set_failover(&mut self, f: FailoverFn) {
         self.failover = Some(f);
+    }
+
+    pub fn set_roles(&mut self, f: RolesFn) {
+        self.roles = Some(f);
+    }
+
+    /// The node `name` names now: a node's name, or a role's.
+    fn named(&self, name: &str) -> Result<NodeIx, String> {
+        if let Some(node) = self.index(name) {
+            return Ok(node);
+        }
+        let role = self.roles.as_ref().and_then(|roles| roles(name, &self.recorder.holders()));
+        role.expect("targets and peers are validated against the topology")
     }
 
     /// Add a node running `program`; it starts at once.
@@ -320,7 +343,7 @@ impl World {
     fn resolve(&mut self, target: &Target, trigger: Option<NodeIx>) -> Result<NodeIx, String> {
         let (candidates, nobody) = match target {
             Target::Trigger => return Ok(trigger.expect("target = \"trigger\" is validated to come with `on`")),
-            Target::Node(name) => return Ok(self.index(name).expect("targets are validated against the topology")),
+            Target::Node(name) => return self.named(name),
             Target::RandomClient => unreachable!("random-client targets are resolved before the run"),
             Target::Holder => (self.recorder.holders(), "nobody held the lock"),
             Target::Waiter => (self.recorder.waiters(), "nobody was waiting for the lock"),
@@ -358,16 +381,23 @@ impl World {
                 self.down.remove(&node);
                 self.restart(node);
             }
-            Action::Partition { peers, .. } => {
-                for peer in self.peers(node, peers) {
-                    self.cut(node, peer, true);
-                    self.cut(peer, node, true);
+            Action::Partition { peers, .. } | Action::Clog { peers, .. } => {
+                let peers = match self.peers(node, peers) {
+                    Ok(peers) => peers,
+                    Err(reason) => {
+                        self.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
+                        return None;
+                    }
+                };
+                let both_ways = matches!(fault.action, Action::Partition { .. });
+                for peer in &peers {
+                    self.cut(node, *peer, true);
+                    if both_ways {
+                        self.cut(*peer, node, true);
+                    }
                 }
-            }
-            Action::Clog { peers, .. } => {
-                for peer in self.peers(node, peers) {
-                    self.cut(node, peer, true);
-                }
+                // A role's node may change while the cut lasts: its end heals what its start cut.
+                self.cut_off.insert(id, peers);
             }
             Action::Delay { latency, .. } => self.net.set_delay(node, Some(*latency)),
             Action::Loss { rate, duration } => self.net.set_loss(node, Some(*rate), *duration),
@@ -405,15 +435,13 @@ impl World {
                     self.restart(node);
                 }
             }
-            Action::Partition { peers, .. } => {
-                for peer in self.peers(node, peers) {
+            Action::Partition { .. } | Action::Clog { .. } => {
+                let both_ways = matches!(fault.action, Action::Partition { .. });
+                for peer in self.cut_off.remove(&id).unwrap_or_default() {
                     self.cut(node, peer, false);
-                    self.cut(peer, node, false);
-                }
-            }
-            Action::Clog { peers, .. } => {
-                for peer in self.peers(node, peers) {
-                    self.cut(node, peer, false);
+                    if both_ways {
+                        self.cut(peer, node, false);
+                    }
                 }
             }
             Action::Delay { .. } => self.net.set_delay(node, None),
@@ -425,11 +453,15 @@ impl World {
         self.recorder.record(node, EventKind::FaultEnd { id });
     }
 
-    fn peers(&self, node: NodeIx, named: &[String]) -> Vec<NodeIx> {
+    fn peers(&self, node: NodeIx, named: &[String]) -> Result<Vec<NodeIx>, String> {
         if named.is_empty() {
-            return (0..self.nodes.len() as u32).map(NodeIx).filter(|n| *n != node).collect();
+            return Ok((0..self.nodes.len() as u32).map(NodeIx).filter(|n| *n != node).collect());
         }
-        named.iter().map(|n| self.index(n).expect("peers are validated against the topology")).collect()
+        let peers: Vec<NodeIx> = named.iter().map(|n| self.named(n)).collect::<Result<_, _>>()?;
+        match peers.iter().all(|p| *p == node) {
+            true => Err(format!("{} is every peer named", self.nodes[node.0 as usize].name)),
+            false => Ok(peers),
+        }
     }
 
     fn pause(&mut self, node: NodeIx) {

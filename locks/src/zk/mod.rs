@@ -25,7 +25,7 @@ mod sequential;
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, RealServer, Servers};
 use locksim_sim::backend::zk::client::{ClientEnv, ClientError, ConnState, Host, Library, Router, Watch, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
+use locksim_sim::backend::zk::{ensemble, CreateMode, SessionId, Stat, TxnOp, ZkError, ZkOp, ZkReply, ZkState};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::hazard::Hazard;
@@ -46,10 +46,11 @@ pub const RECIPES: &[crate::RecipeSpec] = &[
     leader::RECIPE,
 ];
 
-/// The ZooKeeper server of one world, and where its clients record their session changes.
+/// The ZooKeeper servers of one world (a standalone server, or an ensemble's), and where its clients
+/// record their session changes.
 #[derive(Clone, Debug)]
 pub struct ZkServers {
-    pub server: NodeIx,
+    pub servers: Vec<NodeIx>,
     recorder: Recorder,
 }
 
@@ -61,11 +62,31 @@ impl ZkServers {
 }
 
 /// `[backend]` keys of the ZooKeeper family.
-pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec::duration(
-    "tick_time",
-    2_000,
-    "the server's tickTime: sessions expire on its ticks, timeouts are negotiated into 2..20 ticks",
-)];
+pub const BACKEND_PARAMS: &[ParamSpec] = &[
+    ParamSpec::duration(
+        "tick_time",
+        2_000,
+        "the server's tickTime: sessions expire on its ticks, timeouts are negotiated into 2..20 ticks",
+    ),
+    ParamSpec::int(
+        "servers",
+        (1, 7),
+        1,
+        "servers in the ensemble: 1 is a standalone server; 3, 5 or 7 elect a leader (docs/ensembles.md)",
+    ),
+    ParamSpec::int(
+        "sync_limit",
+        (1, 100),
+        5,
+        "an ensemble's syncLimit: ticks a follower and its leader may go without hearing from each other",
+    ),
+    ParamSpec::int(
+        "init_limit",
+        (1, 100),
+        10,
+        "an ensemble's initLimit: ticks a follower has to connect to and sync with a new leader",
+    ),
+];
 
 pub static FAMILY: Family = Family {
     name: "zk",
@@ -90,6 +111,11 @@ pub static REAL: RealServer = RealServer {
     package: "zookeeper",
     client_built: true,
     refuses: |backend| match backend.duration("tick_time") {
+        _ if backend.int("servers") > 1 => Err(format!(
+            "with [backend] servers = {}: --real starts a standalone ZooKeeper; ensembles run simulated only, \
+             for now",
+            backend.int("servers")
+        )),
         tick if tick == REAL_TICK => Ok(()),
         tick => Err(format!(
             "with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms, which bounds the \
@@ -104,11 +130,28 @@ pub static REAL: RealServer = RealServer {
     address: RealServer::host_port,
 };
 
-fn topology(_: &Params) -> Topology {
-    Topology { servers: vec![REAL.node.into()], ..Topology::default() }
+/// What a fault may name in an ensemble besides its servers' names.
+const ROLES: &[(&str, &str)] = &[
+    ("leader", "the server leading the ensemble when the fault starts"),
+    ("holder-server", "the server the lock holder's session is on when the fault starts"),
+];
+
+fn topology(params: &Params) -> Topology {
+    match params.int("servers") {
+        1 => Topology { servers: vec![REAL.node.into()], ..Topology::default() },
+        n => Topology {
+            servers: (0..n).map(|i| format!("zk-{i}")).collect(),
+            roles: ROLES.to_vec(),
+            ..Topology::default()
+        },
+    }
 }
 
 fn deploy(world: &mut World, params: &Params) -> Servers {
+    let n = params.int("servers") as usize;
+    if n > 1 {
+        return deploy_ensemble(world, params, n);
+    }
     let tick = params.duration("tick_time");
     // A single-server ensemble. Its state outlives a crash: ZooKeeper logs each transaction to disk
     // before acknowledging it, and a restarted server recovers tree and sessions from the log.
@@ -124,7 +167,34 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         })
     });
     let server = world.add_server(REAL.node, program);
-    Servers::new(ZkServers { server, recorder: world.recorder().clone() })
+    Servers::new(ZkServers { servers: vec![server], recorder: world.recorder().clone() })
+}
+
+/// An ensemble of `n` servers (`zk-0` …), and its roles for faults.
+fn deploy_ensemble(world: &mut World, params: &Params, n: usize) -> Servers {
+    let timing = ensemble::Timing {
+        tick_ms: params.duration("tick_time").as_millis() as i64,
+        init_limit: params.int("init_limit"),
+        sync_limit: params.int("sync_limit"),
+    };
+    let (servers, states) = ensemble::deploy(world, n, timing);
+    let nodes = servers.clone();
+    world.set_roles(Box::new(move |role, holders| {
+        let found = |f: &dyn Fn(&ensemble::ZkMember) -> bool| {
+            states.iter().position(|s| f(&s.lock().expect("zk lock"))).map(|i| nodes[i])
+        };
+        Some(match role {
+            "leader" => found(&|m| m.leads()).ok_or_else(|| "the ensemble has no leader".to_string()),
+            "holder-server" => match holders.first() {
+                None => Err("nobody held the lock".to_string()),
+                Some(holder) => {
+                    found(&|m| m.serves(*holder)).ok_or_else(|| "the holder is connected nowhere".to_string())
+                }
+            },
+            _ => return None,
+        })
+    }));
+    Servers::new(ZkServers { servers, recorder: world.recorder().clone() })
 }
 
 /// A ZooKeeper client's calls, as the Java client's (`org.apache.zookeeper.ZooKeeper`) and Curator's.
@@ -336,13 +406,14 @@ impl ZkSession {
             }
             _ => {
                 let zk = ZkServers::from(servers);
-                Host::Sim(ClientEnv {
+                let env = ClientEnv {
                     rpc: ctx.rpc().clone(),
                     clock: ctx.clock().clone(),
                     recorder: zk.recorder.clone(),
-                    server: zk.server,
+                    server: zk.servers[0],
                     router,
-                })
+                };
+                Host::Sim(env, zk.servers.as_slice().into())
             }
         };
         ZkSession { host, requested: session_timeout, library: Library::Java, client: Rc::default() }

@@ -8,6 +8,7 @@
 //! record, push, reply — and tick. Faults act on the shell's node, never inside the state machine.
 
 pub mod etcd;
+pub mod member;
 pub mod redis;
 pub mod sql;
 pub mod zk;

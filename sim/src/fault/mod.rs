@@ -160,6 +160,9 @@ pub struct Topology {
     pub servers: Vec<String>,
     /// Masters that have a replica to fail over to.
     pub failover_masters: Vec<String>,
+    /// Names of servers by what they are at the moment a fault starts (an ensemble's `leader`), with
+    /// what each means: targets and peers as node names are.
+    pub roles: Vec<(&'static str, &'static str)>,
     /// The points the recipe declares, in its order: the aimed nemesis weighs them in with the history's
     /// events and draws among them by index, so their order is part of a seed's schedule.
     pub points: Vec<TriggerEvent>,

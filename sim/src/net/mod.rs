@@ -103,7 +103,8 @@ pub use tcp::{retransmission_after, syn_retransmission_after};
 /// Base latency of every message, drawn uniformly (madsim's default range).
 const LATENCY_NS: (u64, u64) = (1_000_000, 10_000_000);
 
-type Payload = Box<dyn Any + Send>;
+/// A message as it travels: any value, boxed (see [`Rpc::next_input_any`]).
+pub type Payload = Box<dyn Any + Send>;
 
 /// Why a call did not return a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -259,6 +259,15 @@ impl Rpc {
     /// process's, see [`Net::kill_process`]), whichever arrives first; closes first at one instant.
     /// One task per node reads its input, as with [`Rpc::next_request`].
     pub async fn next_input<Q: Any + Send>(&self) -> Input<Q> {
+        match self.next_input_any().await {
+            Input::Request(reply_to, body) => Input::Request(reply_to, downcast_request(body)),
+            Input::Closed { peer, life, socket, arrived_ns } => Input::Closed { peer, life, socket, arrived_ns },
+        }
+    }
+
+    /// [`Rpc::next_input`] for a node that reads messages of several types (an ensemble member: its
+    /// clients' requests and its peers' messages), each still boxed.
+    pub async fn next_input_any(&self) -> Input<Payload> {
         std::future::poll_fn(|cx| {
             let mut s = self.net.state();
             let s = &mut *s;
@@ -271,7 +280,7 @@ impl Rpc {
                 return Poll::Ready(Input::Closed { peer, life, socket: socket.map(Socket), arrived_ns });
             }
             match inbox.take_request(self.me, now, &s.sockets) {
-                Some((reply_to, body)) => Poll::Ready(Input::Request(reply_to, downcast_request(body))),
+                Some((reply_to, body)) => Poll::Ready(Input::Request(reply_to, body)),
                 None => {
                     inbox.reader.set(cx.waker());
                     Poll::Pending

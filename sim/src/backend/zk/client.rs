@@ -61,9 +61,11 @@ use crate::backend::LEASE_RENEW;
 use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
 use crate::history::EventKind;
+use crate::history::NodeIx;
 use crate::net::{CallError, Rpc, Socket};
 use crate::rng::{ChaCha8Rng, Rng};
 use crate::signal;
+use rand::seq::SliceRandom;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -120,17 +122,19 @@ pub enum Library {
 
 impl Library {
     /// How long the client waits after losing its connection, and after each failed attempt, before
-    /// it tries to re-attach. Java: `StaticHostProvider.next(1000)` sleeps `spinDelay` = 1 s once it
-    /// has been round its list (with one server: every time after the first connection), then
-    /// `SendThread.startConnect` sleeps `ThreadLocalRandom.nextLong(1000)` ms when it is not the first
-    /// connection. go-zookeeper: `Conn.connect` waits `time.Second` when the host provider says it
-    /// went round (`retryStart`), with no random part.
-    /// kazoo: `KazooRetry.__call__` sleeps `_cur_delay × uniform(1 − max_jitter, 1 + max_jitter)` and
-    /// makes the next delay that sleep × `backoff`, at most `max_delay` (`retry` holds the current
-    /// delay, in µs).
-    fn reattach_delay(self, jitter: &mut ChaCha8Rng, retry: &Cell<u64>) -> Duration {
+    /// it tries the next server of its list; `wrapped`: that server is the one it was last connected
+    /// to — it has been round its list (with one server: every time). Java: `StaticHostProvider.next(
+    /// 1000)` sleeps `spinDelay` = 1 s only then, and `SendThread.startConnect` sleeps
+    /// `ThreadLocalRandom.nextLong(1000)` ms before every connection but the first. go-zookeeper:
+    /// `Conn.connect` waits `time.Second` when the host provider says it went round (`retryStart`),
+    /// with no random part. kazoo tries every host in one attempt of its connection retry
+    /// (`_connect_loop`), and sleeps before the next round: `KazooRetry.__call__` sleeps `_cur_delay ×
+    /// uniform(1 − max_jitter, 1 + max_jitter)` and makes the next delay that sleep × `backoff`, at most
+    /// `max_delay` (`retry` holds the current delay, in µs).
+    fn reattach_delay(self, jitter: &mut ChaCha8Rng, retry: &Cell<u64>, wrapped: bool) -> Duration {
         match self {
-            Library::Java => Duration::from_millis(1000 + jitter.gen_range(0..1000)),
+            Library::Java => Duration::from_millis(if wrapped { 1000 } else { 0 } + jitter.gen_range(0..1000)),
+            Library::Go | Library::Kazoo if !wrapped => Duration::ZERO,
             Library::Go => Duration::from_secs(1),
             Library::Kazoo => {
                 let sleep_us = retry.get() * jitter.gen_range(600..=1400) / 1000;
@@ -148,9 +152,9 @@ impl Library {
     /// kazoo: `_connect` opens the socket with `timeout = T` (the requested session timeout, which the
     /// conformance server keeps), then reads the `ConnectResponse` within T / hosts; the model's attempt
     /// is one call, given T.
-    fn connect_timeout(self, session_timeout: Duration) -> Duration {
+    fn connect_timeout(self, session_timeout: Duration, servers: usize) -> Duration {
         match self {
-            Library::Java | Library::Kazoo => session_timeout / SERVERS,
+            Library::Java | Library::Kazoo => session_timeout / servers as u32,
             Library::Go => Duration::from_secs(1),
         }
     }
@@ -175,8 +179,38 @@ const KAZOO_RETRY_MAX_DELAY_US: u64 = 3_600_000_000;
 /// A kazoo request's wait for its reply: longer than any run (the connection's loss ends it first).
 const KAZOO_REQUEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The servers in a client's connect string: the model's ensemble is one server.
-const SERVERS: u32 = 1;
+/// The servers of a client's connect string, and where it is in it (`StaticHostProvider`: the list
+/// shuffled once, then taken round robin).
+struct HostProvider {
+    servers: Rc<[NodeIx]>,
+    /// The server of the current (or last) attempt, and the one it last connected to.
+    current: Cell<usize>,
+    last_connected: Cell<usize>,
+}
+
+impl HostProvider {
+    /// `servers` in the order the client tries them: shuffled from the node's stream when there are
+    /// several (Java's `StaticHostProvider`, kazoo's `randomize_hosts`, go-zookeeper's
+    /// `stringShuffle`); one server draws nothing.
+    fn new(servers: &Rc<[NodeIx]>, jitter: &mut ChaCha8Rng) -> HostProvider {
+        let mut order: Vec<NodeIx> = servers.to_vec();
+        if order.len() > 1 {
+            order.shuffle(jitter);
+        }
+        HostProvider { servers: order.into(), current: Cell::new(0), last_connected: Cell::new(0) }
+    }
+
+    /// The next server to try, and whether the list wrapped round to the one last connected to.
+    fn next(&self) -> (NodeIx, bool) {
+        let next = (self.current.get() + 1) % self.servers.len();
+        self.current.set(next);
+        (self.servers[next], next == self.last_connected.get())
+    }
+
+    fn connected(&self) {
+        self.last_connected.set(self.current.get());
+    }
+}
 
 /// The connection state of a session, as the client sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,14 +246,12 @@ pub type ClientEnv = crate::backend::ClientEnv<Router>;
 /// real server are a [`Link`]. The client itself — pings, timeouts, states, watches — is the same.
 #[derive(Clone)]
 pub enum Host {
-    Sim(ClientEnv),
+    /// A simulated node, and the servers of its connect string, in their order there (one for a
+    /// standalone server; `env.server` is the first).
+    Sim(ClientEnv, Rc<[NodeIx]>),
     /// A real process: its time and tasks (`ctx`, [`Ctx::real`]), its connection to the server, and its
     /// router, to which the link hands the watch notifications it reads.
-    Real {
-        ctx: Ctx,
-        link: Rc<dyn Link>,
-        router: Rc<Router>,
-    },
+    Real { ctx: Ctx, link: Rc<dyn Link>, router: Rc<Router> },
 }
 
 /// A real client's connection to a real server (real mode; `locksim-locks` has one over TCP): a call as
@@ -239,58 +271,59 @@ pub type LinkCall = Pin<Box<dyn Future<Output = Result<(ZkReply, u32), CallError
 impl Host {
     fn router(&self) -> &Rc<Router> {
         match self {
-            Host::Sim(env) => &env.router,
+            Host::Sim(env, _) => &env.router,
             Host::Real { router, .. } => router,
         }
     }
 
-    /// Send `request` on `socket` (a simulated client's) and connection `conn`.
+    /// Send `request` to `server` (a simulated client's) on `socket` and connection `conn`.
     async fn call_on(
         &self,
+        server: NodeIx,
         socket: Option<Socket>,
         conn: Option<u32>,
         request: ZkRequest,
         timeout: Duration,
     ) -> Result<(ZkReply, u32), CallError> {
         match self {
-            Host::Sim(env) => env.rpc.call_on(env.server, socket, conn, request, timeout).await,
+            Host::Sim(env, _) => env.rpc.call_on(server, socket, conn, request, timeout).await,
             Host::Real { link, .. } => link.call_on(conn, request, timeout).await,
         }
     }
 
-    /// A new socket to the server, for a connect (a real process's [`Link`] opens its own on a
+    /// A new socket to `server`, for a connect (a real process's [`Link`] opens its own on a
     /// `Connect`).
-    fn open(&self) -> Option<Socket> {
+    fn open(&self, server: NodeIx) -> Option<Socket> {
         match self {
-            Host::Sim(env) => Some(env.rpc.open(env.server)),
+            Host::Sim(env, _) => Some(env.rpc.open(server)),
             Host::Real { .. } => None,
         }
     }
 
     /// Close a socket [`Host::open`] gave.
-    fn close(&self, socket: Socket) {
-        if let Host::Sim(env) = self {
-            env.rpc.close(env.server, socket);
+    fn close(&self, server: NodeIx, socket: Socket) {
+        if let Host::Sim(env, _) = self {
+            env.rpc.close(server, socket);
         }
     }
 
     fn monotonic_ms(&self) -> i64 {
         match self {
-            Host::Sim(env) => env.clock.monotonic_ms(),
+            Host::Sim(env, _) => env.clock.monotonic_ms(),
             Host::Real { ctx, .. } => ctx.monotonic_ms(),
         }
     }
 
     async fn sleep(&self, d: Duration) {
         match self {
-            Host::Sim(env) => env.clock.sleep(d).await,
+            Host::Sim(env, _) => env.clock.sleep(d).await,
             Host::Real { ctx, .. } => ctx.sleep(d).await,
         }
     }
 
     fn spawn(&self, task: impl Future<Output = ()> + 'static) -> Background {
         match self {
-            Host::Sim(_) => Background::spawn(task),
+            Host::Sim(..) => Background::spawn(task),
             Host::Real { ctx, .. } => ctx.spawn(task),
         }
     }
@@ -298,7 +331,7 @@ impl Host {
     /// Run `task` to its end beside the caller.
     fn spawn_detached(&self, task: impl Future<Output = ()> + 'static) {
         match self {
-            Host::Sim(_) => drop(madsim::task::spawn_local(task)),
+            Host::Sim(..) => drop(madsim::task::spawn_local(task)),
             Host::Real { .. } => drop(tokio::task::spawn_local(task)),
         }
     }
@@ -306,7 +339,7 @@ impl Host {
     /// The point [`LEASE_RENEW`]: the session is about to be renewed by a ping (a real process has no
     /// armed faults).
     async fn renewal_due(&self) {
-        if let Host::Sim(env) = self {
+        if let Host::Sim(env, _) = self {
             env.recorder.pass(env.rpc.me(), TriggerEvent::Declared(&LEASE_RENEW)).await;
         }
     }
@@ -314,7 +347,7 @@ impl Host {
     /// A change of the session's connection state, in the history (a real process's history is its
     /// adapter's lines: there the change reaches it only as a holder's `lost`).
     fn record(&self, state: &str) {
-        if let Host::Sim(env) = self {
+        if let Host::Sim(env, _) = self {
             env.recorder.record(env.rpc.me(), EventKind::Session { state: state.into() });
         }
     }
@@ -372,12 +405,14 @@ impl Router {
     fn closed(&self, server: crate::history::NodeIx, life: u32, socket: Option<Socket>, arrived_ns: u64) {
         self.sessions.borrow_mut().retain(|s| s.strong_count() > 0);
         let on_it = |shared: &Rc<Shared>| {
-            let Host::Sim(env) = &shared.host else { return false };
+            if !matches!(shared.host, Host::Sim(..)) {
+                return false;
+            }
             let on_it = match socket {
                 Some(socket) => shared.socket.get() == Some(socket),
                 None => shared.conn.get() == Some(life),
             };
-            env.server == server && on_it
+            shared.server.get() == server && on_it
         };
         let closed: Vec<Rc<Shared>> = self.sessions.borrow().iter().filter_map(|s| s.upgrade()).filter(on_it).collect();
         let disconnect = move || {
@@ -421,6 +456,9 @@ impl Router {
 
 struct Shared {
     host: Host,
+    /// The servers it may connect to, and the one its connection is to.
+    provider: HostProvider,
+    server: Cell<NodeIx>,
     library: Library,
     session: SessionId,
     timeout: Duration,
@@ -464,20 +502,35 @@ impl ZkClient {
         ZkClient::connect_as(host, requested, Library::Java).await
     }
 
-    /// Open a session as `library` behaves.
+    /// Open a session as `library` behaves: try each server of the list once, each given the session
+    /// timeout shared among them (`connectTimeout`; one server has it all).
     pub async fn connect_as(host: Host, requested: Duration, library: Library) -> Option<ZkClient> {
-        let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
-        let socket = host.open();
-        let (session, timeout_ms, life) = match host.call_on(socket, None, request, requested).await {
-            Ok((ZkReply::Connected { session, timeout_ms }, life)) => (session, timeout_ms, life),
-            _ => {
-                socket.into_iter().for_each(|s| host.close(s));
-                return None;
-            }
+        let provider = match &host {
+            Host::Sim(env, servers) => HostProvider::new(servers, &mut env.router.jitter.borrow_mut()),
+            Host::Real { .. } => HostProvider::new(&Rc::from([NodeIx(0)]), &mut host.router().jitter.borrow_mut()),
         };
+        let n = provider.servers.len();
+        let mut opened = None;
+        for i in 0..n {
+            let server = provider.servers[i];
+            let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
+            let socket = host.open(server);
+            match host.call_on(server, socket, None, request, requested / n as u32).await {
+                Ok((ZkReply::Connected { session, timeout_ms }, life)) => {
+                    provider.current.set(i);
+                    provider.connected();
+                    opened = Some((server, socket, session, timeout_ms, life));
+                    break;
+                }
+                _ => socket.into_iter().for_each(|s| host.close(server, s)),
+            }
+        }
+        let (server, socket, session, timeout_ms, life) = opened?;
         let now = host.monotonic_ms();
         let shared = Rc::new(Shared {
             host,
+            provider,
+            server: Cell::new(server),
             library,
             session,
             timeout: Duration::from_millis(timeout_ms as u64),
@@ -496,7 +549,7 @@ impl ZkClient {
         });
         shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
         shared.host.record("connected");
-        if let Host::Sim(env) = &shared.host {
+        if let Host::Sim(env, _) = &shared.host {
             env.router.start(&env.rpc, &env.recorder);
             env.router.sessions.borrow_mut().push(Rc::downgrade(&shared));
         }
@@ -595,7 +648,7 @@ impl Shared {
     fn drop_connection(&self) {
         self.conn.set(None);
         if let Some(socket) = self.socket.take() {
-            self.host.close(socket);
+            self.host.close(self.server.get(), socket);
         }
     }
 
@@ -628,7 +681,7 @@ impl Shared {
         losses.borrow_and_update();
         let reply = tokio::select! {
             biased;
-            reply = self.host.call_on(socket, conn, request, timeout) => reply,
+            reply = self.host.call_on(self.server.get(), socket, conn, request, timeout) => reply,
             // The connection was declared lost meanwhile: the request fails now, applied or not.
             _ = losses.changed() => return Err(CallError::Timeout),
         };
@@ -712,14 +765,14 @@ mod tests {
         let retry = Cell::new(KAZOO_RETRY_DELAY_US);
         let mut last_us = None;
         for _ in 0..12 {
-            let delay = Library::Kazoo.reattach_delay(&mut jitter, &retry).as_micros() as u64;
+            let delay = Library::Kazoo.reattach_delay(&mut jitter, &retry, true).as_micros() as u64;
             let base = last_us.map_or(KAZOO_RETRY_DELAY_US, |l: u64| l * 2);
             assert!((base * 6 / 10..=base * 14 / 10).contains(&delay), "{delay} µs after {last_us:?}");
             last_us = Some(delay);
         }
         assert!(last_us.unwrap() > 20_000_000, "doubling: {last_us:?} µs after twelve attempts");
         for _ in 0..12 {
-            let java = Library::Java.reattach_delay(&mut jitter, &retry);
+            let java = Library::Java.reattach_delay(&mut jitter, &retry, true);
             assert!((1000..2000).contains(&java.as_millis()), "{java:?}");
         }
     }

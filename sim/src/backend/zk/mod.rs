@@ -41,6 +41,7 @@
 //!   reconnects (SetWatches), and the server fires any whose change it missed.
 
 pub mod client;
+pub mod ensemble;
 mod replica;
 mod session;
 mod tree;
@@ -274,13 +275,13 @@ impl Backend for ZkState {
         match request {
             ZkRequest::Connect { requested_ms, session: None } => {
                 let (session, timeout_ms) = self.sessions.open(via, requested_ms, now_ms);
-                self.replica.open_session(session, via.peer);
+                self.replica.open_session(session, via.peer, timeout_ms);
                 out.lease_started(via.peer, session); // hazard marks: a new session
                 ZkReply::Connected { session, timeout_ms }
             }
             ZkRequest::Connect { session: Some(id), .. } => match self.sessions.touch(id, now_ms) {
                 Some(s) => {
-                    s.connection = via;
+                    s.connection = Some(via);
                     ZkReply::Connected { session: id, timeout_ms: s.timeout_ms }
                 }
                 None => ZkReply::Error(ZkError::SessionExpired),
@@ -304,7 +305,7 @@ impl Backend for ZkState {
             out.record(owner, EventKind::Session { state: "expired by the server".into() });
             out.lease_ended(owner, id); // hazard: lease-expired-while-held (if it held)
             self.replica.end_session(id, out);
-            out.close(session.connection);
+            out.close(session.connection.expect("a standalone server's sessions came on its connections"));
         }
     }
 }

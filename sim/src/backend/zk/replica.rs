@@ -16,6 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone)]
 struct Owned {
     owner: NodeIx,
+    /// Its negotiated timeout (`ZKDatabase.sessionsWithTimeouts`): a new leader tracks every session
+    /// it finds with it.
+    timeout_ms: i64,
     ephemerals: BTreeSet<String>,
 }
 
@@ -29,9 +32,53 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// A session begins (`createSession`): its events go to `owner`.
-    pub fn open_session(&mut self, id: SessionId, owner: NodeIx) {
-        self.sessions.insert(id, Owned { owner, ephemerals: BTreeSet::new() });
+    /// A session of timeout `timeout_ms` begins (`createSession`): its events go to `owner`.
+    pub fn open_session(&mut self, id: SessionId, owner: NodeIx, timeout_ms: i64) {
+        self.sessions.insert(id, Owned { owner, timeout_ms, ephemerals: BTreeSet::new() });
+    }
+
+    /// Every live session and its timeout, in id order.
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, i64)> + '_ {
+        self.sessions.iter().map(|(id, s)| (*id, s.timeout_ms))
+    }
+
+    /// The last transaction applied.
+    pub fn zxid(&self) -> u64 {
+        self.zxid
+    }
+
+    /// Apply transaction `zxid` of an ensemble — `session`'s operation, or (`op` `None`) the end of
+    /// `session` — whatever zxids came before it: an ensemble's zxids carry the epoch in their high
+    /// half (`ZxidUtils`), and an error transaction takes its zxid too.
+    pub fn apply(
+        &mut self,
+        zxid: u64,
+        session: SessionId,
+        op: Option<ZkOp>,
+        out: &mut Out,
+    ) -> Result<ZkReply, ZkError> {
+        self.zxid = zxid - 1;
+        let reply = match op {
+            Some(op) => self.op(session, op, out),
+            None => {
+                self.end_session(session, out);
+                Ok(ZkReply::Closed)
+            }
+        };
+        self.zxid = zxid;
+        reply
+    }
+
+    /// A transaction that changes nothing here was applied (an ensemble's `createSession`, whose
+    /// session [`Replica::open_session`] opened).
+    pub fn advance_to(&mut self, zxid: u64) {
+        self.zxid = zxid;
+    }
+
+    /// This database as a learner receives it in a snapshot (`SNAP`): the tree and the sessions, not the
+    /// watches, which are each server's own (its clients set them on it).
+    pub fn snapshot(&self) -> Replica {
+        Replica { watches: Watches::default(), ..self.clone() }
     }
 
     /// The node `session`'s watch events go to, while it lives.

@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone)]
 pub struct Session {
     /// The connection the session was last attached on: the server closes it when the session ends
-    /// without its client's asking.
-    pub connection: Connection,
+    /// without its client's asking. An ensemble's leader tracks sessions attached anywhere (`None`):
+    /// each member closes its own connections.
+    pub connection: Option<Connection>,
     pub timeout_ms: i64,
     expires_at_ms: i64,
 }
@@ -36,12 +37,25 @@ impl Sessions {
 
     /// Open a session for the client on `connection`; returns its id and negotiated timeout.
     pub fn open(&mut self, connection: Connection, requested_ms: i64, now_ms: i64) -> (SessionId, i64) {
-        let timeout_ms = requested_ms.clamp(2 * self.tick_ms, 20 * self.tick_ms);
+        let timeout_ms = self.negotiate(requested_ms);
         let id = self.next_id;
         self.next_id += 1;
-        let expires_at_ms = self.expiry(now_ms, timeout_ms);
-        self.live.insert(id, Session { connection, timeout_ms, expires_at_ms });
+        self.track(id, timeout_ms, now_ms);
+        self.live.get_mut(&id).expect("just tracked").connection = Some(connection);
         (id, timeout_ms)
+    }
+
+    /// A requested timeout, negotiated into [2, 20] × tickTime (`processConnectRequest`).
+    pub fn negotiate(&self, requested_ms: i64) -> i64 {
+        requested_ms.clamp(2 * self.tick_ms, 20 * self.tick_ms)
+    }
+
+    /// Track session `id`, of timeout `timeout_ms`, from `now_ms` (`SessionTrackerImpl.trackSession`:
+    /// an ensemble's leader tracks each session created anywhere, and a new leader every session its
+    /// database holds, each with a full timeout from its start).
+    pub fn track(&mut self, id: SessionId, timeout_ms: i64, now_ms: i64) {
+        let expires_at_ms = self.expiry(now_ms, timeout_ms);
+        self.live.insert(id, Session { connection: None, timeout_ms, expires_at_ms });
     }
 
     /// Renew a live session (any request or ping); `None` if it has expired or never existed.

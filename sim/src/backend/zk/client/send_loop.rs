@@ -12,16 +12,22 @@ use std::time::Duration;
 /// socket; one that fails (refused, or its connect timeout passed) is closed, so that a connect still
 /// waiting for its SYN to get through a cut is abandoned with it (`SendThread.run` → `cleanup`).
 async fn reattach(shared: &Shared) {
-    let delay = shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut(), &shared.retry_delay_us);
+    let (server, wrapped) = shared.provider.next();
+    let delay =
+        shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut(), &shared.retry_delay_us, wrapped);
     shared.host.sleep(delay).await;
-    let timeout = shared.library.connect_timeout(shared.timeout);
-    shared.socket.set(shared.host.open());
+    let timeout = shared.library.connect_timeout(shared.timeout, shared.provider.servers.len());
+    shared.server.set(server);
+    shared.socket.set(shared.host.open(server));
     match shared.request(shared.reattach_request(), timeout).await {
         Err(_) => {
             shared.drop_connection();
             shared.failed_reattaches.send_modify(|n| *n += 1)
         }
-        Ok(ZkReply::Connected { .. }) => shared.reattached(),
+        Ok(ZkReply::Connected { .. }) => {
+            shared.provider.connected();
+            shared.reattached()
+        }
         // Expired: `retry.reset()` too, before kazoo's next (new) session.
         Ok(_) => shared.retry_delay_us.set(KAZOO_RETRY_DELAY_US),
     }

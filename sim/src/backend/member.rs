@@ -1,0 +1,164 @@
+//! The shell of one member of a replicated service (a ZooKeeper ensemble's server): a state machine
+//! that, unlike a single server's ([`super::Backend`]), talks to its peers, answers a client request
+//! only once its peers have done their part (a write committed by a quorum), and keeps timers of its
+//! own (elections, pings, the leader's session expiry).
+//!
+//! As with [`super::serve`], the state machine does no I/O and draws no randomness: [`serve_member`]
+//! reads the node's input — clients' requests, peers' messages, closed connections — hands each to the
+//! member with the time by the node's clocks, wakes it when its next timer is due, and sends what it
+//! asked: replies (by the [`RequestId`] the shell gave the request), messages to peers (on the pair's
+//! TCP connection: a cut holds them, a heal delivers them in order), history events, pushes, closes.
+
+use super::{Now, Out};
+use crate::clock::Clock;
+use crate::history::{NodeIx, Recorder};
+use crate::net::{Connection, Input, Payload, ReplyTo, Rpc};
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A client request the member has not answered yet, as the shell numbered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RequestId(u64);
+
+impl RequestId {
+    /// A request id of a test's own (the shell numbers real ones).
+    #[cfg(test)]
+    pub fn new(n: u64) -> RequestId {
+        RequestId(n)
+    }
+}
+
+/// What a member asks the shell to do: what any server asks ([`Out`]), plus replies to clients' requests
+/// and messages to peers.
+pub struct MemberOut<R, P> {
+    pub out: Out,
+    pub replies: Vec<(RequestId, R)>,
+    pub peers: Vec<(NodeIx, P)>,
+}
+
+impl<R, P> Default for MemberOut<R, P> {
+    fn default() -> Self {
+        MemberOut { out: Out::default(), replies: Vec::new(), peers: Vec::new() }
+    }
+}
+
+impl<R, P> MemberOut<R, P> {
+    /// Answer request `id`.
+    pub fn reply(&mut self, id: RequestId, reply: R) {
+        self.replies.push((id, reply));
+    }
+
+    /// Send `msg` to the peer on node `to`.
+    pub fn tell(&mut self, to: NodeIx, msg: P) {
+        self.peers.push((to, msg));
+    }
+}
+
+/// A member's state machine.
+pub trait Member: Send + 'static {
+    type Request: Any + Send;
+    type Reply: Any + Send;
+    /// What members say to each other.
+    type Peer: Any + Send;
+
+    /// Its process starts, first or after a crash.
+    fn start(&mut self, now: Now, out: &mut MemberOut<Self::Reply, Self::Peer>);
+
+    /// A client's request, which came on connection `via`; answered now or later by `id`.
+    fn request(
+        &mut self,
+        now: Now,
+        via: Connection,
+        id: RequestId,
+        request: Self::Request,
+        out: &mut MemberOut<Self::Reply, Self::Peer>,
+    );
+
+    /// A message from the peer on node `from`.
+    fn peer(&mut self, now: Now, from: NodeIx, msg: Self::Peer, out: &mut MemberOut<Self::Reply, Self::Peer>);
+
+    /// Life `life` of `peer`'s process died and its kernel closed its connections to this member (a
+    /// client's, or a peer's).
+    fn closed(&mut self, now: Now, peer: NodeIx, life: u32, out: &mut MemberOut<Self::Reply, Self::Peer>);
+
+    /// Its timers: called when the time [`Member::next_wake_ms`] gave has come (monotonic ms).
+    fn wake(&mut self, now: Now, out: &mut MemberOut<Self::Reply, Self::Peer>);
+
+    /// When it wants to be woken next, on the node's monotonic clock.
+    fn next_wake_ms(&self) -> Option<i64>;
+}
+
+/// Serve `state` on this node until the node dies: the [`Member`] shell.
+pub async fn serve_member<M: Member>(state: Arc<Mutex<M>>, rpc: &Rpc, clock: &Clock, recorder: &Recorder) {
+    let mut pending: BTreeMap<RequestId, ReplyTo> = BTreeMap::new();
+    let mut next_id = 0u64;
+    let mut out = MemberOut::<M::Reply, M::Peer>::default();
+    state.lock().expect("member lock").start(Now::of(clock), &mut out);
+    send(&mut out, &mut pending, rpc, recorder);
+    loop {
+        let wake = state.lock().expect("member lock").next_wake_ms();
+        let input = match wake {
+            Some(at) if at <= clock.monotonic_ms() => None,
+            Some(at) => tokio::select! {
+                biased;
+                input = rpc.next_input_any() => Some(input),
+                () = clock.sleep(Duration::from_millis((at - clock.monotonic_ms()).max(1) as u64)) => None,
+            },
+            None => Some(rpc.next_input_any().await),
+        };
+        let mut s = state.lock().expect("member lock");
+        let now = Now::of(clock);
+        match input {
+            None => s.wake(now, &mut out),
+            Some(Input::Closed { peer, life, socket: None, .. }) => s.closed(now, peer, life, &mut out),
+            // Only servers close connections of their own.
+            Some(Input::Closed { socket: Some(_), .. }) => continue,
+            Some(Input::Request(reply_to, body)) => match downcast::<M>(body) {
+                Ok(request) => {
+                    next_id += 1;
+                    let id = RequestId(next_id);
+                    let via = reply_to.connection();
+                    pending.insert(id, reply_to);
+                    s.request(now, via, id, request, &mut out);
+                }
+                Err(msg) => s.peer(now, reply_to.from, msg, &mut out),
+            },
+        }
+        drop(s);
+        send(&mut out, &mut pending, rpc, recorder);
+    }
+}
+
+/// Say what the member asked to be said.
+fn send<R: Any + Send, P: Any + Send>(
+    out: &mut MemberOut<R, P>,
+    pending: &mut BTreeMap<RequestId, ReplyTo>,
+    rpc: &Rpc,
+    recorder: &Recorder,
+) {
+    for (id, reply) in out.replies.drain(..) {
+        if let Some(reply_to) = pending.remove(&id) {
+            rpc.reply(&reply_to, reply);
+        }
+    }
+    for (to, msg) in out.peers.drain(..) {
+        rpc.tell(to, msg);
+    }
+    // A closed connection's requests go unanswered: its client's calls ended with the close.
+    for closed in &out.out.closes {
+        pending.retain(|_, reply_to| reply_to.connection() != *closed);
+    }
+    out.out.flush(rpc, recorder);
+}
+
+/// A client's request, or else a peer's message.
+fn downcast<M: Member>(body: Payload) -> Result<M::Request, M::Peer> {
+    match body.downcast::<M::Request>() {
+        Ok(request) => Ok(*request),
+        Err(body) => Err(*body
+            .downcast::<M::Peer>()
+            .expect("a member receives only its clients' requests and its peers' messages")),
+    }
+}

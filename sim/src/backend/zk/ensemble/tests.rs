@@ -1,0 +1,202 @@
+//! A three-server ensemble in a world, driven by a client speaking the wire requests.
+
+use super::*;
+use crate::backend::zk::CreateMode;
+use crate::fault::{Action, Fault, Target};
+use crate::history::EventKind;
+use std::time::Duration;
+
+const TIMING: Timing = Timing { tick_ms: 2000, init_limit: 10, sync_limit: 5 };
+
+type Log = Arc<Mutex<Vec<String>>>;
+type Client = fn(crate::world::NodeEnv, Vec<NodeIx>, Log) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+type Ran = (Vec<Arc<Mutex<ZkMember>>>, Vec<String>, Vec<(NodeIx, EventKind)>);
+
+/// Run three servers and a client node (`client-0`, after them) running `client` for `secs`, under
+/// `faults`; the states at the end, what the client logged, and the history's events.
+fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran {
+    let log: Log = Arc::default();
+    let (log2, states) = (log.clone(), Arc::new(Mutex::new(Vec::new())));
+    let states2 = states.clone();
+    let events = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(seed);
+        let (members, s) = deploy(&mut world, 3, TIMING);
+        *states2.lock().unwrap() = s;
+        let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
+        world.add_node("client-0", program);
+        world.run(&faults, Duration::from_secs(secs)).await;
+        world.recorder().finish(world.names()).events.into_iter().map(|e| (e.node, e.kind)).collect::<Vec<_>>()
+    });
+    let states = std::mem::take(&mut *states.lock().unwrap());
+    let log = log.lock().unwrap().clone();
+    (states, log, events)
+}
+
+fn leaders(states: &[Arc<Mutex<ZkMember>>]) -> Vec<usize> {
+    (0..states.len()).filter(|i| states[*i].lock().unwrap().leads()).collect()
+}
+
+/// Call `to` and note its answer in `log`.
+async fn note(log: &Log, rpc: &crate::net::Rpc, to: NodeIx, req: ZkRequest) {
+    let answer = call(rpc, to, req).await;
+    log.lock().unwrap().push(answer);
+}
+
+async fn call(rpc: &crate::net::Rpc, to: NodeIx, req: ZkRequest) -> String {
+    match rpc.call::<ZkRequest, ZkReply>(to, req, Duration::from_secs(4)).await {
+        Ok(reply) => format!("{reply:?}"),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+#[test]
+fn the_highest_server_is_elected_and_every_server_serves() {
+    let (states, log, _) = run(1, 3, vec![], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            for m in members {
+                let r = call(&rpc, m, ZkRequest::Connect { requested_ms: 6000, session: None }).await;
+                log.lock().unwrap().push(r);
+            }
+        })
+    });
+    assert_eq!(leaders(&states), vec![2], "every server starts at zxid 0: the highest id wins");
+    assert_eq!(log.len(), 3);
+    assert!(log.iter().all(|r| r.starts_with("Connected")), "{log:?}");
+}
+
+#[test]
+fn a_write_through_a_follower_is_seen_on_every_server() {
+    let (_, log, _) = run(2, 4, vec![], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
+            let Ok(ZkReply::Connected { session, .. }) =
+                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
+            else {
+                panic!("no session")
+            };
+            let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
+            note(&log, &rpc, members[0], ZkRequest::Op { session, op: create }).await;
+            let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
+            let sync = ZkOp::Sync { path: "/lock".into() };
+            // Another server, after a sync: the write is there (re-attached there first).
+            let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session) };
+            note(&log, &rpc, members[1], reattach).await;
+            note(&log, &rpc, members[1], ZkRequest::Op { session, op: sync }).await;
+            note(&log, &rpc, members[1], ZkRequest::Op { session, op: exists }).await;
+        })
+    });
+    assert!(log[0].starts_with("Created"), "{log:?}");
+    assert!(log[1].starts_with("Connected"), "{log:?}");
+    assert!(log[2].starts_with("Synced"), "{log:?}");
+    assert!(log[3].starts_with("Exists(Some"), "{log:?}");
+}
+
+/// The follower-cut window, from the source: a holder on a follower cut off from the leader keeps its
+/// pings answered while the leader expires its session and deletes its ephemeral; only once the
+/// follower gives up on its leader (`syncLimit·tickTime` = 10 s) is the client's connection closed.
+#[test]
+fn a_follower_cut_from_its_leader_answers_pings_of_a_session_the_leader_expired() {
+    let cut = Fault {
+        at: Duration::from_secs(3),
+        target: Target::Node("zk-0".into()),
+        action: Action::Partition { peers: vec!["zk-2".into()], duration: Some(Duration::from_secs(20)) },
+        on: None,
+    };
+    let (states, log, events) = run(3, 20, vec![cut], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
+            let Ok(ZkReply::Connected { session, .. }) =
+                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
+            else {
+                panic!("no session")
+            };
+            let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
+            call(&rpc, members[0], ZkRequest::Op { session, op: create }).await;
+            let connect = ZkRequest::Connect { requested_ms: 40_000, session: None };
+            let Ok(ZkReply::Connected { session: reader, .. }) =
+                rpc.call::<ZkRequest, ZkReply>(members[2], connect, Duration::from_secs(4)).await
+            else {
+                panic!("no session on the leader")
+            };
+            // Ping the follower each second, as a holder's client does; note when it stops answering.
+            for s in 3..18 {
+                env.clock.sleep(Duration::from_secs(1)).await;
+                let ping = call(&rpc, members[0], ZkRequest::Op { session, op: ZkOp::Ping }).await;
+                let seen = ZkOp::Exists { path: "/lock".into(), watch: false };
+                let on_leader = rpc
+                    .call::<ZkRequest, ZkReply>(
+                        members[2],
+                        ZkRequest::Op { session: reader, op: seen },
+                        Duration::from_secs(1),
+                    )
+                    .await;
+                log.lock().unwrap().push(format!("{s} {ping} {on_leader:?}"));
+            }
+        })
+    });
+    assert_eq!(leaders(&states), vec![2]);
+    let expired =
+        events.iter().any(|(_, e)| matches!(e, EventKind::Session { state } if state == "expired by the server"));
+    assert!(expired, "the leader expired the session: {events:?}");
+    let answered: Vec<&String> = log.iter().filter(|l| l.contains(" Pong ")).collect();
+    let deleted_while_answered = answered.iter().any(|l| l.contains("Exists(None)"));
+    assert!(deleted_while_answered, "the follower answered pings after the leader deleted the node: {log:#?}");
+    assert!(log.iter().any(|l| !l.contains(" Pong ")), "and stopped, once it gave up on its leader: {log:#?}");
+}
+
+/// After the heal the follower that gave up finds its leader again (a quorum answers its vote and the
+/// leader says it leads), syncs from its snapshot and serves: what the leader deleted meanwhile is gone
+/// there too.
+#[test]
+fn a_follower_cut_off_rejoins_its_leader_after_the_heal() {
+    let cut = Fault {
+        at: Duration::from_secs(3),
+        target: Target::Node("zk-0".into()),
+        action: Action::Partition { peers: vec!["zk-2".into()], duration: Some(Duration::from_secs(12)) },
+        on: None,
+    };
+    let (states, log, _) = run(4, 25, vec![cut], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
+            let Ok(ZkReply::Connected { session, .. }) =
+                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
+            else {
+                panic!("no session")
+            };
+            let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
+            note(&log, &rpc, members[0], ZkRequest::Op { session, op: create }).await;
+            // Silent through the cut: the leader expires the session. Then a new connection (the
+            // follower closed the old one as it gave up on its leader).
+            env.clock.sleep(Duration::from_secs(20)).await;
+            let socket = Some(rpc.open(members[0]));
+            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
+            let Ok((ZkReply::Connected { session, .. }, _)) =
+                rpc.call_on::<ZkRequest, ZkReply>(members[0], socket, None, connect, Duration::from_secs(2)).await
+            else {
+                return log.lock().unwrap().push("the follower does not serve again".into());
+            };
+            let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
+            let answer = rpc
+                .call_on::<ZkRequest, ZkReply>(
+                    members[0],
+                    socket,
+                    None,
+                    ZkRequest::Op { session, op: exists },
+                    Duration::from_secs(2),
+                )
+                .await;
+            log.lock().unwrap().push(format!("{:?}", answer.map(|(reply, _)| reply)));
+        })
+    });
+    assert_eq!(leaders(&states), vec![2], "the leader kept its quorum (zk-1) throughout");
+    assert!(states.iter().all(|s| s.lock().unwrap().serving()), "every server serves after the heal");
+    assert_eq!(log.last().map(String::as_str), Some("Ok(Exists(None))"), "{log:?}");
+}
