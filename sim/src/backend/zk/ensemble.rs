@@ -386,9 +386,8 @@ impl ZkMember {
         self.next_token
     }
 
-    /// Send a transaction to the leader (or propose it, leading); its token.
-    fn submit(&mut self, txn: Txn, now_ms: i64, out: &mut Out) -> u64 {
-        let token = self.token();
+    /// Send a transaction to the leader (or propose it, leading), under `token`.
+    fn submit(&mut self, token: u64, txn: Txn, now_ms: i64, out: &mut Out) {
         match &self.role {
             Role::Leading(_) => self.propose(txn, Some((self.sid, token)), now_ms, out),
             Role::Following(f) => {
@@ -397,7 +396,6 @@ impl ZkMember {
             }
             Role::Looking(_) => unreachable!("a looking server serves nobody"),
         }
-        token
     }
 
     fn attach(&mut self, session: SessionId, via: Connection) {
@@ -424,18 +422,19 @@ impl ZkMember {
                     continue;
                 }
             };
-            let token = match txn {
-                Some(txn) => self.submit(txn, now_ms, out),
-                None => self.sync(now_ms, out),
-            };
+            // Awaited before it is sent: a leader with nothing in flight answers a sync at once.
+            let token = self.token();
             self.waiting.insert(token, Waiting::Op { session });
             self.queues.get_mut(&session).and_then(|q| q.front_mut()).expect("just seen").token = Some(token);
+            match txn {
+                Some(txn) => self.submit(token, txn, now_ms, out),
+                None => self.sync(token, now_ms, out),
+            }
             return;
         }
     }
 
-    fn sync(&mut self, now_ms: i64, out: &mut Out) -> u64 {
-        let token = self.token();
+    fn sync(&mut self, token: u64, now_ms: i64, out: &mut Out) {
         match &mut self.role {
             Role::Leading(l) => match self.log.back() {
                 Some(last) => l.syncs.push((last.zxid, self.sid, token)),
@@ -447,7 +446,6 @@ impl ZkMember {
             }
             Role::Looking(_) => unreachable!("a looking server serves nobody"),
         }
-        token
     }
 
     /// What `token` waited for came: a transaction applied (its reply), a sync or a revalidation.
@@ -874,8 +872,9 @@ impl Member for ZkMember {
                 self.next_session += 1;
                 let session = ((self.sid as u64 + 1) << 56) | self.next_session;
                 let txn = Txn::CreateSession { id: session, owner: via.peer, timeout_ms };
-                let token = self.submit(txn, now_ms, out);
+                let token = self.token();
                 self.waiting.insert(token, Waiting::Connect { id, via, timeout_ms });
+                self.submit(token, txn, now_ms, out);
             }
             ZkRequest::Connect { session: Some(session), .. } => match &mut self.role {
                 Role::Leading(l) => {

@@ -200,3 +200,23 @@ fn a_follower_cut_off_rejoins_its_leader_after_the_heal() {
     assert!(states.iter().all(|s| s.lock().unwrap().serving()), "every server serves after the heal");
     assert_eq!(log.last().map(String::as_str), Some("Ok(Exists(None))"), "{log:?}");
 }
+
+/// A sync on the leader with no proposal in flight is answered at once; a read behind it follows.
+#[test]
+fn a_sync_on_an_idle_leader_is_answered() {
+    let (_, log, _) = run(5, 4, vec![], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
+            let Ok(ZkReply::Connected { session, .. }) =
+                rpc.call::<ZkRequest, ZkReply>(members[2], connect, Duration::from_secs(4)).await
+            else {
+                panic!("no session")
+            };
+            note(&log, &rpc, members[2], ZkRequest::Op { session, op: ZkOp::Sync { path: "/".into() } }).await;
+            note(&log, &rpc, members[2], ZkRequest::Op { session, op: ZkOp::Ping }).await;
+        })
+    });
+    assert_eq!(log, vec!["Synced { path: \"/\" }".to_string(), "Pong".to_string()]);
+}
