@@ -36,6 +36,26 @@ fn leaders(states: &[Arc<Mutex<ZkMember>>]) -> Vec<usize> {
     (0..states.len()).filter(|i| states[*i].lock().unwrap().leads()).collect()
 }
 
+/// A new session on `to`, of timeout `requested_ms`.
+async fn open_session(rpc: &crate::net::Rpc, to: NodeIx, requested_ms: i64) -> SessionId {
+    let connect = ZkRequest::Connect { requested_ms, session: None };
+    match rpc.call::<ZkRequest, ZkReply>(to, connect, Duration::from_secs(4)).await {
+        Ok(ZkReply::Connected { session, .. }) => session,
+        other => panic!("no session on {to:?}: {other:?}"),
+    }
+}
+
+/// Follower `zk-0` cut off from the leader `zk-2` (the highest id wins the first election) from 3 s,
+/// for `secs`.
+fn follower_cut(secs: u64) -> Fault {
+    Fault {
+        at: Duration::from_secs(3),
+        target: Target::Node("zk-0".into()),
+        action: Action::Partition { peers: vec!["zk-2".into()], duration: Some(Duration::from_secs(secs)) },
+        on: None,
+    }
+}
+
 /// Call `to` and note its answer in `log`.
 async fn note(log: &Log, rpc: &crate::net::Rpc, to: NodeIx, req: ZkRequest) {
     let answer = call(rpc, to, req).await;
@@ -72,12 +92,7 @@ fn a_write_through_a_follower_is_seen_on_every_server() {
         Box::pin(async move {
             let rpc = env.rpc();
             env.clock.sleep(Duration::from_secs(2)).await;
-            let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
-            let Ok(ZkReply::Connected { session, .. }) =
-                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
-            else {
-                panic!("no session")
-            };
+            let session = open_session(&rpc, members[0], 6000).await;
             let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
             note(&log, &rpc, members[0], ZkRequest::Op { session, op: create }).await;
             let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
@@ -100,30 +115,14 @@ fn a_write_through_a_follower_is_seen_on_every_server() {
 /// follower gives up on its leader (`syncLimit·tickTime` = 10 s) is the client's connection closed.
 #[test]
 fn a_follower_cut_from_its_leader_answers_pings_of_a_session_the_leader_expired() {
-    let cut = Fault {
-        at: Duration::from_secs(3),
-        target: Target::Node("zk-0".into()),
-        action: Action::Partition { peers: vec!["zk-2".into()], duration: Some(Duration::from_secs(20)) },
-        on: None,
-    };
-    let (states, log, events) = run(3, 20, vec![cut], |env, members, log| {
+    let (states, log, events) = run(3, 20, vec![follower_cut(20)], |env, members, log| {
         Box::pin(async move {
             let rpc = env.rpc();
             env.clock.sleep(Duration::from_secs(2)).await;
-            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
-            let Ok(ZkReply::Connected { session, .. }) =
-                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
-            else {
-                panic!("no session")
-            };
+            let session = open_session(&rpc, members[0], 4000).await;
             let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
             call(&rpc, members[0], ZkRequest::Op { session, op: create }).await;
-            let connect = ZkRequest::Connect { requested_ms: 40_000, session: None };
-            let Ok(ZkReply::Connected { session: reader, .. }) =
-                rpc.call::<ZkRequest, ZkReply>(members[2], connect, Duration::from_secs(4)).await
-            else {
-                panic!("no session on the leader")
-            };
+            let reader = open_session(&rpc, members[2], 40_000).await;
             // Ping the follower each second, as a holder's client does; note when it stops answering.
             for s in 3..18 {
                 env.clock.sleep(Duration::from_secs(1)).await;
@@ -155,22 +154,11 @@ fn a_follower_cut_from_its_leader_answers_pings_of_a_session_the_leader_expired(
 /// there too.
 #[test]
 fn a_follower_cut_off_rejoins_its_leader_after_the_heal() {
-    let cut = Fault {
-        at: Duration::from_secs(3),
-        target: Target::Node("zk-0".into()),
-        action: Action::Partition { peers: vec!["zk-2".into()], duration: Some(Duration::from_secs(12)) },
-        on: None,
-    };
-    let (states, log, _) = run(4, 25, vec![cut], |env, members, log| {
+    let (states, log, _) = run(4, 25, vec![follower_cut(12)], |env, members, log| {
         Box::pin(async move {
             let rpc = env.rpc();
             env.clock.sleep(Duration::from_secs(2)).await;
-            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
-            let Ok(ZkReply::Connected { session, .. }) =
-                rpc.call::<ZkRequest, ZkReply>(members[0], connect, Duration::from_secs(4)).await
-            else {
-                panic!("no session")
-            };
+            let session = open_session(&rpc, members[0], 4000).await;
             let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
             note(&log, &rpc, members[0], ZkRequest::Op { session, op: create }).await;
             // Silent through the cut: the leader expires the session. Then a new connection (the
@@ -208,12 +196,7 @@ fn a_sync_on_an_idle_leader_is_answered() {
         Box::pin(async move {
             let rpc = env.rpc();
             env.clock.sleep(Duration::from_secs(2)).await;
-            let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
-            let Ok(ZkReply::Connected { session, .. }) =
-                rpc.call::<ZkRequest, ZkReply>(members[2], connect, Duration::from_secs(4)).await
-            else {
-                panic!("no session")
-            };
+            let session = open_session(&rpc, members[2], 6000).await;
             note(&log, &rpc, members[2], ZkRequest::Op { session, op: ZkOp::Sync { path: "/".into() } }).await;
             note(&log, &rpc, members[2], ZkRequest::Op { session, op: ZkOp::Ping }).await;
         })
