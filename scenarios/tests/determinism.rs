@@ -24,11 +24,16 @@ fn every_catalog_scenario_replays_to_the_same_history() {
 #[test]
 fn results_do_not_depend_on_the_number_of_jobs() {
     // A nemesis of each family whose client draws its own timing from the seed (ZooKeeper's
-    // re-attach, etcd's keep-alive loop, Redis's retries); and a ZooKeeper ensemble's, whose clients
-    // shuffle their server lists from it.
-    for stem in
-        ["redis-nemesis-del", "zk-leader-election-nemesis", "etcd-mutex-server-crash-nemesis", "zk-ensemble-nemesis"]
-    {
+    // re-attach, etcd's keep-alive loop, Redis's retries); a ZooKeeper ensemble's, whose clients
+    // shuffle their server lists from it; and an etcd cluster's, whose members draw their election
+    // timeouts from it.
+    for stem in [
+        "redis-nemesis-del",
+        "zk-leader-election-nemesis",
+        "etcd-mutex-server-crash-nemesis",
+        "zk-ensemble-nemesis",
+        "etcd-cluster-nemesis",
+    ] {
         assert_same_at_any_jobs(&catalog(stem), 0..40);
     }
 }

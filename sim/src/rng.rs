@@ -33,6 +33,9 @@ pub enum Stream {
     /// A ZooKeeper client's wait before each attempt to re-attach its session (the Java client's
     /// random part, `startConnect`'s `nextLong(1000)`), one generator per client node and life.
     ZkReattach = 17,
+    /// An etcd member's election timeouts and the phase of its Raft tick and lessor loop, one
+    /// generator per member and life.
+    EtcdRaft = 18,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.

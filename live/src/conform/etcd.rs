@@ -550,6 +550,7 @@ fn show(reply: &EtcdReply, lease: &dyn Fn(i64) -> Option<usize>) -> String {
         EtcdReply::WatchCreated { .. } => "created".into(),
         EtcdReply::WatchCanceled => "canceled".into(),
         EtcdReply::Error(EtcdError::LeaseNotFound) => "error lease not found".into(),
+        EtcdReply::Error(EtcdError::ProposalDropped) => "error proposal dropped".into(),
     }
 }
 

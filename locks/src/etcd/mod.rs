@@ -23,7 +23,7 @@ use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Outcome, RealServer, Servers};
 use locksim_sim::backend::etcd::client::{ClientEnv, EtcdClient, KeepAlive, Router, Watcher};
 use locksim_sim::backend::etcd::{
-    Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, EventType, KeyValue, LeaseId, Op, OpResult, Range,
+    cluster, Compare, EtcdError, EtcdReply, EtcdRequest, EtcdState, EventType, KeyValue, LeaseId, Op, OpResult, Range,
     EXPIRY_CHECK,
 };
 use locksim_sim::ctx::Ctx;
@@ -36,10 +36,11 @@ use std::time::Duration;
 
 pub const RECIPES: &[crate::RecipeSpec] = &[txn_lease::FAIL_FAST, txn_lease::WAIT, mutex::RECIPE, election::RECIPE];
 
-/// The etcd server of one world, and where its clients record the end of their keep-alives.
+/// The etcd members of one world (one, or a cluster's), and where their clients record the end of
+/// their keep-alives.
 #[derive(Clone, Debug)]
 pub struct EtcdServers {
-    pub server: NodeIx,
+    pub servers: Vec<NodeIx>,
     recorder: Recorder,
 }
 
@@ -50,10 +51,18 @@ impl EtcdServers {
     }
 }
 
+/// `[backend]` keys of the etcd family.
+pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec::int(
+    "servers",
+    (1, 7),
+    1,
+    "members of the cluster: 1 is a single member; 3, 5 or 7 elect a leader by Raft (docs/ensembles.md)",
+)];
+
 pub static FAMILY: Family = Family {
     name: "etcd",
     summary: "etcd 3.5: MVCC revisions, transactions, leases expiring by the server clock, watches",
-    params: &[],
+    params: BACKEND_PARAMS,
     topology,
     deploy,
     real: Some(&REAL),
@@ -68,16 +77,35 @@ pub static REAL: RealServer = RealServer {
     env: "LOCKSIM_ETCD",
     package: "etcd-server",
     client_built: true,
-    refuses: RealServer::refuses_nothing,
+    refuses: |backend| match backend.int("servers") {
+        1 => Ok(()),
+        n => Err(format!(
+            "with [backend] servers = {n}: --real starts a single etcd member; clusters run simulated only, for now"
+        )),
+    },
     keeps_data: |_| true,
     address: RealServer::host_port,
 };
 
-fn topology(_: &Params) -> Topology {
-    Topology { servers: vec![REAL.node.into()], ..Topology::default() }
+/// What a fault may name in a cluster besides its members' names.
+const ROLES: &[(&str, &str)] = &[("leader", "the member leading the cluster when the fault starts")];
+
+fn topology(params: &Params) -> Topology {
+    match params.int("servers") {
+        1 => Topology { servers: vec![REAL.node.into()], ..Topology::default() },
+        n => Topology {
+            servers: (0..n).map(|i| format!("etcd-{i}")).collect(),
+            roles: ROLES.to_vec(),
+            ..Topology::default()
+        },
+    }
 }
 
-fn deploy(world: &mut World, _: &Params) -> Servers {
+fn deploy(world: &mut World, params: &Params) -> Servers {
+    let n = params.int("servers") as usize;
+    if n > 1 {
+        return deploy_cluster(world, n);
+    }
     // A single-member cluster; its store and leases outlive a crash (the WAL).
     let state = Arc::new(Mutex::new(EtcdState::default()));
     let program: Program = Arc::new(move |env| {
@@ -96,7 +124,25 @@ fn deploy(world: &mut World, _: &Params) -> Servers {
         })
     });
     let server = world.add_server(REAL.node, program);
-    Servers::new(EtcdServers { server, recorder: world.recorder().clone() })
+    Servers::new(EtcdServers { servers: vec![server], recorder: world.recorder().clone() })
+}
+
+/// A cluster of `n` members (`etcd-0` …), and its role for faults.
+fn deploy_cluster(world: &mut World, n: usize) -> Servers {
+    let (servers, states) = cluster::deploy(world, n);
+    let nodes = servers.clone();
+    world.set_roles(Box::new(move |role, _| {
+        (role == "leader").then(|| {
+            // The leader of the highest term: a deposed one may not know yet.
+            let leading = |i: &usize| {
+                let m = states[*i].lock().expect("etcd member lock");
+                m.leads().then(|| m.term())
+            };
+            let leader = (0..nodes.len()).filter_map(|i| leading(&i).map(|term| (term, i))).max();
+            leader.map(|(_, i)| nodes[i]).ok_or_else(|| "the cluster has no leader".to_string())
+        })
+    }));
+    Servers::new(EtcdServers { servers, recorder: world.recorder().clone() })
 }
 
 /// Why a call did not succeed: no answer in time (it may have been applied), or an etcd error.
@@ -259,12 +305,19 @@ pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn
         return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), addr, call_timeout));
     }
     let etcd = EtcdServers::from(servers);
+    let router = ctx.node_wide(|| {
+        let connection = ctx.random_u64();
+        // Each client node starts on a member of its own (one member: no draw).
+        let n = etcd.servers.len();
+        let first = if n > 1 { (ctx.random_u64() % n as u64) as usize } else { 0 };
+        Router::new(connection, etcd.servers.as_slice().into(), first)
+    });
     let env = ClientEnv {
         rpc: ctx.rpc().clone(),
         clock: ctx.clock().clone(),
         recorder: etcd.recorder.clone(),
-        server: etcd.server,
-        router: ctx.node_wide(|| Router::new(ctx.random_u64())),
+        server: etcd.servers[0],
+        router,
     };
     EtcdConn::Sim(EtcdClient::new(env, call_timeout))
 }

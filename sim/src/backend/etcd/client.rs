@@ -53,7 +53,13 @@ struct Watched {
 }
 
 /// The node's connection to the server and its watch stream: hands each watch response to its watcher.
+/// With several endpoints (a cluster's members) the connection is to one of them; a reset or a broken
+/// connection moves it to the next, where the watches are resumed (gRPC's balancer leaves a connection
+/// that failed; clientv3 3.5 spreads unary calls over every ready endpoint, which this client does not:
+/// it stays on one while that one answers, or times out).
 pub struct Router {
+    endpoints: Rc<[NodeIx]>,
+    current: Cell<usize>,
     /// This life of the node's watch stream (the server drops an older one's watchers).
     connection: u64,
     /// The life of the server the connection is open to (`None`: none open).
@@ -64,13 +70,16 @@ pub struct Router {
     resumed: RefCell<std::collections::BTreeSet<WatchId>>,
     next_id: Cell<WatchId>,
     watchers: RefCell<BTreeMap<WatchId, Watched>>,
-    thread: RefCell<Option<(Background, Rpc, NodeIx)>>,
+    thread: RefCell<Option<(Background, Rpc)>>,
 }
 
 impl Router {
-    /// A router for a connection named `connection` (unique per node life, e.g. drawn at random).
-    pub fn new(connection: u64) -> Router {
+    /// A router for a connection named `connection` (unique per node life, e.g. drawn at random) to
+    /// `endpoints[first]`, then the next of `endpoints` each time it fails.
+    pub fn new(connection: u64, endpoints: Rc<[NodeIx]>, first: usize) -> Router {
         Router {
+            endpoints,
+            current: Cell::new(first),
             connection,
             server_life: Cell::new(None),
             resuming: Cell::new(false),
@@ -81,10 +90,15 @@ impl Router {
         }
     }
 
-    fn start(self: &Rc<Self>, rpc: &Rpc, server: NodeIx) {
+    /// The endpoint the connection is to.
+    fn server(&self) -> NodeIx {
+        self.endpoints[self.current.get()]
+    }
+
+    fn start(self: &Rc<Self>, rpc: &Rpc) {
         if self.thread.borrow().is_none() {
             let thread = super::super::listen(rpc, self, Router::deliver);
-            *self.thread.borrow_mut() = Some((thread, rpc.clone(), server));
+            *self.thread.borrow_mut() = Some((thread, rpc.clone()));
         }
     }
 
@@ -98,8 +112,8 @@ impl Router {
                 let _ = watched.events.send(response);
             }
             None => {
-                if let Some((_, rpc, server)) = self.thread.borrow().as_ref() {
-                    rpc.tell(*server, EtcdRequest::CancelWatch { id: response.watch_id });
+                if let Some((_, rpc)) = self.thread.borrow().as_ref() {
+                    rpc.tell(self.server(), EtcdRequest::CancelWatch { id: response.watch_id });
                 }
             }
         }
@@ -174,24 +188,35 @@ pub struct EtcdClient {
 
 impl EtcdClient {
     pub fn new(env: ClientEnv, timeout: Duration) -> EtcdClient {
-        env.router.start(&env.rpc, env.server);
+        env.router.start(&env.rpc);
         EtcdClient { env, timeout }
     }
 
-    /// One unary call on the node's connection; a reset (the server restarted) reconnects and resumes
-    /// the watches, and the call fails unapplied; a broken connection (a lost reply) does the same,
-    /// the call's fate unknown.
+    /// One unary call on the node's connection; a reset (the server restarted) reconnects — to the next
+    /// endpoint, if there are several — and resumes the watches, and the call fails unapplied; a broken
+    /// connection (a lost reply) does the same, the call's fate unknown.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let router = &self.env.router;
-        match self.env.rpc.call_on(self.env.server, None, router.server_life.get(), request, self.timeout).await {
+        let server = router.server();
+        match self.env.rpc.call_on(server, None, router.server_life.get(), request, self.timeout).await {
             Ok((reply, life)) => {
                 router.server_life.set(Some(life));
                 Ok(reply)
             }
             Err(e @ (CallError::Reset | CallError::Broken)) => {
-                if router.server_life.replace(None).is_some() {
+                // To the next endpoint, unless a call that failed before this one has moved already.
+                let moved = router.endpoints.len() > 1 && router.server() == server;
+                if moved {
+                    router.current.set((router.current.get() + 1) % router.endpoints.len());
+                }
+                if router.server_life.replace(None).is_some() || moved {
                     router.resumed.borrow_mut().clear();
                     madsim::task::spawn_local(router.clone().resume(self.clone()));
+                }
+                // A cluster's member may have forwarded the request to its leader before it died: the
+                // leader may still commit it, so a reset says nothing of its fate.
+                if router.endpoints.len() > 1 {
+                    return Err(CallError::Broken);
                 }
                 Err(e)
             }
@@ -306,7 +331,7 @@ impl Drop for Watcher {
     fn drop(&mut self) {
         if let Cancel::Sim { id, env } = &self.cancel {
             env.router.watchers.borrow_mut().remove(id);
-            env.rpc.tell(env.server, EtcdRequest::CancelWatch { id: *id });
+            env.rpc.tell(env.router.server(), EtcdRequest::CancelWatch { id: *id });
         }
     }
 }
@@ -432,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_watch_from_now_resumes_at_the_header_revision_it_was_created_at() {
-        let router = Router::new(1);
+        let router = Router::new(1, Rc::from([NodeIx(0)]), 0);
         let (events, _rx) = mpsc::unbounded_channel();
         let watched = Watched { events, key: "k".into(), prefix: false, next_revision: 0 };
         router.watchers.borrow_mut().insert(1, watched);

@@ -23,6 +23,7 @@
 //!   plus the election timeout from the restart, as a new leader grants (`lessor.Promote`).
 
 pub mod client;
+pub mod cluster;
 mod lease;
 mod mvcc;
 mod watch;
@@ -202,6 +203,9 @@ pub enum EtcdReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EtcdError {
     LeaseNotFound,
+    /// A cluster's member had no leader to take a write (raft's `ErrProposalDropped`, "raft proposal
+    /// dropped"): not applied.
+    ProposalDropped,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,6 +348,14 @@ impl EtcdState {
         }
     }
 
+    /// Record that the server found lease `id` expired (its revoke follows).
+    fn mark_expired(&self, id: LeaseId, out: &mut Out) {
+        if let Some(owner) = self.owners.get(&id).copied() {
+            out.record(owner, EventKind::Session { state: format!("lease {id:x} expired by the server") });
+            out.lease_ended(owner, id as u64); // hazard: lease-expired-while-held (if it held)
+        }
+    }
+
     /// Revoke a lease: delete its keys in one revision.
     fn revoke(&mut self, id: LeaseId, out: &mut Out) -> Option<()> {
         let lease = self.leases.remove(id)?;
@@ -429,12 +441,8 @@ impl Backend for EtcdState {
     }
 
     fn tick(&mut self, now: Now, out: &mut Out) {
-        let now_ms = now.mono_ms;
-        for id in self.leases.expired(now_ms) {
-            if let Some(owner) = self.owners.get(&id).copied() {
-                out.record(owner, EventKind::Session { state: format!("lease {id:x} expired by the server") });
-                out.lease_ended(owner, id as u64); // hazard: lease-expired-while-held (if it held)
-            }
+        for id in self.leases.expired(now.mono_ms) {
+            self.mark_expired(id, out);
             self.revoke(id, out);
         }
     }

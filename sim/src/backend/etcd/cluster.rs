@@ -1,0 +1,806 @@
+//! One member of an etcd 3.5 cluster ([`EtcdMember`]): Raft (elections, the leader's log, commits), the
+//! requests each member answers from its own copy of the store, and leases kept on the leader.
+//!
+//! Modelled behaviour, from etcd 3.5's `raft` package and `etcdserver`, with etcd's defaults
+//! (`--heartbeat-interval` 100 ms, `--election-timeout` 1000 ms, `--pre-vote`, `CheckQuorum`):
+//! - *Ticks* (`raft.tickElection`, `tickHeartbeat`): Raft's clock is a tick every heartbeat interval,
+//!   from the process's start. A follower that hears no leader for its randomized election timeout —
+//!   drawn anew in [10, 20) ticks each time it becomes a follower or candidate — campaigns.
+//! - *Pre-vote, then vote* (`campaign`, `Step`): a campaigner first asks for pre-votes at its term + 1
+//!   without raising its term; only with a quorum of them does it raise its term and ask for votes. A
+//!   member grants a (pre-)vote to a log at least as up to date as its own (last term, then last
+//!   index), and a vote once per term. A member that heard from its leader within the election timeout
+//!   ignores both (`CheckQuorum`'s leader lease): a member that was cut off cannot depose a live
+//!   leader when it comes back.
+//! - *Log and commits* (`bcastAppend`, `maybeCommit`): a new leader appends an empty entry of its
+//!   term; each proposal is appended and sent to every follower with the entries before it they lack;
+//!   a follower takes entries that follow on from its log (dropping a conflicting tail), else rejects
+//!   and the leader backs off. An entry is committed once a quorum has it and it is of the leader's
+//!   term, and the leader tells the followers at once; every member applies committed entries in order, and the member a client asked answers it
+//!   once it has applied it. A follower forwards its clients' proposals to the leader (`MsgProp`);
+//!   a member that knows no leader drops a proposal (`ErrProposalDropped`): its own client is told at
+//!   once, a forwarded one's client hears nothing and times out. Reads and lessor requests wait for a
+//!   leader instead (`linearizableReadLoop` asks again, `LeaseRenew` waits), until their deadline.
+//! - *Heartbeats and `CheckQuorum`*: the leader sends every follower its log position each tick; every
+//!   election timeout it steps down unless a quorum was heard from since the last check.
+//! - *Reads* (`ReadIndex`, the default for `Range`): the leader notes its commit index and confirms it
+//!   still leads by a heartbeat round a quorum acknowledges; the asking member then answers once it has
+//!   applied that index. A leader that has not yet committed an entry of its term holds reads back.
+//! - *Leases* (`lessor`): granted and revoked through the log, so every member has them, but only the
+//!   leader's lessor is primary. Keep-alives and time-to-live lookups are forwarded to the leader
+//!   (`LeaseRenew`'s `forwardToLeader`), which renews in memory, not through the log. When a new leader
+//!   has applied its first entry it promotes its lessor: every lease gets its TTL plus the election
+//!   timeout from then (`lessor.Promote`). The primary lessor looks for expired leases every 500 ms
+//!   and revokes each through the log; a member that stops leading demotes its lessor and revokes
+//!   nothing.
+//! - *Watches* are a member's own: its watchers hear of a change when it applies it. A member cut off
+//!   from its leader applies nothing, so its watchers hear nothing until the heal (`concurrency` asks
+//!   for no `WithRequireLeader`).
+//! - *Durability*: the term, the vote, the log and the applied store outlive a crash (the WAL and the
+//!   backend); a restarted member starts as a follower, its watches gone.
+//!
+//! Not modelled: learners, snapshots and log compaction (a lagging follower gets every entry it
+//! lacks), leadership transfer, lease checkpoints (off by default).
+
+use super::{EtcdReply, EtcdRequest, EtcdState, LeaseId, Op};
+use crate::backend::member::{serve_member, Member, MemberOut, RequestId};
+use crate::backend::{Now, Out};
+use crate::history::NodeIx;
+use crate::net::Connection;
+use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
+use crate::world::{Program, World};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+/// `--heartbeat-interval`: one Raft tick.
+pub const TICK_MS: i64 = 100;
+/// `--election-timeout`, in ticks.
+const ELECTION_TICKS: u32 = 10;
+/// The lessor's look for expired leases (`lessor.runLoop`).
+const LESSOR_LOOK_MS: i64 = 500;
+
+/// What a member says (a single server says an [`Out`]; a member also answers later and talks to peers).
+type MOut = MemberOut<EtcdReply, EtcdPeer>;
+
+/// A client request as the log carries it: which member (in which life) answers it, by which id, and
+/// for which client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    member: usize,
+    life: u32,
+    id: RequestId,
+    client: NodeIx,
+}
+
+/// What an entry of the log does when applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cmd {
+    /// A new leader's first entry.
+    Empty,
+    Client {
+        origin: Origin,
+        request: EtcdRequest,
+    },
+    /// The primary lessor revokes an expired lease.
+    Expire(LeaseId),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    term: u64,
+    cmd: Cmd,
+}
+
+/// What members say to each other.
+#[derive(Debug, Clone)]
+pub enum EtcdPeer {
+    PreVote {
+        term: u64,
+        last_index: usize,
+        last_term: u64,
+    },
+    PreVoteAnswer {
+        term: u64,
+        granted: bool,
+    },
+    Vote {
+        term: u64,
+        last_index: usize,
+        last_term: u64,
+    },
+    VoteAnswer {
+        term: u64,
+        granted: bool,
+    },
+    /// Entries after `prev_index` (none: a heartbeat), and the leader's commit; `read`: the newest read
+    /// the leader wants confirmed (0: none).
+    Append {
+        term: u64,
+        prev_index: usize,
+        prev_term: u64,
+        entries: Vec<Entry>,
+        commit: usize,
+        read: u64,
+    },
+    /// `matched`: the follower's log agrees up to here (on a rejection, where the leader should retry).
+    AppendAnswer {
+        term: u64,
+        ok: bool,
+        matched: usize,
+        read: u64,
+    },
+    /// A client's write, forwarded to the leader.
+    Propose {
+        origin: Origin,
+        request: EtcdRequest,
+    },
+    /// A member asks the leader for a read index.
+    ReadIndex {
+        origin: Origin,
+        request: EtcdRequest,
+    },
+    ReadIndexAnswer {
+        origin: Origin,
+        request: EtcdRequest,
+        index: usize,
+    },
+    /// A keep-alive or a time-to-live lookup, forwarded to the leader's lessor.
+    Lessor {
+        origin: Origin,
+        request: EtcdRequest,
+    },
+    LessorAnswer {
+        origin: Origin,
+        reply: EtcdReply,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Follower,
+    PreCandidate,
+    Candidate,
+    Leader,
+}
+
+/// A read the leader is confirming: acknowledged by whom, and the index it may be served at.
+#[derive(Debug)]
+struct PendingRead {
+    ctx: u64,
+    index: usize,
+    acks: BTreeSet<usize>,
+    origin: Origin,
+    request: EtcdRequest,
+}
+
+/// One etcd member.
+pub struct EtcdMember {
+    me: usize,
+    members: Vec<NodeIx>,
+    /// The applied store and leases.
+    state: EtcdState,
+    // Raft's durable state (`HardState`) and log.
+    term: u64,
+    voted_for: Option<usize>,
+    /// Entry `i` is `log[i - 1]`.
+    log: Vec<Entry>,
+    commit: usize,
+    applied: usize,
+    // What a life keeps in memory.
+    life: u32,
+    /// The member's monotonic clock at the input being handled.
+    now_ms: i64,
+    rng: Option<ChaCha8Rng>,
+    role: Role,
+    leader: Option<usize>,
+    /// Ticks since the leader was heard from (follower) or since the last quorum check (leader).
+    election_elapsed: u32,
+    randomized_timeout: u32,
+    votes: BTreeSet<usize>,
+    next_index: Vec<usize>,
+    match_index: Vec<usize>,
+    /// Members the leader heard from since its last quorum check.
+    recent_active: BTreeSet<usize>,
+    next_tick_ms: i64,
+    next_look_ms: i64,
+    /// The lessor is primary: this member leads and has applied its term's first entry.
+    primary: bool,
+    /// Leases whose revoke the primary lessor has proposed.
+    revoking: BTreeSet<LeaseId>,
+    /// Reads and lessor requests waiting for a leader to be known.
+    waiting: Vec<(Origin, EtcdRequest)>,
+    /// The leader's reads being confirmed.
+    reads: Vec<PendingRead>,
+    next_read: u64,
+    /// Reads waiting for this member to apply their index.
+    applying: Vec<(usize, Origin, EtcdRequest)>,
+}
+
+impl EtcdMember {
+    fn new(me: usize, members: Vec<NodeIx>) -> EtcdMember {
+        let n = members.len();
+        EtcdMember {
+            me,
+            members,
+            state: EtcdState::default(),
+            term: 0,
+            voted_for: None,
+            log: Vec::new(),
+            commit: 0,
+            applied: 0,
+            life: 0,
+            now_ms: 0,
+            rng: None,
+            role: Role::Follower,
+            leader: None,
+            election_elapsed: 0,
+            randomized_timeout: ELECTION_TICKS,
+            votes: BTreeSet::new(),
+            next_index: vec![1; n],
+            match_index: vec![0; n],
+            recent_active: BTreeSet::new(),
+            next_tick_ms: 0,
+            next_look_ms: 0,
+            primary: false,
+            revoking: BTreeSet::new(),
+            waiting: Vec::new(),
+            reads: Vec::new(),
+            next_read: 0,
+            applying: Vec::new(),
+        }
+    }
+
+    /// Whether this member leads (in the highest term it knows).
+    pub fn leads(&self) -> bool {
+        self.role == Role::Leader
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    fn quorum(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    fn last_index(&self) -> usize {
+        self.log.len()
+    }
+
+    fn term_at(&self, index: usize) -> u64 {
+        if index == 0 {
+            0
+        } else {
+            self.log[index - 1].term
+        }
+    }
+
+    fn peers(&self) -> impl Iterator<Item = usize> + 'static {
+        let me = self.me;
+        (0..self.members.len()).filter(move |&p| p != me)
+    }
+
+    fn tell(&self, out: &mut MOut, to: usize, msg: EtcdPeer) {
+        out.tell(self.members[to], msg);
+    }
+
+    fn reset_timeout(&mut self) {
+        self.election_elapsed = 0;
+        let rng = self.rng.as_mut().expect("a member's generator is set when it starts");
+        self.randomized_timeout = rng.gen_range(ELECTION_TICKS..2 * ELECTION_TICKS);
+    }
+
+    fn become_follower(&mut self, term: u64, leader: Option<usize>, out: &mut MOut) {
+        if term > self.term {
+            self.term = term;
+            self.voted_for = None;
+        }
+        let was_leading = self.role == Role::Leader;
+        self.role = Role::Follower;
+        self.leader = leader;
+        self.reset_timeout();
+        if was_leading {
+            // `lessor.Demote`; reads and forwarded requests in flight are dropped, their clients time out.
+            self.primary = false;
+            self.revoking.clear();
+            self.reads.clear();
+        }
+        if leader.is_some() {
+            self.forward_waiting(out);
+        }
+    }
+
+    fn campaign(&mut self, pre: bool, out: &mut MOut) {
+        self.votes = BTreeSet::from([self.me]);
+        self.leader = None;
+        self.reset_timeout();
+        let (last_index, last_term) = (self.last_index(), self.term_at(self.last_index()));
+        if pre {
+            self.role = Role::PreCandidate;
+            let term = self.term + 1;
+            for p in self.peers() {
+                self.tell(out, p, EtcdPeer::PreVote { term, last_index, last_term });
+            }
+        } else {
+            self.role = Role::Candidate;
+            self.term += 1;
+            self.voted_for = Some(self.me);
+            let term = self.term;
+            for p in self.peers() {
+                self.tell(out, p, EtcdPeer::Vote { term, last_index, last_term });
+            }
+        }
+        if self.votes.len() >= self.quorum() {
+            self.won(pre, out);
+        }
+    }
+
+    fn won(&mut self, pre: bool, out: &mut MOut) {
+        if pre {
+            self.campaign(false, out);
+            return;
+        }
+        self.role = Role::Leader;
+        self.leader = Some(self.me);
+        self.election_elapsed = 0;
+        self.recent_active = BTreeSet::from([self.me]);
+        self.next_index = vec![self.last_index() + 1; self.members.len()];
+        self.match_index = vec![0; self.members.len()];
+        self.append(Cmd::Empty, out);
+        self.forward_waiting(out);
+    }
+
+    /// The leader appends `cmd` and sends it on.
+    fn append(&mut self, cmd: Cmd, out: &mut MOut) {
+        self.log.push(Entry { term: self.term, cmd });
+        self.match_index[self.me] = self.last_index();
+        for p in self.peers() {
+            self.send_append(p, 0, out);
+        }
+        self.maybe_commit(out);
+    }
+
+    fn send_append(&self, to: usize, read: u64, out: &mut MOut) {
+        let prev_index = self.next_index[to] - 1;
+        let msg = EtcdPeer::Append {
+            term: self.term,
+            prev_index,
+            prev_term: self.term_at(prev_index),
+            entries: self.log[prev_index..].to_vec(),
+            commit: self.commit,
+            read,
+        };
+        self.tell(out, to, msg);
+    }
+
+    fn maybe_commit(&mut self, out: &mut MOut) {
+        let mut matched = self.match_index.clone();
+        matched.sort_unstable_by(|a, b| b.cmp(a));
+        let index = matched[self.quorum() - 1];
+        if index > self.commit && self.term_at(index) == self.term {
+            self.commit = index;
+            // The followers hear of the commit at once, not at the next heartbeat (`stepLeader`:
+            // `if r.maybeCommit() { r.bcastAppend() }`).
+            for p in self.peers() {
+                self.send_append(p, 0, out);
+            }
+        }
+        self.apply_committed(out);
+    }
+
+    /// Apply what is committed and not applied yet, in order; answer the reads that waited for it.
+    fn apply_committed(&mut self, out: &mut MOut) {
+        // A lease granted here gets its expiry by this member's clock; only a primary lessor acts on
+        // it, and a promotion renews every lease.
+        while self.applied < self.commit {
+            self.applied += 1;
+            let entry = self.log[self.applied - 1].clone();
+            match entry.cmd {
+                Cmd::Empty => {
+                    if self.role == Role::Leader && entry.term == self.term && !self.primary {
+                        // `lessor.Promote(electionTimeout)`.
+                        self.primary = true;
+                        let now = self.now_ms;
+                        self.state.leases.renew_all(now + i64::from(ELECTION_TICKS) * TICK_MS);
+                        self.forward_waiting(out);
+                    }
+                }
+                Cmd::Expire(lease) => {
+                    let mut scratch = Out::default();
+                    self.state.revoke(lease, &mut scratch);
+                    keep_watch_events(scratch, &mut out.out);
+                }
+                Cmd::Client { origin, request } => {
+                    let mine = origin.member == self.me && origin.life == self.life;
+                    let mut scratch = Out::default();
+                    let now = self.now_ms;
+                    let reply = self.state.request(now, origin.client, request, &mut scratch);
+                    let reply = reply.unwrap_or_else(EtcdReply::Error);
+                    if mine {
+                        out.out.leases.append(&mut scratch.leases);
+                        out.reply(origin.id, reply);
+                    }
+                    keep_watch_events(scratch, &mut out.out);
+                }
+            }
+        }
+        let applied = self.applied;
+        let (ready, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.applying).into_iter().partition(|r| r.0 <= applied);
+        self.applying = later;
+        for (_, origin, request) in ready {
+            self.serve_read(origin, request, out);
+        }
+    }
+}
+
+/// Of what a member's copy of the store said while applying an entry some other member answers,
+/// keep what is its own: its watchers' notifications. The lease marks are the answering member's.
+fn keep_watch_events(scratch: Out, out: &mut Out) {
+    let Out { events, pushes, .. } = scratch;
+    out.events.extend(events);
+    out.pushes.extend(pushes);
+}
+
+/// Whether a request is served by the leader's lessor rather than through the log.
+fn for_the_lessor(request: &EtcdRequest) -> bool {
+    matches!(request, EtcdRequest::LeaseKeepAlive { .. } | EtcdRequest::LeaseTimeToLive { .. })
+}
+
+impl EtcdMember {
+    /// Take a client's request where it goes: the leader's log, its lessor, or a read index — or wait
+    /// for a leader.
+    fn route(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+        let read = matches!(request, EtcdRequest::Op(Op::Range(_)));
+        let Some(leader) = self.leader else {
+            if read || for_the_lessor(&request) {
+                // `linearizableReadLoop` asks again every 500 ms, `LeaseRenew` waits for a leader
+                // (`waitLeader`): both until the request's deadline.
+                self.waiting.push((origin, request));
+            } else if origin.member == self.me {
+                // Raft drops a proposal with no leader to take it (`stepFollower`, `stepCandidate`),
+                // and the server answers with the error.
+                out.reply(origin.id, EtcdReply::Error(super::EtcdError::ProposalDropped));
+            }
+            // A proposal forwarded to a member that has lost its leader since is dropped unanswered:
+            // its client's call times out.
+            return;
+        };
+        if leader != self.me {
+            let msg = if for_the_lessor(&request) {
+                EtcdPeer::Lessor { origin, request }
+            } else if read {
+                EtcdPeer::ReadIndex { origin, request }
+            } else {
+                EtcdPeer::Propose { origin, request }
+            };
+            self.tell(out, leader, msg);
+        } else if !self.primary && (read || for_the_lessor(&request)) {
+            // Reads wait for the term's first commit, the lessor for its promotion: both come when the
+            // leader applies its empty entry.
+            self.waiting.push((origin, request));
+        } else if for_the_lessor(&request) {
+            let reply = self.state.request(self.now_ms, origin.client, request, &mut Out::default());
+            let reply = reply.unwrap_or_else(EtcdReply::Error);
+            if origin.member == self.me {
+                out.reply(origin.id, reply);
+            } else {
+                self.tell(out, origin.member, EtcdPeer::LessorAnswer { origin, reply });
+            }
+        } else if read {
+            self.next_read += 1;
+            let ctx = self.next_read;
+            let acks = BTreeSet::from([self.me]);
+            self.reads.push(PendingRead { ctx, index: self.commit, acks, origin, request });
+            for p in self.peers() {
+                self.send_append(p, ctx, out);
+            }
+            self.release_reads(out);
+        } else {
+            self.append(Cmd::Client { origin, request }, out);
+        }
+    }
+
+    fn forward_waiting(&mut self, out: &mut MOut) {
+        for (origin, request) in std::mem::take(&mut self.waiting) {
+            self.route(origin, request, out);
+        }
+    }
+
+    /// Reads a quorum has confirmed this member still leads for: to their asker.
+    fn release_reads(&mut self, out: &mut MOut) {
+        let quorum = self.quorum();
+        let (ready, pending): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.reads).into_iter().partition(|r| r.acks.len() >= quorum);
+        self.reads = pending;
+        for PendingRead { index, origin, request, .. } in ready {
+            if origin.member == self.me {
+                self.read_at(index, origin, request, out);
+            } else {
+                self.tell(out, origin.member, EtcdPeer::ReadIndexAnswer { origin, request, index });
+            }
+        }
+    }
+
+    /// Serve a read once this member has applied `index`.
+    fn read_at(&mut self, index: usize, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+        if self.applied >= index {
+            self.serve_read(origin, request, out);
+        } else {
+            self.applying.push((index, origin, request));
+        }
+    }
+
+    fn serve_read(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+        let reply = self.state.request(self.now_ms, origin.client, request, &mut out.out);
+        out.reply(origin.id, reply.unwrap_or_else(EtcdReply::Error));
+    }
+
+    /// Whether `(last_index, last_term)` is at least as up to date as this member's log.
+    fn log_ok(&self, last_index: usize, last_term: u64) -> bool {
+        let mine = self.term_at(self.last_index());
+        last_term > mine || (last_term == mine && last_index >= self.last_index())
+    }
+
+    /// `CheckQuorum`'s leader lease: it heard from a leader within the election timeout.
+    fn in_lease(&self) -> bool {
+        self.leader.is_some() && self.election_elapsed < ELECTION_TICKS
+    }
+
+    /// One Raft tick.
+    fn tick(&mut self, out: &mut MOut) {
+        self.election_elapsed += 1;
+        if self.role == Role::Leader {
+            if self.election_elapsed >= ELECTION_TICKS {
+                self.election_elapsed = 0;
+                if self.recent_active.len() < self.quorum() {
+                    let term = self.term;
+                    self.become_follower(term, None, out);
+                    return;
+                }
+                self.recent_active = BTreeSet::from([self.me]);
+            }
+            let read = self.reads.last().map_or(0, |r| r.ctx);
+            for p in self.peers() {
+                self.send_append(p, read, out);
+            }
+        } else if self.election_elapsed >= self.randomized_timeout {
+            self.campaign(true, out);
+        }
+    }
+
+    /// The primary lessor's look: revoke each expired lease through the log.
+    fn look(&mut self, out: &mut MOut) {
+        if !self.primary {
+            return;
+        }
+        for id in self.state.leases.expired(self.now_ms) {
+            if self.revoking.insert(id) {
+                self.state.mark_expired(id, &mut out.out);
+                self.append(Cmd::Expire(id), out);
+            }
+        }
+    }
+
+    fn on_append(&mut self, from: usize, append: Append, out: &mut MOut) {
+        let Append { term, prev_index, prev_term, entries, commit, read } = append;
+        if term < self.term {
+            let msg = EtcdPeer::AppendAnswer { term: self.term, ok: false, matched: 0, read };
+            self.tell(out, from, msg);
+            return;
+        }
+        if term > self.term || self.role != Role::Follower || self.leader != Some(from) {
+            self.become_follower(term, Some(from), out);
+        } else {
+            self.election_elapsed = 0;
+        }
+        if prev_index > self.last_index() || self.term_at(prev_index) != prev_term {
+            let matched = prev_index.saturating_sub(1).min(self.last_index());
+            self.tell(out, from, EtcdPeer::AppendAnswer { term, ok: false, matched, read });
+            return;
+        }
+        for (k, entry) in entries.iter().enumerate() {
+            let index = prev_index + 1 + k;
+            if index <= self.last_index() && self.term_at(index) != entry.term {
+                self.log.truncate(index - 1);
+            }
+            if index > self.last_index() {
+                self.log.push(entry.clone());
+            }
+        }
+        let matched = prev_index + entries.len();
+        self.commit = self.commit.max(commit.min(matched));
+        self.apply_committed(out);
+        self.tell(out, from, EtcdPeer::AppendAnswer { term, ok: true, matched, read });
+    }
+
+    fn on_append_answer(&mut self, from: usize, term: u64, ok: bool, matched: usize, read: u64, out: &mut MOut) {
+        if term > self.term {
+            self.become_follower(term, None, out);
+            return;
+        }
+        if self.role != Role::Leader || term != self.term {
+            return;
+        }
+        self.recent_active.insert(from);
+        if ok {
+            self.match_index[from] = self.match_index[from].max(matched);
+            self.next_index[from] = self.match_index[from] + 1;
+            self.maybe_commit(out);
+        } else {
+            self.next_index[from] = (matched + 1).min(self.next_index[from]).max(1);
+            self.send_append(from, 0, out);
+        }
+        if read > 0 {
+            for r in self.reads.iter_mut().filter(|r| r.ctx <= read) {
+                r.acks.insert(from);
+            }
+            self.release_reads(out);
+        }
+    }
+}
+
+/// An `Append` message's fields.
+struct Append {
+    term: u64,
+    prev_index: usize,
+    prev_term: u64,
+    entries: Vec<Entry>,
+    commit: usize,
+    read: u64,
+}
+
+impl Member for EtcdMember {
+    type Request = EtcdRequest;
+    type Reply = EtcdReply;
+    type Peer = EtcdPeer;
+
+    fn start(&mut self, now: Now, out: &mut MOut) {
+        self.now_ms = now.mono_ms;
+        self.life += 1;
+        self.role = Role::Follower;
+        self.leader = None;
+        self.primary = false;
+        self.votes.clear();
+        self.revoking.clear();
+        self.waiting.clear();
+        self.reads.clear();
+        self.applying.clear();
+        // Watches lived in the old process's memory.
+        self.state.watchers = super::watch::Watchers::default();
+        self.reset_timeout();
+        let _ = out;
+    }
+
+    fn request(&mut self, now: Now, via: Connection, id: RequestId, request: EtcdRequest, out: &mut MOut) {
+        self.now_ms = now.mono_ms;
+        let origin = Origin { member: self.me, life: self.life, id, client: via.peer };
+        match request {
+            EtcdRequest::Watch { .. } | EtcdRequest::CancelWatch { .. } => self.serve_read(origin, request, out),
+            request => self.route(origin, request, out),
+        }
+    }
+
+    fn peer(&mut self, now: Now, from: NodeIx, msg: EtcdPeer, out: &mut MOut) {
+        self.now_ms = now.mono_ms;
+        let Some(from) = self.members.iter().position(|m| *m == from) else { return };
+        match msg {
+            EtcdPeer::PreVote { term, last_index, last_term } => {
+                if term > self.term && self.in_lease() {
+                    return;
+                }
+                let granted = term > self.term && self.log_ok(last_index, last_term);
+                let term = if granted { term } else { self.term };
+                self.tell(out, from, EtcdPeer::PreVoteAnswer { term, granted });
+            }
+            EtcdPeer::PreVoteAnswer { term, granted } => {
+                if granted && self.role == Role::PreCandidate && term == self.term + 1 {
+                    self.votes.insert(from);
+                    if self.votes.len() >= self.quorum() {
+                        self.won(true, out);
+                    }
+                } else if !granted && term > self.term {
+                    self.become_follower(term, None, out);
+                }
+            }
+            EtcdPeer::Vote { term, last_index, last_term } => {
+                if term > self.term && self.in_lease() {
+                    return;
+                }
+                if term > self.term {
+                    self.become_follower(term, None, out);
+                }
+                let free = self.voted_for.is_none_or(|v| v == from);
+                let granted = term == self.term && free && self.log_ok(last_index, last_term);
+                if granted {
+                    self.voted_for = Some(from);
+                    self.reset_timeout();
+                }
+                self.tell(out, from, EtcdPeer::VoteAnswer { term: self.term, granted });
+            }
+            EtcdPeer::VoteAnswer { term, granted } => {
+                if term > self.term {
+                    self.become_follower(term, None, out);
+                } else if granted && self.role == Role::Candidate && term == self.term {
+                    self.votes.insert(from);
+                    if self.votes.len() >= self.quorum() {
+                        self.won(false, out);
+                    }
+                }
+            }
+            EtcdPeer::Append { term, prev_index, prev_term, entries, commit, read } => {
+                self.on_append(from, Append { term, prev_index, prev_term, entries, commit, read }, out)
+            }
+            EtcdPeer::AppendAnswer { term, ok, matched, read } => {
+                self.on_append_answer(from, term, ok, matched, read, out)
+            }
+            EtcdPeer::Propose { origin, request }
+            | EtcdPeer::ReadIndex { origin, request }
+            | EtcdPeer::Lessor { origin, request } => self.route(origin, request, out),
+            EtcdPeer::ReadIndexAnswer { origin, request, index } => {
+                if origin.life == self.life {
+                    self.read_at(index, origin, request, out);
+                }
+            }
+            EtcdPeer::LessorAnswer { origin, reply } => {
+                if origin.life == self.life {
+                    out.reply(origin.id, reply);
+                }
+            }
+        }
+    }
+
+    /// A client's or a peer's process died: etcd keeps leases past their connections, until their TTL.
+    fn closed(&mut self, _: Now, _: NodeIx, _: u32, _: &mut MOut) {}
+
+    fn wake(&mut self, now: Now, out: &mut MOut) {
+        self.now_ms = now.mono_ms;
+        while self.next_tick_ms <= now.mono_ms {
+            self.next_tick_ms += TICK_MS;
+            self.tick(out);
+        }
+        if self.next_look_ms <= now.mono_ms {
+            // `runLoop` sleeps 500 ms after each look: a paused member looks late, once.
+            self.next_look_ms = now.mono_ms + LESSOR_LOOK_MS;
+            self.look(out);
+        }
+    }
+
+    fn next_wake_ms(&self) -> Option<i64> {
+        Some(self.next_tick_ms.min(self.next_look_ms))
+    }
+}
+
+/// A cluster of `n` members (`etcd-0` …) on new server nodes of `world`.
+pub fn deploy(world: &mut World, n: usize) -> (Vec<NodeIx>, Vec<Arc<Mutex<EtcdMember>>>) {
+    let first = world.next_index().0;
+    let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
+    let states: Vec<Arc<Mutex<EtcdMember>>> =
+        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone())))).collect();
+    for (i, state) in states.iter().enumerate() {
+        let state = state.clone();
+        let program: Program = Arc::new(move |env| {
+            let state = state.clone();
+            {
+                // The election timeouts and the phase of the tick and lessor loops, per member and life.
+                let mut rng =
+                    stream(env.seed, Stream::EtcdRaft, (u64::from(env.me.0) << 32) | u64::from(env.incarnation));
+                let now = env.clock.monotonic_ms();
+                let mut m = state.lock().expect("etcd member lock");
+                m.next_tick_ms = now + rng.gen_range(0..TICK_MS);
+                m.next_look_ms = now + rng.gen_range(0..LESSOR_LOOK_MS);
+                m.rng = Some(rng);
+            }
+            Box::pin(async move {
+                let rpc = env.rpc();
+                serve_member(state, &rpc, &env.clock, &env.recorder).await
+            })
+        });
+        let node = world.add_server(&format!("etcd-{i}"), program);
+        assert_eq!(node, members[i], "a cluster's members are added one after the other");
+    }
+    (members, states)
+}
+
+#[cfg(test)]
+mod tests;

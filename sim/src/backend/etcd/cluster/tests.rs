@@ -1,0 +1,197 @@
+//! A three-member cluster in a world, driven by a client speaking the requests to chosen members.
+
+use super::*;
+use crate::backend::etcd::Range;
+use crate::fault::{Action, Fault, Target};
+use crate::history::EventKind;
+use std::time::Duration;
+
+type Log = Arc<Mutex<Vec<String>>>;
+type Client = fn(crate::world::NodeEnv, Vec<NodeIx>, Log) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+type Ran = (Vec<Arc<Mutex<EtcdMember>>>, Vec<String>, Vec<(NodeIx, EventKind)>);
+
+/// Run three members and a client node (`client-0`, after them) running `client` for `secs`, under
+/// `faults`, with `log` as the client's log; the states at the end, what the client logged, and the
+/// history's events.
+fn run_with_log(seed: u64, secs: u64, faults: Vec<Fault>, client: Client, log: Log) -> Ran {
+    let (log2, states) = (log.clone(), Arc::new(Mutex::new(Vec::new())));
+    let states2 = states.clone();
+    let events = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
+        let mut world = World::new(seed);
+        let (members, s) = deploy(&mut world, 3);
+        *states2.lock().unwrap() = s;
+        let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
+        world.add_node("client-0", program);
+        world.run(&faults, Duration::from_secs(secs)).await;
+        world.recorder().finish(world.names()).events.into_iter().map(|e| (e.node, e.kind)).collect::<Vec<_>>()
+    });
+    let states = std::mem::take(&mut *states.lock().unwrap());
+    let log = log.lock().unwrap().clone();
+    (states, log, events)
+}
+
+fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran {
+    run_with_log(seed, secs, faults, client, Log::default())
+}
+
+fn leaders(states: &[Arc<Mutex<EtcdMember>>]) -> Vec<usize> {
+    (0..states.len()).filter(|i| states[*i].lock().unwrap().leads()).collect()
+}
+
+fn leader_of(states: &[Arc<Mutex<EtcdMember>>]) -> usize {
+    let leaders = leaders(states);
+    assert_eq!(leaders.len(), 1, "one leader: {leaders:?}");
+    leaders[0]
+}
+
+async fn call(rpc: &crate::net::Rpc, to: NodeIx, req: EtcdRequest) -> String {
+    match rpc.call::<EtcdRequest, EtcdReply>(to, req, Duration::from_secs(3)).await {
+        Ok(reply) => format!("{reply:?}"),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+async fn note(log: &Log, rpc: &crate::net::Rpc, to: NodeIx, req: EtcdRequest) {
+    let answer = call(rpc, to, req).await;
+    log.lock().unwrap().push(answer);
+}
+
+fn put(key: &str, lease: LeaseId) -> EtcdRequest {
+    EtcdRequest::Op(Op::Put { key: key.into(), value: "v".into(), lease })
+}
+
+fn get(key: &str) -> EtcdRequest {
+    EtcdRequest::Op(Op::Range(Range::key(key)))
+}
+
+fn crash(member: usize, at_ms: u64, down_ms: u64) -> Fault {
+    Fault {
+        at: Duration::from_millis(at_ms),
+        target: Target::Node(format!("etcd-{member}")),
+        action: Action::Crash { restart_after: Some(Duration::from_millis(down_ms)), host: false },
+        on: None,
+    }
+}
+
+#[test]
+fn one_leader_is_elected_and_a_write_through_any_member_is_read_on_every_other() {
+    let (states, log, _) = run(1, 6, vec![], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(3)).await;
+            note(&log, &rpc, members[0], put("k", 0)).await;
+            for m in &members {
+                note(&log, &rpc, *m, get("k")).await;
+            }
+        })
+    });
+    leader_of(&states);
+    assert!(log[0].starts_with("Op { revision: 2"), "{log:?}");
+    for read in &log[1..] {
+        assert!(read.contains("key: \"k\""), "a linearizable read sees the write everywhere: {log:?}");
+    }
+    let terms: BTreeSet<u64> = states.iter().map(|s| s.lock().unwrap().term()).collect();
+    assert_eq!(terms.len(), 1, "one term: {terms:?}");
+}
+
+/// The holder's lease outlives its keep-alives by its TTL — and by more each time a new leader
+/// promotes its lessor (etcd#9395): with elections every 2 s and a TTL of 4 s, it never expires; once
+/// the leader stays, it expires a TTL and an election timeout after the last promotion.
+#[test]
+fn a_lease_nobody_keeps_alive_expires_on_the_leader_unless_new_leaders_keep_promoting_it() {
+    let client: Client = |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(3)).await;
+            let granted = call(&rpc, members[0], EtcdRequest::LeaseGrant { ttl_s: 4 }).await;
+            log.lock().unwrap().push(granted);
+            note(&log, &rpc, members[0], put("lock", 1)).await;
+            for _ in 0..30 {
+                env.clock.sleep(Duration::from_secs(1)).await;
+                let at_s = crate::clock::sim_now_ns() / 1_000_000_000;
+                let mut answer = String::new();
+                for m in &members {
+                    answer = call(&rpc, *m, get("lock")).await;
+                    if answer.starts_with("Op") {
+                        break;
+                    }
+                }
+                log.lock().unwrap().push(format!("{at_s} {answer}"));
+            }
+        })
+    };
+    // The second of the first look that found the key gone.
+    let gone_at = |log: &[String]| {
+        let gone = log[2..].iter().find(|r| r.contains("kvs: []"))?;
+        gone.split(' ').next()?.parse::<u64>().ok()
+    };
+    // Steady: the lease is gone about its TTL after the grant at 3 s.
+    let (_, log, events) = run(2, 36, vec![], client);
+    assert!(log[0].starts_with("LeaseGranted { id: 1"), "{log:?}");
+    let steady = gone_at(&log).expect("expired");
+    assert!((7..=9).contains(&steady), "gone at {steady} s: {log:?}");
+    let expired = events
+        .iter()
+        .filter(|(_, e)| matches!(e, EventKind::Session { state } if state.contains("expired by the server")));
+    assert_eq!(expired.count(), 1, "recorded once, by the leader");
+    // Elections every 2 s for 16 s from 4 s (the leader of the moment killed each time), then none.
+    let mut kills = Vec::new();
+    for k in 0..8 {
+        let at_ms = 4_000 + 2_000 * k;
+        let (states, _, _) = run(2, at_ms / 1000, kills.clone(), client);
+        kills.push(crash(leader_of(&states), at_ms, 1_500));
+    }
+    let (_, log, _) = run(2, 36, kills, client);
+    let churned = gone_at(&log).expect("expired once the elections stop");
+    assert!(churned >= 22, "kept while leaders changed: gone at {churned} s: {log:?}");
+}
+
+/// A member cut off from the other two: it has no leader, so a read on it waits (and times out) rather
+/// than answer stale, and a write is dropped at once; after the heal it catches up.
+#[test]
+fn a_member_cut_off_from_the_quorum_answers_nothing_until_the_heal() {
+    let (states, _, _) = run(3, 3, vec![], |_, _, _| Box::pin(async {}));
+    let leader = leader_of(&states);
+    let cut_off = (leader + 1) % 3;
+    let others: Vec<String> = (0..3).filter(|m| *m != cut_off).map(|m| format!("etcd-{m}")).collect();
+    let cut = Fault {
+        at: Duration::from_secs(4),
+        target: Target::Node(format!("etcd-{cut_off}")),
+        action: Action::Partition { peers: others, duration: Some(Duration::from_secs(8)) },
+        on: None,
+    };
+    let client: Client = |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(6)).await;
+            // Which member is cut off is the test's: it writes it down first.
+            let cut_off: usize = log.lock().unwrap()[0].parse().unwrap();
+            let other = members[(cut_off + 1) % 3];
+            note(&log, &rpc, other, put("k", 0)).await;
+            note(&log, &rpc, members[cut_off], get("k")).await;
+            note(&log, &rpc, members[cut_off], put("k", 0)).await;
+            env.clock.sleep(Duration::from_secs(8)).await;
+            note(&log, &rpc, members[cut_off], get("k")).await;
+        })
+    };
+    let (states, log, _) = run_with_log(3, 20, vec![cut], client, Arc::new(Mutex::new(vec![cut_off.to_string()])));
+    assert!(log[1].starts_with("Op { revision: 2"), "the quorum writes: {log:?}");
+    assert_eq!(log[2], "Timeout", "the cut-off member has no leader to confirm a read: {log:?}");
+    assert_eq!(log[3], "Error(ProposalDropped)", "a member with no leader drops a write at once: {log:?}");
+    assert!(log[4].contains("key: \"k\""), "after the heal it has caught up: {log:?}");
+    assert_eq!(leader_of(&states), leader, "the member that was cut off did not depose the leader (pre-vote)");
+}
+
+#[test]
+fn the_same_seed_elects_the_same_leader_at_the_same_term() {
+    let terms = |seed| {
+        let (states, _, _) =
+            run(seed, 10, vec![crash(0, 3000, 500), crash(1, 5000, 500)], |_, _, _| Box::pin(async {}));
+        let at_end = |s: &Arc<Mutex<EtcdMember>>| {
+            let m = s.lock().unwrap();
+            (m.term(), m.leads())
+        };
+        states.iter().map(at_end).collect::<Vec<_>>()
+    };
+    assert_eq!(terms(7), terms(7));
+}
