@@ -307,7 +307,8 @@ mod tests {
             [[faults.schedule]]\nat = \"8s\"\nkind = \"drop-reply\"\ntarget = \"redis-0\"\nduration = \"1s\"\n\
             [[faults.schedule]]\nat = \"10s\"\nkind = \"clock-jump\"\ntarget = \"client-2\"\ndelta = \"-3s\"\n\
             [[faults.schedule]]\nat = \"11s\"\nkind = \"clock-drift\"\ntarget = \"redis-0\"\nrate = 1.5\n\
-            [[faults.schedule]]\nat = \"12s\"\nkind = \"failover\"\ntarget = \"redis-0\"\n";
+            [[faults.schedule]]\nat = \"12s\"\nkind = \"failover\"\ntarget = \"redis-0\"\n\
+            [[faults.schedule]]\nat = \"13s\"\nkind = \"stall\"\ntarget = \"redis-0\"\nduration = \"2s\"\n";
         let registry = locksim_locks::Registry::builtin();
         let read = Scenario::parse("t.toml", &format!("{head}{faults}"), &registry).unwrap();
         let kinds: std::collections::BTreeSet<_> = read.schedule.iter().map(|f| f.action.kind()).collect();

@@ -66,6 +66,10 @@ pub type Program = Arc<dyn Fn(NodeEnv) -> Pin<Box<dyn Future<Output = ()>>> + Se
 /// Promote the replica of a failed master: returns the promoted node, or why there is none.
 pub type FailoverFn = Box<dyn FnMut(NodeIx) -> Result<NodeIx, String>>;
 
+/// Stall (`true`) or release (`false`) the consensus loop of the member on a node — the `stall` fault,
+/// which only a replicated family can give meaning to; `Err`: why the node cannot stall.
+pub type StallFn = Box<dyn FnMut(NodeIx, bool) -> Result<(), String>>;
+
 /// The node a role of the family's names now (see [`crate::fault::Topology::roles`]), given who holds
 /// the lock: `None` if the name is no role, else the node or why no node has the role now (an
 /// ensemble's `leader` during an election).
@@ -93,6 +97,7 @@ pub struct World {
     /// Nodes crashed by a fault that has not restarted them yet.
     down: BTreeSet<NodeIx>,
     failover: Option<FailoverFn>,
+    stall: Option<StallFn>,
     roles: Option<RolesFn>,
     /// The peers each cut in force was made from.
     cut_off: BTreeMap<u32, Vec<NodeIx>>,
@@ -126,6 +131,7 @@ impl World {
             pauses: BTreeMap::new(),
             down: BTreeSet::new(),
             failover: None,
+            stall: None,
             roles: None,
             cut_off: BTreeMap::new(),
             rng: stream(seed, Stream::Nemesis, 2),
@@ -166,6 +172,11 @@ impl World {
 
     pub fn set_failover(&mut self, f: FailoverFn) {
         self.failover = Some(f);
+    }
+
+    /// How the `stall` fault stalls a member of this world's cluster.
+    pub fn set_stall(&mut self, f: StallFn) {
+        self.stall = Some(f);
     }
 
     pub fn set_roles(&mut self, f: RolesFn) {
@@ -407,6 +418,14 @@ impl World {
                 self.mark_clock_jump(node);
             }
             Action::ClockDrift { rate, .. } => self.nodes[node.0 as usize].clock.set_rate(*rate),
+            Action::Stall { .. } => {
+                let target = &self.nodes[node.0 as usize].name;
+                let no = || Err(format!("{target} is no member of a replicated cluster"));
+                if let Err(reason) = self.stall.as_mut().map_or_else(no, |f| f(node, true)) {
+                    self.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
+                    return None;
+                }
+            }
             Action::Failover => {
                 let promoted = self.failover.as_mut().map_or(Err("no replica to promote".to_string()), |f| f(node));
                 match promoted {
@@ -448,6 +467,11 @@ impl World {
             Action::Loss { .. } => self.net.set_loss(node, None, None),
             Action::DropReply { .. } => self.net.set_drop_reply(node, None),
             Action::ClockDrift { .. } => self.nodes[node.0 as usize].clock.set_rate(1.0),
+            Action::Stall { .. } => {
+                if let Some(stall) = self.stall.as_mut() {
+                    let _ = stall(node, false);
+                }
+            }
             Action::Restart | Action::ClockJump { .. } | Action::Failover => return,
         }
         self.recorder.record(node, EventKind::FaultEnd { id });

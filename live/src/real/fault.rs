@@ -118,6 +118,7 @@ fn refusal(f: &Fault, server: &str) -> Option<String> {
         }
         Action::Restart => "restarts a node only as a crash with a duration: give the crash `duration`".into(),
         Action::Failover => "starts one server, with no replica to fail over to".into(),
+        Action::Stall { .. } => "starts one server, not a cluster whose member could stall".into(),
     })
 }
 

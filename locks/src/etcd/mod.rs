@@ -52,12 +52,21 @@ impl EtcdServers {
 }
 
 /// `[backend]` keys of the etcd family.
-pub const BACKEND_PARAMS: &[ParamSpec] = &[ParamSpec::int(
-    "servers",
-    (1, 7),
-    1,
-    "members of the cluster: 1 is a single member; 3, 5 or 7 elect a leader by Raft (docs/ensembles.md)",
-)];
+pub const BACKEND_PARAMS: &[ParamSpec] = &[
+    ParamSpec::int(
+        "servers",
+        (1, 7),
+        1,
+        "members of the cluster: 1 is a single member; 3, 5 or 7 elect a leader by Raft (docs/ensembles.md)",
+    ),
+    ParamSpec {
+        name: "version",
+        kind: ParamKind::Choice(&["3.5.13", "3.5.12"]),
+        default: ParamValue::Choice("3.5.13"),
+        doc: "a cluster's etcd release where they differ: up to 3.5.12 a leader stuck after losing its \
+              leadership goes on renewing leases (etcd#15247)",
+    },
+];
 
 pub static FAMILY: Family = Family {
     name: "etcd",
@@ -104,7 +113,11 @@ fn topology(params: &Params) -> Topology {
 fn deploy(world: &mut World, params: &Params) -> Servers {
     let n = params.int("servers") as usize;
     if n > 1 {
-        return deploy_cluster(world, n);
+        let version = match params.choice("version") {
+            "3.5.12" => cluster::Version::V3_5_12,
+            _ => cluster::Version::V3_5_13,
+        };
+        return deploy_cluster(world, n, version);
     }
     // A single-member cluster; its store and leases outlive a crash (the WAL).
     let state = Arc::new(Mutex::new(EtcdState::default()));
@@ -127,9 +140,15 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     Servers::new(EtcdServers { servers: vec![server], recorder: world.recorder().clone() })
 }
 
-/// A cluster of `n` members (`etcd-0` …), and its role for faults.
-fn deploy_cluster(world: &mut World, n: usize) -> Servers {
-    let (servers, states) = cluster::deploy(world, n);
+/// A cluster of `n` members (`etcd-0` …), its role for faults, and how a member stalls.
+fn deploy_cluster(world: &mut World, n: usize, version: cluster::Version) -> Servers {
+    let (servers, states) = cluster::deploy(world, n, version);
+    let (nodes, members) = (servers.clone(), states.clone());
+    world.set_stall(Box::new(move |node, stalled| {
+        let i = nodes.iter().position(|m| *m == node).ok_or("only a cluster's member can stall")?;
+        members[i].lock().expect("etcd member lock").stall(stalled);
+        Ok(())
+    }));
     let nodes = servers.clone();
     world.set_roles(Box::new(move |role, _| {
         (role == "leader").then(|| {

@@ -35,11 +35,12 @@ pub enum FaultKind {
     ClockJump,
     ClockDrift,
     Failover,
+    Stall,
 }
 
 impl FaultKind {
     /// Every kind, in `locksim list faults` order (and `SPECS`' order).
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Pause,
         FaultKind::Crash,
         FaultKind::HostCrash,
@@ -52,6 +53,7 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::ClockDrift,
         FaultKind::Failover,
+        FaultKind::Stall,
     ];
 
     /// Its declaration.
@@ -124,6 +126,11 @@ pub enum Action {
         duration: Option<Duration>,
     },
     Failover,
+    /// A cluster member's consensus loop stops while its client side goes on answering (a disk that
+    /// blocks its log's writes): see [`crate::world::StallFn`].
+    Stall {
+        duration: Option<Duration>,
+    },
 }
 
 impl Action {
@@ -141,6 +148,7 @@ impl Action {
             Action::ClockJump { .. } => FaultKind::ClockJump,
             Action::ClockDrift { .. } => FaultKind::ClockDrift,
             Action::Failover => FaultKind::Failover,
+            Action::Stall { .. } => FaultKind::Stall,
         }
     }
 

@@ -9,7 +9,7 @@ use crate::hazard::Hazard;
 use crate::rng::{ChaCha8Rng, Rng};
 
 /// Every kind's declaration, in [`FaultKind::ALL`]'s order.
-pub(super) static SPECS: [&Spec; 12] = [
+pub(super) static SPECS: [&Spec; 13] = [
     &PAUSE,
     &CRASH,
     &HOST_CRASH,
@@ -22,6 +22,7 @@ pub(super) static SPECS: [&Spec; 12] = [
     &CLOCK_JUMP,
     &CLOCK_DRIFT,
     &FAILOVER,
+    &STALL,
 ];
 
 pub static PAUSE: Spec = Spec {
@@ -281,6 +282,22 @@ pub static FAILOVER: Spec = Spec {
     },
 };
 
+pub static STALL: Spec = Spec {
+    kind: FaultKind::Stall,
+    name: "stall",
+    doc: "a cluster member's consensus loop stops (a disk that blocks its log's writes) while its client side \
+          goes on answering; etcd clusters only (`target = \"leader\"`: etcd#15247)",
+    keys: &[Key { slot: Slot::Duration, required: None, doc: "omit: until the end" }],
+    build: |p| Action::Stall { duration: p.duration },
+    params: |a| match a {
+        Action::Stall { duration } => FaultParams { duration: *duration, ..FaultParams::default() },
+        _ => unreachable!("{a:?} is not a stall"),
+    },
+    detail: |p| for_how_long(p.duration),
+    nemesis: Nemesis::Never("a stall is aimed by hand at a cluster member: write it in [[faults.schedule]]"),
+    means: Meaning { on_servers: true, shade: Shade::Paused, ..Meaning::LASTING },
+};
+
 /// A key the reader made sure of ([`Key::required`]).
 fn required<T>(value: Option<T>) -> T {
     value.expect("a required key: the scenario reader refuses a fault without it")
@@ -344,6 +361,7 @@ mod tests {
             Action::ClockJump { delta_ms: -3000 },
             Action::ClockDrift { rate: 1.5, duration: Some(d) },
             Action::Failover,
+            Action::Stall { duration: Some(d) },
         ];
         for a in &actions {
             let spec = a.kind().spec();

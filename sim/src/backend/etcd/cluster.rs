@@ -36,6 +36,11 @@
 //! - *Watches* are a member's own: its watchers hear of a change when it applies it. A member cut off
 //!   from its leader applies nothing, so its watchers hear nothing until the heal (`concurrency` asks
 //!   for no `WithRequireLeader`).
+//! - *A stalled loop* (the `stall` fault: a disk that blocks the log's writes): peers' messages and
+//!   the requests that need Raft wait, and its ticks are lost; watches and, on a leader, the lessor go on
+//!   answering. Up to 3.5.12 a stalled leader renews a keep-alive from its own lessor, still primary
+//!   while the loop has not applied its step-down (etcd#15247); 3.5.13 confirms its leadership by a
+//!   `ReadIndex` round first (`ensureLeadership`), which a stalled leader cannot ([`Version`]).
 //! - *Durability*: the term, the vote, the log and the applied store outlive a crash (the WAL and the
 //!   backend); a restarted member starts as a follower, its watches gone.
 //!
@@ -163,7 +168,8 @@ enum Role {
     Leader,
 }
 
-/// A read the leader is confirming: acknowledged by whom, and the index it may be served at.
+/// A read (or a keep-alive) the leader is confirming: acknowledged by whom, and the index a read may be
+/// served at.
 #[derive(Debug)]
 struct PendingRead {
     ctx: u64,
@@ -214,10 +220,22 @@ pub struct EtcdMember {
     next_read: u64,
     /// Reads waiting for this member to apply their index.
     applying: Vec<(usize, Origin, EtcdRequest)>,
+    /// etcd 3.5.13 or later: see [`EtcdMember::confirms_before_renewing`].
+    renew_confirms_leadership: bool,
+    /// The consensus loop is stalled (the `stall` fault): peers' messages and the requests that need the
+    /// loop wait in `held`, and Raft's ticks are lost.
+    stalled: bool,
+    held: Vec<Held>,
+}
+
+/// An input a stalled member takes up once its loop runs again, in the order it came.
+enum Held {
+    Peer(NodeIx, EtcdPeer),
+    Request(Origin, EtcdRequest),
 }
 
 impl EtcdMember {
-    fn new(me: usize, members: Vec<NodeIx>) -> EtcdMember {
+    fn new(me: usize, members: Vec<NodeIx>, renew_confirms_leadership: bool) -> EtcdMember {
         let n = members.len();
         EtcdMember {
             me,
@@ -247,7 +265,16 @@ impl EtcdMember {
             reads: Vec::new(),
             next_read: 0,
             applying: Vec::new(),
+            renew_confirms_leadership,
+            stalled: false,
+            held: Vec::new(),
         }
+    }
+
+    /// Stall (`true`) or release its consensus loop: the `stall` fault. Released, it takes up what it
+    /// held at its next tick.
+    pub fn stall(&mut self, stalled: bool) {
+        self.stalled = stalled;
     }
 
     /// Whether this member leads (in the highest term it knows).
@@ -479,15 +506,9 @@ impl EtcdMember {
             // Reads wait for the term's first commit, the lessor for its promotion: both come when the
             // leader applies its empty entry.
             self.waiting.push((origin, request));
-        } else if for_the_lessor(&request) {
-            let reply = self.state.request(self.now_ms, origin.client, request, &mut Out::default());
-            let reply = reply.unwrap_or_else(EtcdReply::Error);
-            if origin.member == self.me {
-                out.reply(origin.id, reply);
-            } else {
-                self.tell(out, origin.member, EtcdPeer::LessorAnswer { origin, reply });
-            }
-        } else if read {
+        } else if for_the_lessor(&request) && !self.confirms_before_renewing(&request) {
+            self.answer_from_lessor(origin, request, out);
+        } else if read || for_the_lessor(&request) {
             self.next_read += 1;
             let ctx = self.next_read;
             let acks = BTreeSet::from([self.me]);
@@ -507,14 +528,36 @@ impl EtcdMember {
         }
     }
 
-    /// Reads a quorum has confirmed this member still leads for: to their asker.
+    /// Whether the leader confirms it still leads before it answers `request` from its lessor: etcd
+    /// 3.5.13 and 3.4.31 do for a keep-alive (`LeaseRenew`'s `ensureLeadership`, a `ReadIndex` round),
+    /// the fix of etcd#15247; before them a leader stuck after losing its leadership went on renewing
+    /// leases the new leader was about to expire.
+    fn confirms_before_renewing(&self, request: &EtcdRequest) -> bool {
+        self.renew_confirms_leadership && matches!(request, EtcdRequest::LeaseKeepAlive { .. })
+    }
+
+    /// The leader's lessor answers `request` (a keep-alive renews in memory, not through the log).
+    fn answer_from_lessor(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+        let reply = self.state.request(self.now_ms, origin.client, request, &mut Out::default());
+        let reply = reply.unwrap_or_else(EtcdReply::Error);
+        if origin.member == self.me {
+            out.reply(origin.id, reply);
+        } else {
+            self.tell(out, origin.member, EtcdPeer::LessorAnswer { origin, reply });
+        }
+    }
+
+    /// Reads (and keep-alives that wait for it) a quorum has confirmed this member still leads for: to
+    /// their asker.
     fn release_reads(&mut self, out: &mut MOut) {
         let quorum = self.quorum();
         let (ready, pending): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.reads).into_iter().partition(|r| r.acks.len() >= quorum);
         self.reads = pending;
         for PendingRead { index, origin, request, .. } in ready {
-            if origin.member == self.me {
+            if for_the_lessor(&request) {
+                self.answer_from_lessor(origin, request, out);
+            } else if origin.member == self.me {
                 self.read_at(index, origin, request, out);
             } else {
                 self.tell(out, origin.member, EtcdPeer::ReadIndexAnswer { origin, request, index });
@@ -676,13 +719,26 @@ impl Member for EtcdMember {
         self.now_ms = now.mono_ms;
         let origin = Origin { member: self.me, life: self.life, id, client: via.peer };
         match request {
+            // Watches are the store's, not the loop's.
             EtcdRequest::Watch { .. } | EtcdRequest::CancelWatch { .. } => self.serve_read(origin, request, out),
+            // A stalled leader still thinks it leads, and its lessor is still primary: before 3.5.13
+            // it renews a lease without asking anyone (etcd#15247).
+            EtcdRequest::LeaseKeepAlive { .. }
+                if self.stalled && self.primary && !self.confirms_before_renewing(&request) =>
+            {
+                self.answer_from_lessor(origin, request, out)
+            }
+            request if self.stalled => self.held.push(Held::Request(origin, request)),
             request => self.route(origin, request, out),
         }
     }
 
     fn peer(&mut self, now: Now, from: NodeIx, msg: EtcdPeer, out: &mut MOut) {
         self.now_ms = now.mono_ms;
+        if self.stalled {
+            self.held.push(Held::Peer(from, msg));
+            return;
+        }
         let Some(from) = self.members.iter().position(|m| *m == from) else { return };
         match msg {
             EtcdPeer::PreVote { term, last_index, last_term } => {
@@ -755,6 +811,23 @@ impl Member for EtcdMember {
 
     fn wake(&mut self, now: Now, out: &mut MOut) {
         self.now_ms = now.mono_ms;
+        if self.stalled {
+            // Raft's ticks are lost while its loop does not take them (`node.Tick`: "A tick missed to
+            // fire"), and the lessor's expired leases wait for the loop to revoke them.
+            while self.next_tick_ms <= now.mono_ms {
+                self.next_tick_ms += TICK_MS;
+            }
+            if self.next_look_ms <= now.mono_ms {
+                self.next_look_ms = now.mono_ms + LESSOR_LOOK_MS;
+            }
+            return;
+        }
+        for held in std::mem::take(&mut self.held) {
+            match held {
+                Held::Peer(from, msg) => self.peer(now, from, msg, out),
+                Held::Request(origin, request) => self.route(origin, request, out),
+            }
+        }
         while self.next_tick_ms <= now.mono_ms {
             self.next_tick_ms += TICK_MS;
             self.tick(out);
@@ -771,12 +844,27 @@ impl Member for EtcdMember {
     }
 }
 
+/// Which etcd release a cluster behaves as, where releases differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// 3.5.13 and later (and 3.4.31): a leader confirms it leads before it renews a lease.
+    V3_5_13,
+    /// Up to 3.5.12 (and 3.4.30): a leader renews a lease on its own word (etcd#15247).
+    V3_5_12,
+}
+
+impl Version {
+    fn fixes_15247(self) -> bool {
+        self == Version::V3_5_13
+    }
+}
+
 /// A cluster of `n` members (`etcd-0` …) on new server nodes of `world`.
-pub fn deploy(world: &mut World, n: usize) -> (Vec<NodeIx>, Vec<Arc<Mutex<EtcdMember>>>) {
+pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Vec<Arc<Mutex<EtcdMember>>>) {
     let first = world.next_index().0;
     let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
     let states: Vec<Arc<Mutex<EtcdMember>>> =
-        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone())))).collect();
+        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone(), version.fixes_15247())))).collect();
     for (i, state) in states.iter().enumerate() {
         let state = state.clone();
         let program: Program = Arc::new(move |env| {

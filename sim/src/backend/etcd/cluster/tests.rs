@@ -18,7 +18,7 @@ fn run_with_log(seed: u64, secs: u64, faults: Vec<Fault>, client: Client, log: L
     let states2 = states.clone();
     let events = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
         let mut world = World::new(seed);
-        let (members, s) = deploy(&mut world, 3);
+        let (members, s) = deploy(&mut world, 3, Version::V3_5_13);
         *states2.lock().unwrap() = s;
         let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
         world.add_node("client-0", program);
@@ -194,4 +194,62 @@ fn the_same_seed_elects_the_same_leader_at_the_same_term() {
         states.iter().map(at_end).collect::<Vec<_>>()
     };
     assert_eq!(terms(7), terms(7));
+}
+
+/// etcd#15247: a stalled leader answers keep-alives from its own lessor before 3.5.13, while the new
+/// leader expires the lease; from 3.5.13 it confirms its leadership first, and cannot.
+#[test]
+fn a_stalled_leader_renews_leases_until_3_5_13() {
+    let renewals = |version: Version| {
+        let (states, _, _) = run(4, 3, vec![], |_, _, _| Box::pin(async {}));
+        let leader = leader_of(&states);
+        let log: Log = Arc::new(Mutex::new(vec![leader.to_string()]));
+        madsim::runtime::Runtime::with_seed_and_config(4, madsim::Config::default()).block_on({
+            let log = log.clone();
+            async move {
+                let mut world = World::new(4);
+                let (members, states) = deploy(&mut world, 3, version);
+                let stalled = states[leader].clone();
+                world.set_stall(Box::new(move |_, on| {
+                    stalled.lock().unwrap().stall(on);
+                    Ok(())
+                }));
+                let client: Client = |env, members, log| {
+                    Box::pin(async move {
+                        let rpc = env.rpc();
+                        env.clock.sleep(Duration::from_secs(3)).await;
+                        let leader: usize = log.lock().unwrap()[0].parse().unwrap();
+                        let granted = call(&rpc, members[leader], EtcdRequest::LeaseGrant { ttl_s: 3 }).await;
+                        log.lock().unwrap().push(granted);
+                        // Every second a keep-alive to the (old) leader; then a look at the lease elsewhere.
+                        for _ in 0..10 {
+                            env.clock.sleep(Duration::from_secs(1)).await;
+                            note(&log, &rpc, members[leader], EtcdRequest::LeaseKeepAlive { id: 1 }).await;
+                        }
+                        let other = members[(leader + 1) % 3];
+                        note(&log, &rpc, other, EtcdRequest::LeaseTimeToLive { id: 1 }).await;
+                    })
+                };
+                let program: Program = Arc::new(move |env| client(env, members.clone(), log.clone()));
+                world.add_node("client-0", program);
+                let stall = Fault {
+                    at: Duration::from_millis(3500),
+                    target: Target::Node(format!("etcd-{leader}")),
+                    action: Action::Stall { duration: None },
+                    on: None,
+                };
+                world.run(&[stall], Duration::from_secs(60)).await;
+            }
+        });
+        let log = log.lock().unwrap().clone();
+        let renewed = log.iter().filter(|r| r.starts_with("KeepAlive") && !r.contains("ttl_s: 0")).count();
+        let gone = log.iter().any(|r| r.contains("ttl_s: -1"));
+        (renewed, gone, log)
+    };
+    let (renewed, gone, log) = renewals(Version::V3_5_12);
+    assert_eq!(renewed, 10, "the stalled leader renews every keep-alive: {log:?}");
+    assert!(gone, "while the new leader expires the lease: {log:?}");
+    let (renewed, gone, log) = renewals(Version::V3_5_13);
+    assert_eq!(renewed, 0, "the stalled leader answers no keep-alive: {log:?}");
+    assert!(gone, "{log:?}");
 }
