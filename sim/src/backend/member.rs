@@ -162,3 +162,47 @@ fn downcast<M: Member>(body: Payload) -> Result<M::Request, M::Peer> {
             .expect("a member receives only its clients' requests and its peers' messages")),
     }
 }
+
+/// Worlds of members for tests: members a test deploys, and one client node that speaks to them.
+#[cfg(test)]
+pub mod testing {
+    use crate::fault::Fault;
+    use crate::history::{EventKind, NodeIx};
+    use crate::world::{NodeEnv, Program, World};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// What the client writes down.
+    pub type Log = Arc<Mutex<Vec<String>>>;
+    /// The client's program: its node, the members' nodes, its log.
+    pub type Client = fn(NodeEnv, Vec<NodeIx>, Log) -> Pin<Box<dyn Future<Output = ()>>>;
+    /// The members' states at the end, what the client logged, and the history's events.
+    pub type Ran<S> = (Vec<Arc<Mutex<S>>>, Vec<String>, Vec<(NodeIx, EventKind)>);
+
+    /// Run the members `deploy` adds and a client node (`client-0`, after them) running `client` for
+    /// `secs` under `faults`, with `log` as the client's log (a test may write in it first).
+    pub fn run<S: 'static>(
+        seed: u64,
+        secs: u64,
+        faults: Vec<Fault>,
+        deploy: impl FnOnce(&mut World) -> (Vec<NodeIx>, Vec<Arc<Mutex<S>>>),
+        client: Client,
+        log: Log,
+    ) -> Ran<S> {
+        let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+        let log2 = log.clone();
+        let (states, events) = runtime.block_on(async move {
+            let mut world = World::new(seed);
+            let (members, states) = deploy(&mut world);
+            let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
+            world.add_node("client-0", program);
+            world.run(&faults, Duration::from_secs(secs)).await;
+            let events = world.recorder().finish(world.names()).events.into_iter().map(|e| (e.node, e.kind));
+            (states, events.collect::<Vec<_>>())
+        });
+        let log = log.lock().expect("log lock").clone();
+        (states, log, events)
+    }
+}

@@ -117,16 +117,7 @@ pub enum EtcdPeer {
         term: u64,
         granted: bool,
     },
-    /// Entries after `prev_index` (none: a heartbeat), and the leader's commit; `read`: the newest read
-    /// the leader wants confirmed (0: none).
-    Append {
-        term: u64,
-        prev_index: usize,
-        prev_term: u64,
-        entries: Vec<Entry>,
-        commit: usize,
-        read: u64,
-    },
+    Append(Append),
     /// `matched`: the follower's log agrees up to here (on a rejection, where the leader should retry).
     AppendAnswer {
         term: u64,
@@ -389,14 +380,14 @@ impl EtcdMember {
 
     fn send_append(&self, to: usize, read: u64, out: &mut MOut) {
         let prev_index = self.next_index[to] - 1;
-        let msg = EtcdPeer::Append {
+        let msg = EtcdPeer::Append(Append {
             term: self.term,
             prev_index,
             prev_term: self.term_at(prev_index),
             entries: self.log[prev_index..].to_vec(),
             commit: self.commit,
             read,
-        };
+        });
         self.tell(out, to, msg);
     }
 
@@ -683,8 +674,10 @@ impl EtcdMember {
     }
 }
 
-/// An `Append` message's fields.
-struct Append {
+/// The leader's entries after `prev_index` (none: a heartbeat), and its commit; `read`: the newest read
+/// it wants confirmed (0: none).
+#[derive(Debug, Clone)]
+pub struct Append {
     term: u64,
     prev_index: usize,
     prev_term: u64,
@@ -784,9 +777,7 @@ impl Member for EtcdMember {
                     }
                 }
             }
-            EtcdPeer::Append { term, prev_index, prev_term, entries, commit, read } => {
-                self.on_append(from, Append { term, prev_index, prev_term, entries, commit, read }, out)
-            }
+            EtcdPeer::Append(append) => self.on_append(from, append, out),
             EtcdPeer::AppendAnswer { term, ok, matched, read } => {
                 self.on_append_answer(from, term, ok, matched, read, out)
             }

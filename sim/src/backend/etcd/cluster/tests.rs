@@ -2,35 +2,18 @@
 
 use super::*;
 use crate::backend::etcd::Range;
+use crate::backend::member::testing::{self, Client, Log, Ran};
 use crate::fault::{Action, Fault, Target};
 use crate::history::EventKind;
 use std::time::Duration;
 
-type Log = Arc<Mutex<Vec<String>>>;
-type Client = fn(crate::world::NodeEnv, Vec<NodeIx>, Log) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-type Ran = (Vec<Arc<Mutex<EtcdMember>>>, Vec<String>, Vec<(NodeIx, EventKind)>);
-
-/// Run three members and a client node (`client-0`, after them) running `client` for `secs`, under
-/// `faults`, with `log` as the client's log; the states at the end, what the client logged, and the
-/// history's events.
-fn run_with_log(seed: u64, secs: u64, faults: Vec<Fault>, client: Client, log: Log) -> Ran {
-    let (log2, states) = (log.clone(), Arc::new(Mutex::new(Vec::new())));
-    let states2 = states.clone();
-    let events = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
-        let mut world = World::new(seed);
-        let (members, s) = deploy(&mut world, 3, Version::V3_5_13);
-        *states2.lock().unwrap() = s;
-        let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
-        world.add_node("client-0", program);
-        world.run(&faults, Duration::from_secs(secs)).await;
-        world.recorder().finish(world.names()).events.into_iter().map(|e| (e.node, e.kind)).collect::<Vec<_>>()
-    });
-    let states = std::mem::take(&mut *states.lock().unwrap());
-    let log = log.lock().unwrap().clone();
-    (states, log, events)
+/// Three members and a client node running `client` for `secs` under `faults`, with `log` as the
+/// client's log.
+fn run_with_log(seed: u64, secs: u64, faults: Vec<Fault>, client: Client, log: Log) -> Ran<EtcdMember> {
+    testing::run(seed, secs, faults, |world| deploy(world, 3, Version::V3_5_13), client, log)
 }
 
-fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran {
+fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran<EtcdMember> {
     run_with_log(seed, secs, faults, client, Log::default())
 }
 
@@ -204,44 +187,38 @@ fn a_stalled_leader_renews_leases_until_3_5_13() {
         let (states, _, _) = run(4, 3, vec![], |_, _, _| Box::pin(async {}));
         let leader = leader_of(&states);
         let log: Log = Arc::new(Mutex::new(vec![leader.to_string()]));
-        madsim::runtime::Runtime::with_seed_and_config(4, madsim::Config::default()).block_on({
-            let log = log.clone();
-            async move {
-                let mut world = World::new(4);
-                let (members, states) = deploy(&mut world, 3, version);
-                let stalled = states[leader].clone();
-                world.set_stall(Box::new(move |_, on| {
-                    stalled.lock().unwrap().stall(on);
-                    Ok(())
-                }));
-                let client: Client = |env, members, log| {
-                    Box::pin(async move {
-                        let rpc = env.rpc();
-                        env.clock.sleep(Duration::from_secs(3)).await;
-                        let leader: usize = log.lock().unwrap()[0].parse().unwrap();
-                        let granted = call(&rpc, members[leader], EtcdRequest::LeaseGrant { ttl_s: 3 }).await;
-                        log.lock().unwrap().push(granted);
-                        // Every second a keep-alive to the (old) leader; then a look at the lease elsewhere.
-                        for _ in 0..10 {
-                            env.clock.sleep(Duration::from_secs(1)).await;
-                            note(&log, &rpc, members[leader], EtcdRequest::LeaseKeepAlive { id: 1 }).await;
-                        }
-                        let other = members[(leader + 1) % 3];
-                        note(&log, &rpc, other, EtcdRequest::LeaseTimeToLive { id: 1 }).await;
-                    })
-                };
-                let program: Program = Arc::new(move |env| client(env, members.clone(), log.clone()));
-                world.add_node("client-0", program);
-                let stall = Fault {
-                    at: Duration::from_millis(3500),
-                    target: Target::Node(format!("etcd-{leader}")),
-                    action: Action::Stall { duration: None },
-                    on: None,
-                };
-                world.run(&[stall], Duration::from_secs(60)).await;
-            }
-        });
-        let log = log.lock().unwrap().clone();
+        let client: Client = |env, members, log| {
+            Box::pin(async move {
+                let rpc = env.rpc();
+                env.clock.sleep(Duration::from_secs(3)).await;
+                let leader: usize = log.lock().unwrap()[0].parse().unwrap();
+                let granted = call(&rpc, members[leader], EtcdRequest::LeaseGrant { ttl_s: 3 }).await;
+                log.lock().unwrap().push(granted);
+                // Every second a keep-alive to the (old) leader; then a look at the lease elsewhere.
+                for _ in 0..10 {
+                    env.clock.sleep(Duration::from_secs(1)).await;
+                    note(&log, &rpc, members[leader], EtcdRequest::LeaseKeepAlive { id: 1 }).await;
+                }
+                let other = members[(leader + 1) % 3];
+                note(&log, &rpc, other, EtcdRequest::LeaseTimeToLive { id: 1 }).await;
+            })
+        };
+        let stall = Fault {
+            at: Duration::from_millis(3500),
+            target: Target::Node(format!("etcd-{leader}")),
+            action: Action::Stall { duration: None },
+            on: None,
+        };
+        let deploy = |world: &mut World| {
+            let (members, states) = deploy(world, 3, version);
+            let stalled = states[leader].clone();
+            world.set_stall(Box::new(move |_, on| {
+                stalled.lock().unwrap().stall(on);
+                Ok(())
+            }));
+            (members, states)
+        };
+        let (_, log, _) = testing::run(4, 60, vec![stall], deploy, client, log);
         let renewed = log.iter().filter(|r| r.starts_with("KeepAlive") && !r.contains("ttl_s: 0")).count();
         let gone = log.iter().any(|r| r.contains("ttl_s: -1"));
         (renewed, gone, log)

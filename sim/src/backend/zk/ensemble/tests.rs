@@ -1,6 +1,7 @@
 //! A three-server ensemble in a world, driven by a client speaking the wire requests.
 
 use super::*;
+use crate::backend::member::testing::{self, Client, Log, Ran};
 use crate::backend::zk::CreateMode;
 use crate::fault::{Action, Fault, Target};
 use crate::history::EventKind;
@@ -8,28 +9,9 @@ use std::time::Duration;
 
 const TIMING: Timing = Timing { tick_ms: 2000, init_limit: 10, sync_limit: 5 };
 
-type Log = Arc<Mutex<Vec<String>>>;
-type Client = fn(crate::world::NodeEnv, Vec<NodeIx>, Log) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-type Ran = (Vec<Arc<Mutex<ZkMember>>>, Vec<String>, Vec<(NodeIx, EventKind)>);
-
-/// Run three servers and a client node (`client-0`, after them) running `client` for `secs`, under
-/// `faults`; the states at the end, what the client logged, and the history's events.
-fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran {
-    let log: Log = Arc::default();
-    let (log2, states) = (log.clone(), Arc::new(Mutex::new(Vec::new())));
-    let states2 = states.clone();
-    let events = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async move {
-        let mut world = World::new(seed);
-        let (members, s) = deploy(&mut world, 3, TIMING);
-        *states2.lock().unwrap() = s;
-        let program: Program = Arc::new(move |env| client(env, members.clone(), log2.clone()));
-        world.add_node("client-0", program);
-        world.run(&faults, Duration::from_secs(secs)).await;
-        world.recorder().finish(world.names()).events.into_iter().map(|e| (e.node, e.kind)).collect::<Vec<_>>()
-    });
-    let states = std::mem::take(&mut *states.lock().unwrap());
-    let log = log.lock().unwrap().clone();
-    (states, log, events)
+/// Three servers and a client node running `client` for `secs` under `faults`.
+fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran<ZkMember> {
+    testing::run(seed, secs, faults, |world| deploy(world, 3, TIMING), client, Log::default())
 }
 
 fn leaders(states: &[Arc<Mutex<ZkMember>>]) -> Vec<usize> {
