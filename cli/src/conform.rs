@@ -6,6 +6,9 @@ use locksim_live::conform::client::netns::Netns;
 use locksim_live::conform::client::sql::SqlClientSide;
 use locksim_live::conform::client::zk::ZkClientSide;
 use locksim_live::conform::client::{self, ClientFamily};
+use locksim_live::conform::ensemble::etcd::EtcdCluster;
+use locksim_live::conform::ensemble::zk::ZkEnsemble;
+use locksim_live::conform::ensemble::{self, EnsembleFamily};
 use locksim_live::conform::etcd::Etcd;
 use locksim_live::conform::redis::Redis;
 use locksim_live::conform::sql::Sql;
@@ -28,6 +31,10 @@ use std::sync::Mutex;
                   connection, its process killed, its host dead — on the model and for real, the real \
                   server and client in a network namespace of their own (root, `ip` and `nft` needed), and \
                   compares what each saw and when.\n\n\
+                  An ensemble family (zk-ensemble, etcd-cluster) starts a real three-member ensemble for each \
+                  seed — cuts a ZooKeeper follower off from its leader through the proxies on their peer links, \
+                  or kills etcd's leader — and compares what its clients saw and when with the model's \
+                  ensemble.\n\n\
                   The real servers come from Debian packages: run .ci/install-servers once (as root). \
                   locksim starts each in a temporary directory on a free loopback port and stops it at the \
                   end.\n\n\
@@ -47,8 +54,9 @@ pub struct Args {
     /// Write the counts and every mismatch to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Seeds played at once, each on its own server (default: the number of cores). A seed mostly
-    /// waits for its script's times, but a machine too busy to keep them makes seeds inconclusive.
+    /// Seeds played at once, each on its own server (default: the number of cores; an ensemble family
+    /// plays at most 2 at once, as each starts three servers). A seed mostly waits for its script's
+    /// times, but a machine too busy to keep them makes seeds inconclusive.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     jobs: Option<u16>,
 }
@@ -57,18 +65,22 @@ pub struct Args {
 struct Driver {
     name: &'static str,
     about: &'static str,
-    /// A client family: it plays in a network namespace of its own, never on `--server`.
-    client: bool,
+    /// A client or ensemble family: it plays on servers of its own, never on `--server`.
+    own_servers: bool,
     run: fn(&Args) -> anyhow::Result<Report>,
 }
 
 impl Driver {
     const fn server<F: Family + Default + Sync>() -> Driver {
-        Driver { name: F::NAME, about: F::ABOUT, client: false, run: |args| family(&F::default(), args) }
+        Driver { name: F::NAME, about: F::ABOUT, own_servers: false, run: |args| family(&F::default(), args) }
     }
 
     const fn client<F: ClientFamily + Default>() -> Driver {
-        Driver { name: F::NAME, about: F::ABOUT, client: true, run: |args| client_family(&F::default(), args) }
+        Driver { name: F::NAME, about: F::ABOUT, own_servers: true, run: |args| client_family(&F::default(), args) }
+    }
+
+    const fn ensemble<F: EnsembleFamily + Default>() -> Driver {
+        Driver { name: F::NAME, about: F::ABOUT, own_servers: true, run: |args| ensemble_family(&F::default(), args) }
     }
 }
 
@@ -82,6 +94,8 @@ const DRIVERS: &[Driver] = &[
     Driver::client::<ZkClientSide>(),
     Driver::client::<KazooClientSide>(),
     Driver::client::<EtcdClientSide>(),
+    Driver::ensemble::<ZkEnsemble>(),
+    Driver::ensemble::<EtcdCluster>(),
 ];
 
 /// `all`, then each driver, with its line of help.
@@ -122,8 +136,8 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--server points at one server: name its family (e.g. `locksim conform redis --server …`)");
     }
     let chosen: Vec<&Driver> = DRIVERS.iter().filter(|d| args.family == ALL || d.name == args.family).collect();
-    if args.server.is_some() && chosen.iter().any(|d| d.client) {
-        anyhow::bail!("--server: a client family plays on a server of its own, in a network namespace it cuts");
+    if args.server.is_some() && chosen.iter().any(|d| d.own_servers) {
+        anyhow::bail!("--server: a client or ensemble family plays on servers of its own, which it cuts");
     }
     super::check_outputs([&args.json], [])?;
     let reports = chosen.iter().map(|d| (d.run)(&args)).collect::<anyhow::Result<Vec<_>>>()?;
@@ -186,7 +200,31 @@ fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Rep
         *counts.lock().expect("counts lock").entry(F::kind(&client::plan::<F>(seed))).or_insert(0) += 1;
         client::check(family, server, net, seed)
     })?;
-    let mut report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    Ok(timeline_report(Report::new(F::NAME, args, counts.into_inner().expect("counts lock")), outcomes))
+}
+
+/// An ensemble family: each seed on a real ensemble of its own, started for it.
+fn ensemble_family<F: EnsembleFamily>(family: &F, args: &Args) -> anyhow::Result<Report> {
+    let jobs = super::jobs(args.jobs.map(|j| j.min(64))).min(ENSEMBLES_AT_ONCE);
+    let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let outcomes = lanes(
+        F::NAME,
+        jobs,
+        &args.seeds,
+        || Ok(()),
+        |(), seed| {
+            *counts.lock().expect("counts lock").entry(F::kind(&ensemble::plan::<F>(seed))).or_insert(0) += 1;
+            ensemble::check(family, seed)
+        },
+    )?;
+    Ok(timeline_report(Report::new(F::NAME, args, counts.into_inner().expect("counts lock")), outcomes))
+}
+
+/// The most ensembles played at once: each is three servers (JVMs, for ZooKeeper) starting together.
+const ENSEMBLES_AT_ONCE: usize = 2;
+
+/// A report of timelines compared, seed by seed.
+fn timeline_report(mut report: Report, outcomes: BTreeMap<u64, client::Outcome>) -> Report {
     for (seed, outcome) in outcomes {
         match outcome {
             client::Outcome::Agree => report.agreed += 1,
@@ -200,7 +238,7 @@ fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Rep
             }),
         }
     }
-    Ok(report)
+    report
 }
 
 /// Play `seeds` on `jobs` lanes at once, each with what `start` gives it (its server), with a progress

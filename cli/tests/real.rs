@@ -167,6 +167,36 @@ fn a_zookeeper_scenario_aims_faults_at_zk_0() {
     );
 }
 
+/// A real cluster takes the faults its proxies and signals can make: a ZooKeeper member cut from its
+/// leader, but no clog between members; no cut between etcd members (they dial each other directly),
+/// and no stall anywhere. Refused before anything starts, naming why.
+#[test]
+fn real_mode_refuses_what_a_real_cluster_cannot_do() {
+    let cases = [
+        ("etcd.mutex", "kind = \"partition\"\ntarget = \"leader\"", "these members reach each other directly"),
+        ("etcd.mutex", "kind = \"partition\"\ntarget = \"etcd-0\"\npeers = [\"etcd-1\"]", "reach each other directly"),
+        ("etcd.mutex", "kind = \"stall\"\ntarget = \"leader\"\nduration = \"1s\"", "cannot stall a member's consensus"),
+        (
+            "zk.sequential",
+            "kind = \"clog\"\ntarget = \"zk-0\"\npeers = [\"leader\"]",
+            "clogs a member's links to clients only",
+        ),
+        ("zk.sequential", "kind = \"partition\"\ntarget = \"client-0\"", "cuts a client from servers only"),
+    ];
+    for (recipe, fault, said) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "name = \"t\"\n[recipe]\nid = \"{recipe}\"\n[backend]\nservers = 3\n[workload]\nkind = \"counter\"\n\
+             clients = 2\nduration = \"3s\"\n[[faults.schedule]]\nat = \"1s\"\n{fault}\n"
+        );
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, safety_only(&text)).unwrap();
+        let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
+        assert_eq!(out.status.code(), Some(2), "{fault}: {}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{fault}: {}", stderr(&out));
+    }
+}
+
 /// A built-in recipe runs for real only where its scenario maps to one real server, and only for the
 /// families done so far; the refusal comes before anything starts, naming why.
 #[test]

@@ -18,6 +18,7 @@
 //! not; a busy machine is rarely late twice at one step by a whole slot).
 
 pub mod client;
+pub mod ensemble;
 pub mod etcd;
 pub mod redis;
 pub mod sql;

@@ -20,8 +20,8 @@ use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncBufReadExt;
 
-/// The machine's clocks, for [`Ctx::real`].
-const REAL_TIME: RealTime = RealTime { wall_ms, monotonic_ms };
+/// The machine's clocks, for [`Ctx::real`] (a real process's, and conformance's real plays).
+pub const REAL_TIME: RealTime = RealTime { wall_ms, monotonic_ms };
 
 fn wall_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)

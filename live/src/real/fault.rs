@@ -7,7 +7,9 @@
 //! SIGKILL, and the client comes back as a new process after `duration` if given (its workload draws
 //! from a new stream, as a restarted simulated node does), else stays down.
 //!
-//! **The server** (`redis-0`, `zk-0`; through [`Server`], whatever its kind): `pause` stops its
+//! **A server** (`redis-0`, `zk-0`; an ensemble's `zk-1`, or the member a role names when the fault
+//! starts: `leader`, asked of the members themselves, and `holder-server`, the member the first holder's
+//! connection goes to through its proxies; through [`Server`], whatever its kind): `pause` stops its
 //! processes (SIGSTOP; the kernel still accepts connections and data, which wait for SIGCONT);
 //! `crash` kills it (SIGKILL: Linux closes its sockets, so the clients' connections end) and, after
 //! `duration`, starts it again on the same port — `FaultEnd` once it answers. What survives is what
@@ -24,34 +26,56 @@
 //! replies), holding the bytes until the first TCP retransmission after the heal; `delay` adds
 //! latency to every chunk to and from the target; `drop-reply` on the server loses its replies at
 //! `rate`, which on TCP breaks the connection: the client is reset after its request was applied.
+//! In a ZooKeeper ensemble the members' links to each other go through proxies too
+//! ([`crate::servers::Cluster`]): a `partition` of a member with `peers` naming members (or roles) holds
+//! the bytes between them both ways while their clients still reach both, and one with no `peers`
+//! cuts the member from its clients and its peers alike.
 //!
 //! Refused before the run starts ([`refuse_unsupported`]), naming the fault and why:
 //! - `loss`: TCP retransmits a lost segment, so loss is delay by whole retransmission timeouts — what
 //!   the simulation makes of it — and the proxy does not draw lost segments (`delay` is the nearest);
 //! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
 //! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
+//! - `stall`: SIGSTOP stops a member's client side with its consensus loop;
+//! - a partition between etcd members: they reach each other directly (see [`crate::servers::Cluster`]);
+//!   and a `clog` between members;
 //! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which
 //!   closes its sockets when it dies, and the loopback proxy's kernel would still answer the peer's
 //!   keep-alive probes and retransmissions: no signal or proxy makes a host fall silent;
 //! - any fault on the `resource`, which is locksim's own (in its process);
-//! - a client's `partition` or `clog` from anyone but the server (the only link it has here: the
-//!   resource is locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is
-//!   written out; a server's, from anyone but clients;
+//! - a client's `partition` or `clog` from anyone but servers (its only links here: the resource is
+//!   locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is written out; a
+//!   server's, from anyone but clients (and, in a ZooKeeper ensemble, members);
 //! - `drop-reply` on a client (it sends no replies), and `[faults.random]`;
 //! - aimed faults (`on = "<event>"`): starting one the moment an event is recorded needs the recorder to
 //!   wake the fault threads, which real mode does not do yet.
 
 use super::proxy::{Dir, Link, Side};
-use super::{Run, Slot, SERVER};
+use super::{Run, Slot};
 use crate::servers::Server;
 use locksim_scenarios::Scenario;
-use locksim_sim::fault::{Action, Fault, Target};
+use locksim_sim::fault::{Action, Fault, Target, Topology};
 use locksim_sim::history::{EventKind, NodeIx};
 use locksim_sim::rng::Rng;
 use std::sync::MutexGuard;
 
-/// Refuse, naming the fault, what real mode cannot do; `server` is the server's node name.
-pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<()> {
+/// The servers of a real run, as its faults name them.
+pub struct Servers {
+    /// Their nodes and roles.
+    pub topology: Topology,
+    /// Whether a fault can cut one member off from another ([`crate::servers::Launcher::peer_proxies`]).
+    pub peer_cuts: bool,
+}
+
+impl Servers {
+    /// Whether `name` is a server or a server's role.
+    fn names(&self, name: &str) -> bool {
+        self.topology.servers.iter().any(|s| s == name) || self.topology.roles.iter().any(|(r, _)| *r == name)
+    }
+}
+
+/// Refuse, naming the fault, what real mode cannot do to `servers`.
+pub fn refuse_unsupported(scenario: &Scenario, servers: &Servers) -> anyhow::Result<()> {
     if scenario.workload.workers > 1 {
         anyhow::bail!(
             "{}: [workload] workers = {} runs in simulation only: a real client process drives one lock (run \
@@ -73,7 +97,7 @@ pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<(
                 on.event.name()
             );
         }
-        if let Some(why) = refusal(f, server) {
+        if let Some(why) = refusal(f, servers) {
             let what = locksim_scenarios::run::describe(f);
             anyhow::bail!("{}: fault `{what}`: --real {why}", scenario.path);
         }
@@ -82,17 +106,30 @@ pub fn refuse_unsupported(scenario: &Scenario, server: &str) -> anyhow::Result<(
 }
 
 /// Why real mode cannot do `f`, if it cannot.
-fn refusal(f: &Fault, server: &str) -> Option<String> {
-    let on_server = f.target == Target::Node(server.to_string());
+fn refusal(f: &Fault, servers: &Servers) -> Option<String> {
+    let on_server = matches!(&f.target, Target::Node(name) if servers.names(name));
+    let server = &servers.topology.servers[0];
+    let cluster = servers.topology.servers.len() > 1;
     if f.target == Target::Node("resource".into()) {
         return Some("cannot fault the resource: it is locksim's own, inside its process".into());
     }
-    let peers_ok = |peers: &[String]| match on_server {
-        true => peers.iter().all(|p| p.starts_with("client-")),
-        false => !peers.is_empty() && peers.iter().all(|p| p == server),
+    let clients = |peers: &[String]| !peers.is_empty() && peers.iter().all(|p| p.starts_with("client-"));
+    let members = |peers: &[String]| !peers.is_empty() && peers.iter().all(|p| servers.names(p));
+    let peers_ok = |peers: &[String], clog: bool| match on_server {
+        true if peers.is_empty() => !cluster || (servers.peer_cuts && !clog),
+        true => clients(peers) || (members(peers) && servers.peer_cuts && !clog),
+        false => members(peers),
     };
-    let peers_why = || match on_server {
+    let peers_why = |clog: bool| match on_server {
+        true if cluster && !servers.peer_cuts => {
+            "cuts a member from clients only: these members reach each other directly (name the clients in peers)"
+                .to_string()
+        }
+        true if cluster && clog => "clogs a member's links to clients only (name them in peers)".to_string(),
         true => format!("cuts {server} from clients only (the resource is locksim's own)"),
+        false if cluster => "cuts a client from servers only, its links here (the resource is locksim's own and \
+                             clients do not talk to each other): name the servers in peers"
+            .to_string(),
         false => format!(
             "cuts a client from the server only, its one link here (the resource is locksim's own and clients do \
              not talk to each other): write peers = [\"{server}\"]"
@@ -104,8 +141,10 @@ fn refusal(f: &Fault, server: &str) -> Option<String> {
                                              (that is `crash`), and the proxy's kernel would answer keep-alive \
                                              probes that a dead host leaves unanswered"
             .into(),
-        Action::Partition { peers, .. } | Action::Clog { peers, .. } if peers_ok(peers) => return None,
-        Action::Partition { .. } | Action::Clog { .. } => peers_why(),
+        Action::Partition { peers, .. } if peers_ok(peers, false) => return None,
+        Action::Clog { peers, .. } if peers_ok(peers, true) => return None,
+        Action::Partition { .. } => peers_why(false),
+        Action::Clog { .. } => peers_why(true),
         Action::DropReply { .. } if on_server => return None,
         Action::DropReply { .. } => {
             format!("drops the server's replies: aim drop-reply at {server} (a client sends none)")
@@ -118,7 +157,9 @@ fn refusal(f: &Fault, server: &str) -> Option<String> {
         }
         Action::Restart => "restarts a node only as a crash with a duration: give the crash `duration`".into(),
         Action::Failover => "starts one server, with no replica to fail over to".into(),
-        Action::Stall { .. } => "starts one server, not a cluster whose member could stall".into(),
+        Action::Stall { .. } => "cannot stall a member's consensus loop alone: a SIGSTOP stops its client side too \
+                                 (stall runs simulated only)"
+            .into(),
     })
 }
 
@@ -138,21 +179,28 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
             return Ok(());
         }
     };
+    let network = match Network::of(run, id, node, &fault.action) {
+        Ok(network) => network,
+        Err(reason) => {
+            skip(node, reason);
+            return Ok(());
+        }
+    };
     let target = run.nodes[node.0 as usize].clone();
     let start = EventKind::FaultStart { id, fault: kind, target: target.clone(), detail: fault.action.detail() };
     let end = fault.action.duration().map(|d| fault.at + d);
-    if let Some(net) = Network::of(run, node, &fault.action) {
+    if let Some(net) = network {
         run.recorder.record(node, start);
-        net.set(true);
+        net.set(run, true);
         if end.is_some_and(|at| run.sleep_until(at)) {
-            net.set(false);
+            net.set(run, false);
             run.recorder.record(node, EventKind::FaultEnd { id });
         }
         // Else it lasts until the end of the run, whose proxies go with it.
         return Ok(());
     }
-    if node == SERVER {
-        return server_fault(run, id, fault, start);
+    if let Some(member) = run.server_index(node) {
+        return server_fault(run, member, id, fault, start);
     }
     let slot = &run.slots[run.client_index(node)];
     match fault.action {
@@ -202,18 +250,19 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `pause` or `crash` of the server, through [`Server`].
-fn server_fault(run: &Run, id: u32, fault: &Fault, start: EventKind) -> anyhow::Result<()> {
+/// `pause` or `crash` of server `member` (its node has the same index), through [`Server`].
+fn server_fault(run: &Run, member: usize, id: u32, fault: &Fault, start: EventKind) -> anyhow::Result<()> {
     let kind = fault.action.kind();
-    let name = run.nodes[SERVER.0 as usize].clone();
-    let mut server = run.server();
+    let node = NodeIx(member as u32);
+    let name = run.nodes[member].clone();
+    let mut server = run.server(member);
     if server.is_down() {
         let already = if matches!(fault.action, Action::Crash { .. }) { "already " } else { "" };
         let reason = format!("{name} is {already}down");
-        run.recorder.record(SERVER, EventKind::FaultSkipped { id, fault: kind, reason });
+        run.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
         return Ok(());
     }
-    run.recorder.record(SERVER, start);
+    run.recorder.record(node, start);
     match fault.action {
         Action::Pause { duration } => {
             server.stop()?;
@@ -222,7 +271,7 @@ fn server_fault(run: &Run, id: u32, fault: &Fault, start: EventKind) -> anyhow::
                 // The run ended first: the server is continued and killed as it stops.
                 return Ok(());
             }
-            let mut server = run.server();
+            let mut server = run.server(member);
             // A crash meanwhile ended the pause (a killed process is continued first).
             if !server.is_down() {
                 server.resume()?;
@@ -235,47 +284,75 @@ fn server_fault(run: &Run, id: u32, fault: &Fault, start: EventKind) -> anyhow::
             if !run.sleep_until(at) {
                 return Ok(());
             }
-            run.server().relaunch(run.served().keep_data)?;
+            run.server(member).relaunch(run.served().keep_data)?;
         }
         // Refused before the run (refuse_unsupported).
         _ => anyhow::bail!("--real cannot do a {} fault on {name}", kind.name()),
     }
-    run.recorder.record(SERVER, EventKind::FaultEnd { id });
+    run.recorder.record(node, EventKind::FaultEnd { id });
     Ok(())
 }
 
-/// A network fault: what it sets on which clients' links.
+/// A network fault: what it sets on which clients' links, and which members it cuts from each other.
 struct Network<'a> {
     links: Vec<&'a Link>,
+    /// Pairs of members whose peer links it cuts.
+    peer_cuts: Vec<(usize, usize)>,
     action: &'a Action,
     on_server: bool,
 }
 
 impl<'a> Network<'a> {
-    /// The network fault `action` aimed at `node`, or `None` for a fault of processes.
-    fn of(run: &'a Run, node: NodeIx, action: &'a Action) -> Option<Network<'a>> {
-        let on_server = node == SERVER;
-        let clients: Vec<usize> = match action {
-            Action::Partition { peers, .. } | Action::Clog { peers, .. } if on_server && !peers.is_empty() => {
-                peers.iter().filter_map(|p| run.node(p)).map(|n| run.client_index(n)).collect()
-            }
-            Action::Partition { .. } | Action::Clog { .. } | Action::Delay { .. } | Action::DropReply { .. } => {
-                match on_server {
-                    true => (0..run.served().proxies.len()).collect(),
-                    false => vec![run.client_index(node)],
+    /// The network fault `action` aimed at `node`, `None` for a fault of processes, or why it is skipped
+    /// (a role that names nobody, or the target itself, now).
+    fn of(run: &'a Run, id: u32, node: NodeIx, action: &'a Action) -> Result<Option<Network<'a>>, String> {
+        let served = run.served();
+        let server = run.server_index(node);
+        let client = |c: NodeIx| run.client_index(c);
+        let mut peer_cuts = Vec::new();
+        let links: Vec<&Link> = match (action, server) {
+            (Action::Partition { peers, .. } | Action::Clog { peers, .. }, Some(m)) if peers.is_empty() => {
+                if matches!(action, Action::Partition { .. }) && served.cluster.can_cut() {
+                    peer_cuts.extend((0..served.cluster.size()).filter(|k| *k != m).map(|k| (m, k)));
                 }
+                served.proxies.iter().map(|p| p[m].link()).collect()
             }
-            _ => return None,
+            (Action::Partition { peers, .. } | Action::Clog { peers, .. }, Some(m)) => {
+                let mut links = Vec::new();
+                for peer in peers {
+                    let p = resolve_name(run, id, peer)?;
+                    match run.server_index(p) {
+                        Some(k) if k == m => return Err(format!("{} is {peer}", run.nodes[m])),
+                        Some(k) => peer_cuts.push((m, k)),
+                        None => links.push(served.proxies[client(p)][m].link()),
+                    }
+                }
+                links
+            }
+            (Action::Partition { peers, .. } | Action::Clog { peers, .. }, None) => {
+                let mut links = Vec::new();
+                for peer in peers {
+                    let m = resolve_name(run, id, peer).map(|p| run.server_index(p))?;
+                    links.extend(m.map(|m| served.proxies[client(node)][m].link()));
+                }
+                links
+            }
+            (Action::Delay { .. } | Action::DropReply { .. }, Some(m)) => {
+                served.proxies.iter().map(|p| p[m].link()).collect()
+            }
+            (Action::Delay { .. } | Action::DropReply { .. }, None) => {
+                served.proxies[client(node)].iter().map(|p| p.link()).collect()
+            }
+            _ => return Ok(None),
         };
-        Some(Network {
-            links: clients.into_iter().map(|i| run.served().proxies[i].link()).collect(),
-            action,
-            on_server,
-        })
+        Ok(Some(Network { links, peer_cuts, action, on_server: server.is_some() }))
     }
 
     /// Start (`on`) or end the fault on every link.
-    fn set(&self, on: bool) {
+    fn set(&self, run: &Run, on: bool) {
+        for (a, b) in &self.peer_cuts {
+            run.served().cluster.cut(*a, *b, on);
+        }
         for link in &self.links {
             match self.action {
                 Action::Partition { .. } => {
@@ -305,9 +382,7 @@ fn signal_live(run: &Run, slot: &std::sync::Mutex<Slot>, node: NodeIx, start: Ev
 
 fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
     let (candidates, nobody) = match target {
-        Target::Node(name) => {
-            return run.node(name).ok_or_else(|| format!("no node {name}"));
-        }
+        Target::Node(name) => return resolve_name(run, id, name),
         Target::RandomClient => return Err("random-client was not resolved before the run".into()),
         Target::Trigger => return Err("aimed faults (`on`) are refused before a real run".into()),
         Target::Holder => (run.recorder.holders(), "nobody held the lock"),
@@ -322,6 +397,25 @@ fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
     }
 }
 
+/// The node `name` names now: a node's own name, or a cluster's role — `leader`, the member that says
+/// it leads; `holder-server`, the member the first holder's connection goes to through its proxies.
+fn resolve_name(run: &Run, _id: u32, name: &str) -> Result<NodeIx, String> {
+    let served = || run.served();
+    match name {
+        "leader" => match served().cluster.leader() {
+            Some(m) => Ok(NodeIx(m as u32)),
+            None => Err("no member leads the cluster".into()),
+        },
+        "holder-server" => {
+            let holder = *run.recorder.holders().first().ok_or("nobody held the lock")?;
+            let proxies = &served().proxies[run.client_index(holder)];
+            let on = proxies.iter().position(|p| p.link().connected());
+            on.map(|m| NodeIx(m as u32)).ok_or_else(|| "the holder is connected to no server".into())
+        }
+        _ => run.node(name).ok_or_else(|| format!("no node {name}")),
+    }
+}
+
 /// Signal a client process's group (it leads one: the adapter and whatever it started), which locksim
 /// started and has not reaped (the caller holds its slot, so the pid is still its group's). A group
 /// already gone has nothing left to signal.
@@ -330,8 +424,8 @@ fn send(pid: i32, sig: i32) {
 }
 
 impl Run {
-    /// The server, for a fault to stop, crash or start again.
-    fn server(&self) -> MutexGuard<'_, Server> {
-        self.served().server.lock().expect("server lock")
+    /// Server `member`, for a fault to stop, crash or start again.
+    fn server(&self, member: usize) -> MutexGuard<'_, Server> {
+        self.served().cluster.member(member)
     }
 }

@@ -8,16 +8,19 @@
 //! clients as processes of this very binary, `locksim adapter SCENARIO --seed S` ([`adapter`],
 //! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
-//! checkers. Its backend must map to one real server: the Redis family on one master without replicas
-//! (not Redlock, not failover), the ZooKeeper family (with the launcher's tickTime), the etcd family
-//! (through etcd's JSON gateway), and the database family on PostgreSQL (its tables and sequence made,
-//! and the `[backend]` settings set, on the fresh database before the clients start); anything else is
+//! checkers. Its backend must map to real servers locksim starts: the Redis family on one master without
+//! replicas (not Redlock, not failover), the ZooKeeper family (standalone with the launcher's tickTime, or
+//! an ensemble of `[backend] servers` with its timing, [`crate::servers::Cluster`]), the etcd family
+//! (through etcd's JSON gateway; one member or a cluster), and the database family on PostgreSQL (its
+//! tables and sequence made, and the `[backend]` settings set, on the fresh database before the clients
+//! start); anything else is
 //! refused before the run, saying why.
 //!
 //! **The protocol.** One process per scenario client, started with `[recipe] command = [...]` in the
 //! scenario file's directory (a program named with a `/` is found relative to that directory, a bare
 //! name on `PATH`), with this environment:
-//! - the server of this run, by `[recipe] server`: `LOCKSIM_REDIS=127.0.0.1:PORT` (`"redis"`, the
+//! - the server of this run, by `[recipe] server` (a cluster's members comma-separated, built-in recipes
+//!   only): `LOCKSIM_REDIS=127.0.0.1:PORT` (`"redis"`, the
 //!   default), `LOCKSIM_ZOOKEEPER=127.0.0.1:PORT` (`"zookeeper"`), `LOCKSIM_ETCD=127.0.0.1:PORT` (`"etcd"`,
 //!   its gRPC client port) or `LOCKSIM_POSTGRES=host=127.0.0.1 port=PORT user=postgres dbname=postgres`
 //!   (`"postgresql"`, a libpq connection string);
@@ -69,13 +72,14 @@ pub mod proxy;
 pub mod resource;
 pub mod workload;
 
-use crate::servers::{Launcher, Server};
+use crate::servers::{Cluster, Launcher, Server};
 use history::Recorder;
 use locksim_locks::{Guard, RealServer, REAL_SERVERS};
 use locksim_scenarios::run::{describe, resolve_schedule, SeedResult};
 use locksim_scenarios::scenario::{CommandRecipe, Workload};
 use locksim_scenarios::sweep::{Judge, Meta, ScenarioResult};
 use locksim_scenarios::Scenario;
+use locksim_sim::fault::Topology;
 use locksim_sim::history::{History, NodeIx};
 use locksim_sim::rng::{stream, Stream};
 use std::path::PathBuf;
@@ -95,9 +99,6 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// once, only to show it still runs — so an adapter that answers `acquire` and then hangs is found out
 /// within a short run, not only past [`REQUEST_TIMEOUT`].
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The server's node (a command run's first: see [`Run::first_client`]).
-pub const SERVER: NodeIx = NodeIx(0);
 
 /// The client processes' environment variables, besides the server's and `LOCKSIM_PARAM_*`.
 pub const ENV_CLIENT: &str = "LOCKSIM_CLIENT";
@@ -139,15 +140,16 @@ pub struct Run {
     stop: AtomicBool,
 }
 
-/// A command run's server, and each client's path to it.
+/// A command run's servers (one, or a cluster's members: the first nodes of the run), and each
+/// client's paths to them.
 struct Served {
-    /// The server, which faults may stop, crash and start again.
-    server: Mutex<Server>,
-    /// Whether the server keeps its data through a crash (see [`fault`]).
+    /// The servers, which faults may stop, crash and start again.
+    cluster: Cluster,
+    /// Whether a server keeps its data through a crash (see [`fault`]).
     keep_data: bool,
-    /// Each client's path to the server.
-    proxies: Vec<proxy::Proxy>,
-    /// Which server it is, for the variable that names it (its client's proxy) to a client process.
+    /// Each client's path to each server: `proxies[client][server]`.
+    proxies: Vec<Vec<proxy::Proxy>>,
+    /// Which server it is, for the variable that names it (its client's proxies) to a client process.
     server_of: &'static RealServer,
 }
 
@@ -188,8 +190,8 @@ impl Run {
         self.nodes.iter().position(|n| n == name).map(|i| NodeIx(i as u32))
     }
 
-    /// Nodes of a real run: the server (`redis-0`, `zk-0`; a baseline has none), `resource`, then the
-    /// clients.
+    /// Nodes of a real run: the servers (`redis-0`; `zk-0`, `zk-1`, `zk-2` for an ensemble; a baseline
+    /// has none), `resource`, then the clients.
     pub fn first_client(&self) -> usize {
         self.nodes.len() - self.slots.len()
     }
@@ -198,12 +200,20 @@ impl Run {
         node.0 as usize - self.first_client()
     }
 
-    /// The environment of `client`'s process: the server is its proxy.
+    /// The server (a cluster's member) that `node` is, if it is one.
+    pub fn server_index(&self, node: NodeIx) -> Option<usize> {
+        let servers = self.served.as_ref().map_or(0, |s| s.cluster.size());
+        Some(node.0 as usize).filter(|i| *i < servers)
+    }
+
+    /// The environment of `client`'s process: the servers are its proxies (a cluster's members listed
+    /// with commas, as a connect string or an endpoint list has them).
     pub fn env(&self, client: &str) -> Vec<(String, String)> {
         let mut env = self.env.clone();
         if let Some(served) = &self.served {
-            if let Some(proxy) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
-                env.push((served.server_of.env.into(), (served.server_of.address)(proxy.addr())));
+            if let Some(proxies) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
+                let addresses: Vec<String> = proxies.iter().map(|p| (served.server_of.address)(p.addr())).collect();
+                env.push((served.server_of.env.into(), addresses.join(",")));
             }
         }
         env.push((ENV_CLIENT.into(), client.into()));
@@ -238,7 +248,9 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     let Some(command) = &scenario.command else {
         if scenario.recipe.guard == Guard::Lock {
             let server = builtin_server(scenario)?;
-            fault::refuse_unsupported(scenario, server.node)?;
+            let topology = (scenario.recipe.family.topology)(&scenario.backend_params);
+            let peer_cuts = Launcher::of(server).peer_proxies && topology.servers.len() > 1;
+            fault::refuse_unsupported(scenario, &fault::Servers { topology, peer_cuts })?;
             return Ok(Clients::Builtin(server));
         }
         if let Some(f) = scenario.schedule.first() {
@@ -256,7 +268,8 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
     };
     // One server: a command has no `[backend]` of its own, and loading refused a `[model]` whose world
     // has other servers than the real run's one (Redlock's masters, a replica).
-    fault::refuse_unsupported(scenario, command.server.node)?;
+    let topology = Topology { servers: vec![command.server.node.to_string()], ..Topology::default() };
+    fault::refuse_unsupported(scenario, &fault::Servers { topology, peer_cuts: false })?;
     Ok(Clients::Command(command))
 }
 
@@ -327,16 +340,17 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         Clients::Command(command) => {
             let params = command.params.iter();
             env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
-            let served = serve(scenario, command.server, seed)?;
+            let served = serve(scenario, command.server, 1, seed)?;
             nodes.insert(0, command.server.node.to_string());
             (Some(served), command.argv.clone(), Guard::Lock)
         }
         Clients::Builtin(server) => {
-            let served = serve(scenario, server, seed)?;
-            let real = served.server.lock().expect("server lock");
-            (real.launcher().set_up)(real.addr().0, &scenario.backend_params)?;
-            drop(real);
-            nodes.insert(0, server.node.to_string());
+            let servers = (scenario.recipe.family.topology)(&scenario.backend_params).servers;
+            let served = serve(scenario, server, servers.len(), seed)?;
+            let first = served.cluster.member(0);
+            (first.launcher().set_up)(first.addr().0, &scenario.backend_params)?;
+            drop(first);
+            nodes.splice(0..0, servers);
             (Some(served), adapter_argv(scenario, seed)?, Guard::Lock)
         }
         Clients::Baseline(guard) => (None, Vec::new(), guard),
@@ -397,18 +411,20 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
     Ok(RealRun { result, history })
 }
 
-/// Start `server` and a proxy per client.
-fn serve(scenario: &Scenario, server: &'static RealServer, seed: u64) -> anyhow::Result<Served> {
-    let real = Server::start(Launcher::of(server))?;
+/// Start `server` (`n` of them as a cluster) and a proxy per client and server.
+fn serve(scenario: &Scenario, server: &'static RealServer, n: usize, seed: u64) -> anyhow::Result<Served> {
+    let launcher = Launcher::of(server);
+    let cluster = match n {
+        1 => Cluster::single(Server::start(launcher)?),
+        n => Cluster::start(launcher, n, &scenario.backend_params, seed)?,
+    };
+    let addrs = cluster.addrs();
+    // One server keeps the streams of old: a client's proxy draws from its own number.
+    let draw = |client: usize, member: usize| stream(seed, Stream::Network, (client + member * 100) as u64);
     let proxies = (0..scenario.workload.clients)
-        .map(|i| proxy::Proxy::start(real.addr().0, stream(seed, Stream::Network, i as u64)))
+        .map(|i| addrs.iter().enumerate().map(|(m, addr)| proxy::Proxy::start(*addr, draw(i, m))).collect())
         .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Served {
-        server: Mutex::new(real),
-        keep_data: (server.keeps_data)(&scenario.backend_params),
-        proxies,
-        server_of: server,
-    })
+    Ok(Served { cluster, keep_data: (server.keeps_data)(&scenario.backend_params), proxies, server_of: server })
 }
 
 /// A built-in recipe's client process: the hidden `adapter` subcommand of this very binary (or of the

@@ -33,7 +33,7 @@ use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -67,6 +67,8 @@ pub enum Side {
 pub struct Link {
     state: Mutex<LinkState>,
     changed: Condvar,
+    /// Connections open to the server through it now.
+    open: AtomicUsize,
 }
 
 struct LinkState {
@@ -91,7 +93,12 @@ enum Admit {
 impl Link {
     fn new(rng: ChaCha8Rng) -> Link {
         let state = LinkState { cuts: [0; 2], delays: [Duration::ZERO; 2], drop_reply: None, rng, stopped: false };
-        Link { state: Mutex::new(state), changed: Condvar::new() }
+        Link { state: Mutex::new(state), changed: Condvar::new(), open: AtomicUsize::new(0) }
+    }
+
+    /// Whether a connection to the server is open through it now (which server a client's session is on).
+    pub fn connected(&self) -> bool {
+        self.open.load(Ordering::Relaxed) > 0
     }
 
     fn state(&self) -> MutexGuard<'_, LinkState> {
@@ -165,6 +172,15 @@ impl Proxy {
     /// Listen on a free loopback port and forward every connection to `server`; `rng` draws the lost
     /// replies.
     pub fn start(server: SocketAddr, rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
+        Proxy::listen(Some(server), rng)
+    }
+
+    /// Listen on a free loopback port and reset every connection: a dial that must not go through.
+    pub fn refusing(rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
+        Proxy::listen(None, rng)
+    }
+
+    fn listen(server: Option<SocketAddr>, rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -195,8 +211,9 @@ impl Drop for Proxy {
     }
 }
 
-/// Accept connections until the link stops, each served on a thread of its own; then join them.
-fn accept_loop(listener: &TcpListener, server: SocketAddr, link: &Arc<Link>) {
+/// Accept connections until the link stops, each served on a thread of its own (or reset at once, with
+/// no `server`); then join them.
+fn accept_loop(listener: &TcpListener, server: Option<SocketAddr>, link: &Arc<Link>) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
     while !link.stopped() {
         if !readable(listener.as_raw_fd()) {
@@ -204,6 +221,10 @@ fn accept_loop(listener: &TcpListener, server: SocketAddr, link: &Arc<Link>) {
         }
         let Ok((client, _)) = listener.accept() else { continue };
         conns.retain(|c| !c.is_finished());
+        let Some(server) = server else {
+            reset(&client);
+            continue;
+        };
         if conns.len() >= CONNECTIONS_MAX || client.set_nonblocking(false).is_err() {
             reset(&client);
             continue;
@@ -258,6 +279,8 @@ fn serve(client: TcpStream, server: SocketAddr, link: &Link) {
         return reset(&client);
     };
     let conn = Conn { broken: AtomicBool::new(false) };
+    link.open.fetch_add(1, Ordering::Relaxed);
+    let _open = Open(&link.open);
     let handles = (client.try_clone(), client.try_clone(), upstream.try_clone());
     let (Ok(client_w), Ok(client_kept), Ok(upstream_w)) = handles else { return reset(&client) };
     for s in [&client, &upstream, &client_w, &upstream_w] {
@@ -277,6 +300,15 @@ fn serve(client: TcpStream, server: SocketAddr, link: &Link) {
     // Every other handle is closed: this last one resets a broken connection as it closes.
     if conn.broken() {
         reset(&client_kept);
+    }
+}
+
+/// Counts a connection open until it is dropped.
+struct Open<'a>(&'a AtomicUsize);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -490,6 +522,29 @@ mod tests {
         assert!(TcpStream::connect(addr).is_err(), "nothing listens on {addr} any more");
         let mut buf = [0u8; 1];
         assert!(matches!(conn.read(&mut buf), Ok(0) | Err(_)), "the client's connection ended");
+    }
+
+    #[test]
+    fn a_proxy_knows_whether_a_connection_is_open_through_it() {
+        let (proxy, _) = echo_and_proxy();
+        assert!(!proxy.link().connected());
+        let mut conn = connect(&proxy);
+        echo(&mut conn, b"up");
+        assert!(proxy.link().connected());
+        drop(conn);
+        let t = Instant::now();
+        while proxy.link().connected() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!proxy.link().connected(), "the closed connection is no longer counted");
+    }
+
+    #[test]
+    fn a_refusing_proxy_resets_every_connection() {
+        let proxy = Proxy::refusing(stream(0, Stream::Network, 0)).unwrap();
+        let mut conn = connect(&proxy);
+        let err = conn.read(&mut [0u8; 1]).expect_err("reset");
+        assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! etcd, one member (Debian 12 `etcd-server`, 3.4; `LOCKSIM_ETCD` may name a 3.5 binary from PyPI).
+//! etcd (Debian 12 `etcd-server`, 3.4; `LOCKSIM_ETCD` may name a 3.5 binary from PyPI): one member, or a
+//! member of a cluster ([`super::Cluster`]).
 
-use super::{binary, Crash, Launcher};
+use super::{binary, Crash, Launcher, Ports};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -14,18 +15,37 @@ pub static LAUNCHER: Launcher = Launcher {
     data: &["data"],
     crash: Crash::Kill,
     set_up: Launcher::as_started,
+    leads: Some(leads),
+    peer_proxies: false,
 };
 
-/// A cluster of one member, its peer URL on `peer_port`.
-fn launch(dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Command> {
-    let (client, peer) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{peer_port}"));
+/// A cluster of one member, its peer URL on the peer port; or member `etcd-N` of a cluster, whose
+/// initial cluster lists every member's peer URL.
+fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
+    let url = |port: u16| format!("http://127.0.0.1:{port}");
+    let (client, peer) = (url(ports.client), url(ports.peer));
+    let (name, cluster) = match &ports.member {
+        None => ("locksim".to_string(), format!("locksim={peer}")),
+        Some(member) => {
+            let urls = member.view.iter().enumerate().map(|(j, (port, _))| format!("etcd-{j}={}", url(*port)));
+            (format!("etcd-{}", member.index), urls.collect::<Vec<_>>().join(","))
+        }
+    };
     let mut cmd = Command::new(binary("etcd", &["/usr/bin/etcd"])?);
-    cmd.args(["--name", "locksim", "--data-dir"])
+    cmd.args(["--name", &name, "--data-dir"])
         .arg(dir.join("data"))
         .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
         .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-        .args(["--initial-cluster", &format!("locksim={peer}")]);
+        .args(["--initial-cluster", &cluster, "--initial-cluster-token", "locksim"]);
     Ok(cmd)
+}
+
+/// Whether the member at `addr` leads its cluster: its status names itself the leader.
+fn leads(addr: SocketAddr) -> bool {
+    let Ok(text) = crate::wire::http::post(addr, "/v3/maintenance/status", "{}") else { return false };
+    let Ok(status) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
+    let me = &status["header"]["member_id"];
+    !me.is_null() && *me == status["leader"]
 }
 
 /// A read needs a leader: the server is up and serving.

@@ -3,7 +3,8 @@
 //! until it answers, and stopped at the end — on success, on an error, on a panic, and on Ctrl-C or
 //! SIGTERM (a handler kills every server still running and removes its directory). Nothing is written
 //! outside the temporary directory. Or `--server HOST:PORT` points at one already running; locksim then
-//! neither restarts nor stops it: scripts are played without their restarts and stops.
+//! neither restarts nor stops it: scripts are played without their restarts and stops. ZooKeeper and etcd
+//! also run as a cluster of members, started together ([`Cluster`]).
 
 use crate::process::{self, alive, children};
 use locksim_locks::params::Params;
@@ -14,11 +15,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod cluster;
 mod etcd;
 mod postgres;
 mod redis;
 mod zookeeper;
 
+pub use cluster::Cluster;
 pub use etcd::LAUNCHER as ETCD;
 pub use postgres::LAUNCHER as POSTGRES;
 pub use redis::LAUNCHER as REDIS;
@@ -35,9 +38,8 @@ pub struct Launcher {
     pub server: &'static RealServer,
     /// Its program, as messages and its temporary directory name it (e.g. `redis-server`).
     pub program: &'static str,
-    /// The command that starts it in `dir` on `port` (and `peer_port`, for a server that listens on a
-    /// second port), its configuration written.
-    launch: fn(dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Command>,
+    /// The command that starts it in `dir` on `ports`, its configuration written.
+    launch: fn(dir: &Path, ports: &Ports) -> anyhow::Result<Command>,
     /// Whether it answers its simplest request on `stream`, a fresh connection to it at `addr`.
     ready: fn(stream: TcpStream, addr: SocketAddr) -> bool,
     /// Run once it answers, before anyone else talks to it (a JVM's request paths made hot).
@@ -49,6 +51,36 @@ pub struct Launcher {
     /// Make a fresh server what a built-in recipe's scenario expects of it (its tables, the
     /// `[backend]` settings the simulated server starts with).
     pub set_up: fn(addr: SocketAddr, backend: &Params) -> anyhow::Result<()>,
+    /// For a server that runs as a cluster ([`Cluster`]): whether the member at `addr` leads it now.
+    pub leads: Option<fn(addr: SocketAddr) -> bool>,
+    /// Whether a cluster's members reach each other through proxies ([`Cluster`]), so that a fault can
+    /// cut one member off from another while their clients still reach both.
+    pub peer_proxies: bool,
+}
+
+/// The ports a server listens on, and for a cluster's member how it reaches the others.
+#[derive(Debug, Clone)]
+pub struct Ports {
+    /// Its clients'.
+    pub client: u16,
+    /// A second port some servers need: etcd's peer port, a ZooKeeper member's quorum port.
+    pub peer: u16,
+    /// A third: a ZooKeeper member's election port.
+    pub election: u16,
+    /// A cluster's member: `None` for a server of its own.
+    pub member: Option<Member>,
+}
+
+/// One member of a cluster, as its configuration says.
+#[derive(Debug, Clone)]
+pub struct Member {
+    /// Its place in the cluster: `zk-1` is 1.
+    pub index: usize,
+    /// Where it reaches each member (its own entry: its own ports): the peer and the election port
+    /// there, which are a proxy's when the launcher has [`Launcher::peer_proxies`].
+    pub view: Vec<(u16, u16)>,
+    /// The cluster's `[backend]` (a ZooKeeper ensemble's tickTime, syncLimit and initLimit).
+    pub backend: Params,
 }
 
 /// How a crash ends a server.
@@ -92,8 +124,8 @@ pub struct Addr(pub SocketAddr);
 pub struct Server {
     launcher: &'static Launcher,
     addr: Addr,
-    /// A second port some servers need (etcd's peer port), kept across restarts.
-    peer_port: u16,
+    /// Its ports, kept across restarts.
+    ports: Ports,
     /// `None` for a server locksim did not start.
     own: Option<Own>,
 }
@@ -124,13 +156,18 @@ impl Server {
     }
 
     fn start_once(launcher: &'static Launcher) -> anyhow::Result<Server> {
-        let dir = ServerDir::new(launcher)?;
-        let (port, peer_port) = free_ports()?;
-        let addr = Addr(SocketAddr::from(([127, 0, 0, 1], port)));
-        let child = launch(launcher, dir.path(), port, peer_port)?;
-        let mut server = Server { launcher, addr, peer_port, own: Some(Own { dir, child, down: false }) };
+        let [client, peer, election] = free_ports()?;
+        let mut server = Server::launch(launcher, Ports { client, peer, election, member: None })?;
         server.wait_ready()?;
         Ok(server)
+    }
+
+    /// Start `launcher`'s server on `ports` in a fresh temporary directory, without waiting for it.
+    fn launch(launcher: &'static Launcher, ports: Ports) -> anyhow::Result<Server> {
+        let dir = ServerDir::new(launcher)?;
+        let addr = Addr(SocketAddr::from(([127, 0, 0, 1], ports.client)));
+        let child = launch(launcher, dir.path(), &ports)?;
+        Ok(Server { launcher, addr, ports, own: Some(Own { dir, child, down: false }) })
     }
 
     /// A server someone else runs at `addr`, if it answers there.
@@ -138,7 +175,8 @@ impl Server {
         if !ready(launcher, Addr(addr)) {
             anyhow::bail!("no {} answers at {addr}", launcher.program);
         }
-        Ok(Server { launcher, addr: Addr(addr), peer_port: 0, own: None })
+        let ports = Ports { client: addr.port(), peer: 0, election: 0, member: None };
+        Ok(Server { launcher, addr: Addr(addr), ports, own: None })
     }
 
     pub fn launcher(&self) -> &'static Launcher {
@@ -189,7 +227,7 @@ impl Server {
         if !keep {
             wipe(launcher, own.dir.path())?;
         }
-        own.child = launch(launcher, own.dir.path(), self.addr.0.port(), self.peer_port)?;
+        own.child = launch(launcher, own.dir.path(), &self.ports)?;
         own.down = false;
         self.wait_ready()
     }
@@ -229,11 +267,13 @@ impl Server {
         }
     }
 
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.launcher.patience();
         loop {
             if ready(self.launcher, self.addr) {
-                return (self.launcher.warm_up)(self.addr.0);
+                let (program, addr) = (self.launcher.program, self.addr.0);
+                return (self.launcher.warm_up)(addr)
+                    .map_err(|e| e.context(format!("{program} at {addr}: warming up")));
             }
             if let Some(own) = &mut self.own {
                 if let Some(status) = own.child.try_wait()? {
@@ -267,9 +307,9 @@ impl Drop for Server {
 }
 
 /// Start `launcher`'s server in `dir`, its output to `dir/server.log`.
-fn launch(launcher: &Launcher, dir: &Path, port: u16, peer_port: u16) -> anyhow::Result<Child> {
+fn launch(launcher: &Launcher, dir: &Path, ports: &Ports) -> anyhow::Result<Child> {
     let log = std::fs::File::create(dir.join("server.log"))?;
-    let mut cmd = (launcher.launch)(dir, port, peer_port)?;
+    let mut cmd = (launcher.launch)(dir, ports)?;
     cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Its own process group: a Ctrl-C at the terminal reaches locksim, which stops it in order, and
     // not the server behind its back.
@@ -323,10 +363,14 @@ fn clash(e: &anyhow::Error) -> bool {
     format!("{e:#}").to_ascii_lowercase().contains("address already in use")
 }
 
-/// Two distinct free loopback ports (both bound at once, then let go for the server to take).
-fn free_ports() -> anyhow::Result<(u16, u16)> {
-    let (a, b) = (TcpListener::bind(("127.0.0.1", 0))?, TcpListener::bind(("127.0.0.1", 0))?);
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+/// `N` distinct free loopback ports (all bound at once, then let go for the server to take).
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let listeners = (0..N).map(|_| TcpListener::bind(("127.0.0.1", 0))).collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// [`process::signal`] to a server this process started and has not reaped, its error naming the call.

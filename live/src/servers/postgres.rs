@@ -1,6 +1,6 @@
 //! PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own made by `initdb`.
 
-use super::{binary, Crash, Launcher};
+use super::{binary, Crash, Launcher, Ports};
 use locksim_locks::params::Params;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -16,6 +16,8 @@ pub static LAUNCHER: Launcher = Launcher {
     data: &["data"],
     crash: Crash::ImmediateShutdown,
     set_up,
+    leads: None,
+    peer_proxies: false,
 };
 
 /// PostgreSQL: a cluster made by `initdb` in `dir/data` on the first start (trust authentication,
@@ -24,7 +26,8 @@ pub static LAUNCHER: Launcher = Launcher {
 /// (the kernel keeps what a killed process wrote), while `synchronous_commit` stays on, or a crash
 /// would lose transactions committed in the last few hundred milliseconds; no checkpoints on a timer, so
 /// that what a sequence logs ahead (and so skips after a crash) does not depend on when a script runs.
-fn launch(dir: &Path, port: u16, _: u16) -> anyhow::Result<Command> {
+fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
+    let port = ports.client;
     let bin = |name: &str| binary(name, &[&format!("/usr/lib/postgresql/15/bin/{name}")]);
     let user = postgres_user(dir)?;
     let data = dir.join("data");

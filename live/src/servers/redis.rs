@@ -1,6 +1,6 @@
 //! Redis 7.0 (Debian 12 `redis-server`), one master.
 
-use super::{binary, Crash, Launcher};
+use super::{binary, Crash, Launcher, Ports};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -14,6 +14,8 @@ pub static LAUNCHER: Launcher = Launcher {
     data: &["appendonlydir", "dump.rdb"],
     crash: Crash::Kill,
     set_up: Launcher::as_started,
+    leads: None,
+    peer_proxies: false,
 };
 
 /// Persistence by AOF: Redis write()s the AOF before it replies, so a killed process loses no
@@ -21,7 +23,8 @@ pub static LAUNCHER: Launcher = Launcher {
 /// `persist = true` assumes — and `appendfsync no` keeps a write from waiting on the disk. No RDB
 /// snapshots, no protected mode; `hz 100` so that a `WAIT` times out within 10 ms of its time rather
 /// than 100.
-fn launch(dir: &Path, port: u16, _: u16) -> anyhow::Result<Command> {
+fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
+    let port = ports.client;
     let mut cmd = Command::new(binary("redis-server", &["/usr/bin/redis-server"])?);
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
         .arg(dir)

@@ -78,7 +78,8 @@ pub static FAMILY: Family = Family {
     marks: |h| crate::LEASE_HAZARDS.contains(&h),
 };
 
-/// etcd (Debian 12 `etcd-server`, 3.4; or a 3.5 binary from PyPI), one member; its store and leases
+/// etcd (Debian 12 `etcd-server`, 3.4; or a 3.5 binary from PyPI): one member, or a cluster of
+/// `[backend] servers` members (each client talks to one at a time); its store and leases
 /// outlive a crash (the WAL).
 pub static REAL: RealServer = RealServer {
     name: "etcd",
@@ -86,12 +87,7 @@ pub static REAL: RealServer = RealServer {
     env: "LOCKSIM_ETCD",
     package: "etcd-server",
     client_built: true,
-    refuses: |backend| match backend.int("servers") {
-        1 => Ok(()),
-        n => Err(format!(
-            "with [backend] servers = {n}: --real starts a single etcd member; clusters run simulated only, for now"
-        )),
-    },
+    refuses: |_| Ok(()),
     keeps_data: |_| true,
     address: RealServer::host_port,
 };
@@ -320,8 +316,8 @@ pub fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
 /// wait up to `call_timeout`.
 pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn {
     if let Servers::Real(real) = servers {
-        let addr = real.of(&REAL);
-        return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), addr, call_timeout));
+        let endpoints = real.of(&REAL);
+        return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), endpoints, call_timeout));
     }
     let etcd = EtcdServers::from(servers);
     let router = ctx.node_wide(|| {

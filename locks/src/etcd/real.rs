@@ -20,19 +20,25 @@ use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, LeaseId, WatchResponse}
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::net::CallError;
 use serde_json::Value;
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
+use std::rc::Rc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// A client of one real etcd server's gateway.
+/// A client of a real etcd's gateway: one member's, or a cluster's, talking to one member at a time.
 #[derive(Clone)]
 pub struct RealEtcd {
     ctx: Ctx,
-    /// `host:port` of the server's client port.
-    addr: String,
+    /// `host:port` of each member's client port (its proxy).
+    endpoints: Rc<[String]>,
+    /// The member it talks to now: one drawn at the start in a cluster, then the next whenever a
+    /// connection to it cannot be opened, as the simulated client's `Router` moves (clientv3's balancer
+    /// leaves an endpoint it cannot reach).
+    current: Rc<Cell<usize>>,
     timeout: Duration,
 }
 
@@ -41,15 +47,32 @@ pub struct RealEtcd {
 const WATCH_RETRY: Duration = Duration::from_millis(100);
 
 impl RealEtcd {
-    pub fn new(ctx: Ctx, addr: &str, timeout: Duration) -> RealEtcd {
-        RealEtcd { ctx, addr: addr.into(), timeout }
+    /// A client of the members at `endpoints` (`host:port,host:port…`), whose calls wait up to `timeout`.
+    pub fn new(ctx: Ctx, endpoints: &str, timeout: Duration) -> RealEtcd {
+        let endpoints: Rc<[String]> = endpoints.split(',').map(str::to_string).collect();
+        // One member: no draw.
+        let first = match endpoints.len() {
+            1 => 0,
+            n => (ctx.random_u64() % n as u64) as usize,
+        };
+        RealEtcd { ctx, endpoints, current: Rc::new(Cell::new(first)), timeout }
+    }
+
+    /// POST to the current member; one that cannot be reached is left for the next.
+    async fn post(&self, path: &str, body: &Value) -> Result<Response, CallError> {
+        let at = self.current.get();
+        let response = Response::post(&self.endpoints[at], path, body).await;
+        if let Err(CallError::Reset) = response {
+            self.current.set((at + 1) % self.endpoints.len());
+        }
+        response
     }
 
     /// One unary call and its answer, at most the call timeout.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let (path, body) = gateway::encode(&request).expect("watches ride RealEtcd::watch");
         let answer = tokio::time::timeout(self.timeout, async {
-            let mut response = Response::post(&self.addr, path, &body).await?;
+            let mut response = self.post(path, &body).await?;
             let text = response.body().await.map_err(|_| CallError::Timeout)?;
             match (response.status, serde_json::from_str::<Value>(&text)) {
                 (200, Ok(v)) => Ok(gateway::decode(&request, &v)),
@@ -77,7 +100,7 @@ impl RealEtcd {
     /// Open a watch stream; the revision of its `created` message.
     async fn open_watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<(Response, i64), CallError> {
         let body = gateway::watch_create(key, prefix, start_revision);
-        let mut stream = Response::post(&self.addr, "/v3/watch", &body).await?;
+        let mut stream = self.post("/v3/watch", &body).await?;
         if stream.status != 200 {
             return Err(CallError::Timeout);
         }

@@ -59,6 +59,13 @@ impl ZkServers {
     pub fn from(servers: &Servers) -> &ZkServers {
         servers.sim()
     }
+
+    /// The same world's servers with a connect string of the `i`-th alone: a client that stays on one
+    /// member (ensemble conformance cuts that member off from its leader).
+    pub fn pinned(servers: &Servers, i: usize) -> Servers {
+        let zk = ZkServers::from(servers);
+        Servers::new(ZkServers { servers: vec![zk.servers[i]], recorder: zk.recorder.clone() })
+    }
 }
 
 /// `[backend]` keys of the ZooKeeper family.
@@ -102,8 +109,9 @@ pub static FAMILY: Family = Family {
 /// negotiated into [400 ms, 4 s].
 pub const REAL_TICK: Duration = Duration::from_millis(200);
 
-/// ZooKeeper 3.8 (Debian 12 `zookeeper`), standalone, with tickTime [`REAL_TICK`]; its data outlives a
-/// crash (the transaction log).
+/// ZooKeeper 3.8 (Debian 12 `zookeeper`): standalone, with tickTime [`REAL_TICK`], or an ensemble of
+/// `[backend] servers` with the ensemble's `tick_time`, `sync_limit` and `init_limit`; its data outlives
+/// a crash (the transaction log).
 pub static REAL: RealServer = RealServer {
     name: "zookeeper",
     node: "zk-0",
@@ -111,16 +119,14 @@ pub static REAL: RealServer = RealServer {
     package: "zookeeper",
     client_built: true,
     refuses: |backend| match backend.duration("tick_time") {
-        _ if backend.int("servers") > 1 => Err(format!(
-            "with [backend] servers = {}: --real starts a standalone ZooKeeper; ensembles run simulated only, \
-             for now",
-            backend.int("servers")
-        )),
+        // An ensemble's members are started with its [backend] timing.
+        _ if backend.int("servers") > 1 => Ok(()),
         tick if tick == REAL_TICK => Ok(()),
         tick => Err(format!(
-            "with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms, which bounds the \
-             sessions it grants (2 to 20 ticks); set [backend] tick_time = \"{}ms\" so that the simulated and \
-             the real server negotiate the same session timeout",
+            "with [backend] tick_time = {}ms: --real starts ZooKeeper with tickTime {}ms (standalone; an \
+             ensemble is started with its [backend] timing), which bounds the sessions it grants (2 to 20 ticks); \
+             set [backend] tick_time = \"{}ms\" so that the simulated and the real server negotiate the same \
+             session timeout",
             tick.as_millis(),
             REAL_TICK.as_millis(),
             REAL_TICK.as_millis()
@@ -400,9 +406,10 @@ impl ZkSession {
         let router = ctx.node_wide(|| Router::new(ctx.stream(Stream::ZkReattach)));
         let host = match servers {
             Servers::Real(real) => {
-                let addr = real.of(&REAL);
-                let link = Rc::new(real::RealZk::new(ctx.clone(), addr, router.clone()));
-                Host::Real { ctx: ctx.clone(), link, router }
+                let connect = real.of(&REAL);
+                let servers: Rc<[NodeIx]> = (0..connect.split(',').count() as u32).map(NodeIx).collect();
+                let link = Rc::new(real::RealZk::new(ctx.clone(), connect, router.clone()));
+                Host::Real { ctx: ctx.clone(), link, router, servers }
             }
             _ => {
                 let zk = ZkServers::from(servers);

@@ -125,14 +125,14 @@ const EXPIRED_WITHIN_MS: u64 = 4200;
 #[derive(Default)]
 pub struct ZkClientSide;
 
-pub(super) const CREATED: &str = "create /x: ok";
-pub(super) const GOT: &str = "get /x: ok";
-pub(super) const GET_LOST: &str = "get /x: connection loss";
-pub(super) const NO_NODE: &str = "get /x: no node";
-pub(super) const GET_EXPIRED: &str = "get /x: session expired";
-pub(super) const DISCONNECTED: &str = "disconnected";
-pub(super) const RECONNECTED: &str = "reconnected";
-pub(super) const EXPIRED: &str = "expired";
+pub(crate) const CREATED: &str = "create /x: ok";
+pub(crate) const GOT: &str = "get /x: ok";
+pub(crate) const GET_LOST: &str = "get /x: connection loss";
+pub(crate) const NO_NODE: &str = "get /x: no node";
+pub(crate) const GET_EXPIRED: &str = "get /x: session expired";
+pub(crate) const DISCONNECTED: &str = "disconnected";
+pub(crate) const RECONNECTED: &str = "reconnected";
+pub(crate) const EXPIRED: &str = "expired";
 
 impl ClientFamily for ZkClientSide {
     const NAME: &'static str = "zk-client";
@@ -217,7 +217,9 @@ impl ClientFamily for ZkClientSide {
 }
 
 /// The words of a call's outcome.
-fn said(reply: Result<(ZkReply, Option<locksim_sim::backend::zk::client::Watch>), ClientError>) -> &'static str {
+pub(crate) fn said(
+    reply: Result<(ZkReply, Option<locksim_sim::backend::zk::client::Watch>), ClientError>,
+) -> &'static str {
     match reply {
         Ok((ZkReply::Created { .. }, _)) => CREATED,
         Ok((ZkReply::Data { .. }, _)) => GOT,

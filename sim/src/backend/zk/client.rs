@@ -249,20 +249,21 @@ pub enum Host {
     /// A simulated node, and the servers of its connect string, in their order there (one for a
     /// standalone server; `env.server` is the first).
     Sim(ClientEnv, Rc<[NodeIx]>),
-    /// A real process: its time and tasks (`ctx`, [`Ctx::real`]), its connection to the server, and its
-    /// router, to which the link hands the watch notifications it reads.
-    Real { ctx: Ctx, link: Rc<dyn Link>, router: Rc<Router> },
+    /// A real process: its time and tasks (`ctx`, [`Ctx::real`]), its connection to the servers, its
+    /// router, to which the link hands the watch notifications it reads, and the servers of its connect
+    /// string as the link numbers them (`NodeIx(0)`, … in their order there).
+    Real { ctx: Ctx, link: Rc<dyn Link>, router: Rc<Router>, servers: Rc<[NodeIx]> },
 }
 
 /// A real client's connection to a real server (real mode; `locksim-locks` has one over TCP): a call as
 /// the simulated network's [`Rpc::call_on`] makes it.
 pub trait Link {
     /// Send `request` on connection `conn` and wait at most `timeout` for its reply, and the connection
-    /// it came on. A `Connect` opens a new connection (closing the old one). `Reset`: the connection is
+    /// it came on. A `Connect` opens a new connection to `server` (closing the old one). `Reset`: the connection is
     /// gone — no longer the open one (the request was not sent), or broken with the request out (it may
     /// have been applied); either way the client reports `ConnectionLoss` and is `Disconnected` at once, as
     /// `ClientCnxn` does on a socket error. `Timeout`: no reply in time.
-    fn call_on(&self, conn: Option<u32>, request: ZkRequest, timeout: Duration) -> LinkCall;
+    fn call_on(&self, server: NodeIx, conn: Option<u32>, request: ZkRequest, timeout: Duration) -> LinkCall;
 }
 
 /// What [`Link::call_on`] answers.
@@ -287,7 +288,7 @@ impl Host {
     ) -> Result<(ZkReply, u32), CallError> {
         match self {
             Host::Sim(env, _) => env.rpc.call_on(server, socket, conn, request, timeout).await,
-            Host::Real { link, .. } => link.call_on(conn, request, timeout).await,
+            Host::Real { link, .. } => link.call_on(server, conn, request, timeout).await,
         }
     }
 
@@ -431,6 +432,18 @@ impl Router {
         }
     }
 
+    /// A real process's connection `conn` of `session` ended (its [`Link`] read the end of its stream,
+    /// or an error): if it is still the session's connection, the session is `Disconnected` at once and
+    /// its pinger re-attaches, as `Router::closed` has it for a simulated one (`ClientCnxn`'s send
+    /// thread reads the socket, idle or not).
+    pub fn connection_ended(&self, session: SessionId, conn: u32) {
+        let shared = self.clients.borrow().get(&session).and_then(std::rc::Weak::upgrade);
+        if let Some(shared) = shared.filter(|s| s.conn.get() == Some(conn)) {
+            shared.drop_connection();
+            shared.set_state(ConnState::Disconnected);
+        }
+    }
+
     /// Hand a notification to the watchers of its session and path (each watch fires once).
     pub fn deliver(&self, event: WatchEvent) {
         if let Some(recorder) =
@@ -507,7 +520,7 @@ impl ZkClient {
     pub async fn connect_as(host: Host, requested: Duration, library: Library) -> Option<ZkClient> {
         let provider = match &host {
             Host::Sim(env, servers) => HostProvider::new(servers, &mut env.router.jitter.borrow_mut()),
-            Host::Real { .. } => HostProvider::new(&Rc::from([NodeIx(0)]), &mut host.router().jitter.borrow_mut()),
+            Host::Real { servers, .. } => HostProvider::new(servers, &mut host.router().jitter.borrow_mut()),
         };
         let n = provider.servers.len();
         let mut opened = None;

@@ -1,0 +1,244 @@
+//! Ensemble conformance: the simulated ensembles (`sim/src/backend/zk/ensemble.rs`) against real ones
+//! on loopback ([`crate::servers::Cluster`]). Server conformance ([`super`]) checks one server's state
+//! machine and client conformance ([`super::client`]) one client library; what decides a verdict on an
+//! ensemble is how its members treat each other under a fault — when the leader expires a session
+//! whose server it cannot hear, how long a follower cut off from its leader goes on answering its
+//! clients — and that is played here, on the model and for real.
+//!
+//! From a seed, a family draws a *plan*: the ensemble's timing, what its clients do when, and one fault
+//! among the members. The plan is played on a simulated world (the model's members, network and
+//! client library, the fault as a scenario's: [`model_play`]) and on a real ensemble started afresh for
+//! it, with the same client library on a real clock ([`real_play`]). A client is written once for both
+//! ([`Client`]); each play writes a [`Timeline`], and the two are compared as client conformance
+//! compares them ([`differ`]), each event within its [`Margin`]. A real play that could not keep the
+//! plan's times is inconclusive: played once more, never reported as a mismatch.
+
+pub mod etcd;
+pub mod zk;
+
+use super::client::{differ, Late, Margin, Outcome, Play, Timeline};
+use crate::servers::{Cluster, Launcher};
+use locksim_locks::params::Params;
+use locksim_locks::{Family, RealServer, RealServers, Servers};
+use locksim_sim::clock::sim_now_ns;
+use locksim_sim::ctx::Ctx;
+use locksim_sim::fault::Fault;
+use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
+use locksim_sim::world::{Program, World};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// An ensemble checked against a real one.
+pub trait EnsembleFamily: Sync {
+    /// `zk-ensemble`, `etcd-cluster`: `locksim conform`'s argument.
+    const NAME: &'static str;
+    /// One line for `locksim conform --help`.
+    const ABOUT: &'static str;
+    type Plan: fmt::Display + Clone + Send + Sync;
+
+    /// The real server whose members the plans are played on.
+    fn launcher() -> &'static Launcher;
+    /// A plan from a random stream.
+    fn plan(rng: &mut ChaCha8Rng) -> Self::Plan;
+    /// The name of a plan's kind, for the coverage counts.
+    fn kind(plan: &Self::Plan) -> &'static str;
+    /// The ensemble's `[backend]`: its members and timing.
+    fn backend(plan: &Self::Plan) -> Params;
+    /// The model's timeline of `plan` (a simulated world run with `seed`).
+    fn model(&self, plan: &Self::Plan, seed: u64) -> Timeline;
+    /// The real timeline of `plan` on `cluster`, just started. `Err` with [`Late`] inside: the machine
+    /// could not keep the plan's times (inconclusive).
+    fn real(&self, plan: &Self::Plan, cluster: &Cluster) -> anyhow::Result<Timeline>;
+    /// How far from the model's time a real event `what` of `plan` may come.
+    fn margin(plan: &Self::Plan, what: &str) -> Margin;
+}
+
+/// The plan of `seed` for family `F` (stream `Conformance`, index 2: server scripts use 0, client plans 1).
+pub fn plan<F: EnsembleFamily>(seed: u64) -> F::Plan {
+    F::plan(&mut stream(seed, Stream::Conformance, 2))
+}
+
+/// Play `seed` on the model and on a fresh real ensemble; a real play that was late is played once
+/// more, on another fresh ensemble.
+pub fn check<F: EnsembleFamily>(family: &F, seed: u64) -> anyhow::Result<Outcome> {
+    let plan = plan::<F>(seed);
+    let model = family.model(&plan, seed);
+    let backend = F::backend(&plan);
+    let mut late = String::new();
+    for _ in 0..2 {
+        let cluster = Cluster::start(F::launcher(), backend.int("servers") as usize, &backend, seed)?;
+        match family.real(&plan, &cluster) {
+            Ok(real) => {
+                return Ok(match differ(&model, &real, |what| F::margin(&plan, what)) {
+                    None => Outcome::Agree,
+                    Some(why) => Outcome::Mismatch { plan: plan.to_string(), model, real, why },
+                });
+            }
+            Err(e) => match e.downcast::<Late>() {
+                Ok(Late(why)) => late = why,
+                Err(e) => return Err(e),
+            },
+        }
+    }
+    Ok(Outcome::Inconclusive(late))
+}
+
+/// One client of a plan, the same code on both sides.
+pub struct Client<P> {
+    /// Its node in the model's world.
+    pub name: &'static str,
+    /// The member it talks to alone, or `None`: every member (its endpoints, its connect string).
+    pub member: Option<usize>,
+    /// What it does.
+    pub run: Run<P>,
+}
+
+/// A client's code: given the plan, its context (simulated or real), the servers as its family's
+/// recipes take them, and the timeline to record into.
+pub type Run<P> = fn(P, Ctx, Servers, Seen) -> Pin<Box<dyn Future<Output = ()>>>;
+
+/// The model's ensemble: `family`'s servers deployed with `backend`; a client of one member gets the
+/// servers `pin` makes of it.
+pub struct Model<'a> {
+    pub family: &'a Family,
+    pub backend: &'a Params,
+    pub pin: fn(&Servers, usize) -> Servers,
+}
+
+/// A play's timeline, and its clock: the plan's time in milliseconds on either side.
+#[derive(Clone)]
+pub struct Seen {
+    timeline: Arc<Mutex<Timeline>>,
+    clock: Clock,
+}
+
+#[derive(Clone)]
+enum Clock {
+    /// The simulated world's, the plan starting at [`MODEL_START_MS`].
+    Model,
+    /// A real play's.
+    Real(Arc<Play>),
+}
+
+/// Where the model's plan starts: its ensemble has elected a leader well before.
+const MODEL_START_MS: u64 = 4000;
+
+/// How late a real client's step may start and the play still be compared.
+const STEP_MARGIN_MS: u64 = 40;
+
+impl Seen {
+    /// The plan's time now.
+    pub fn now_ms(&self) -> u64 {
+        match &self.clock {
+            Clock::Model => (sim_now_ns() / 1_000_000).saturating_sub(MODEL_START_MS),
+            Clock::Real(play) => play.now_ms(),
+        }
+    }
+
+    /// Record `what` now.
+    pub fn record(&self, what: &'static str) {
+        let now = self.now_ms();
+        self.timeline.lock().expect("timeline lock").push(now, what);
+    }
+
+    /// Sleep on `ctx` until `ms` of the plan; a real step that starts late is noted (inconclusive).
+    pub async fn until(&self, ctx: &Ctx, ms: u64) {
+        ctx.sleep(Duration::from_millis(ms.saturating_sub(self.now_ms()))).await;
+        if let Clock::Real(play) = &self.clock {
+            play.by(ms + STEP_MARGIN_MS, "a client's step");
+        }
+    }
+
+    fn timeline(&self) -> Timeline {
+        self.timeline.lock().expect("timeline lock").clone().sorted()
+    }
+}
+
+/// Play `plan` on `model` in a world of `seed`: each of `clients` on a node of its own from the plan's
+/// start, `faults` at their plan times, until `end_ms`.
+pub fn model_play<P: Clone + Send + Sync + 'static>(
+    seed: u64,
+    model: Model,
+    plan: &P,
+    clients: &[Client<P>],
+    faults: Vec<Fault>,
+    end_ms: u64,
+) -> Timeline {
+    let seen = Seen { timeline: Arc::default(), clock: Clock::Model };
+    let begin = Duration::from_millis(MODEL_START_MS);
+    madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(async {
+        let mut world = World::new(seed);
+        let servers = (model.family.deploy)(&mut world, model.backend);
+        for client in clients {
+            let on = client.member.map_or_else(|| servers.clone(), |m| (model.pin)(&servers, m));
+            let (plan, seen, run) = (plan.clone(), seen.clone(), client.run);
+            let program: Program = Arc::new(move |env| {
+                let (plan, on, seen) = (plan.clone(), on.clone(), seen.clone());
+                Box::pin(async move {
+                    let ctx = Ctx::new(&env, Rc::new(env.rpc()));
+                    ctx.sleep(begin).await;
+                    run(plan, ctx, on, seen).await;
+                })
+            });
+            world.add_node(client.name, program);
+        }
+        let faults: Vec<Fault> = faults.into_iter().map(|f| Fault { at: begin + f.at, ..f }).collect();
+        world.run(&faults, begin + Duration::from_millis(end_ms)).await;
+        world.shutdown();
+    });
+    seen.timeline()
+}
+
+/// Play `plan` on `cluster`, `server`'s members: `clients` on a current-thread runtime with real
+/// contexts and clocks, each reaching its member (or every member) directly on loopback, until
+/// `end_ms`; `faults` on the calling thread meanwhile, on the play's clock. `Err` with [`Late`] inside
+/// if a step started late.
+pub fn real_play<P: Clone + Send + Sync + 'static>(
+    cluster: &Cluster,
+    server: &'static RealServer,
+    plan: &P,
+    clients: &[Client<P>],
+    end_ms: u64,
+    faults: impl FnOnce(&Play) -> anyhow::Result<()>,
+) -> anyhow::Result<Timeline> {
+    let addrs: Vec<String> = cluster.addrs().iter().map(ToString::to_string).collect();
+    // Time to start the clients before the plan's time 0.
+    let start = Instant::now() + Duration::from_millis(500);
+    let play = Arc::new(Play::starting_at(start));
+    let seen = Seen { timeline: Arc::default(), clock: Clock::Real(play.clone()) };
+    let planned: Vec<(Option<usize>, Run<P>)> = clients.iter().map(|c| (c.member, c.run)).collect();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let (seen, plan) = (seen.clone(), plan.clone());
+        let runner = scope.spawn(move || -> anyhow::Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&runtime, async {
+                let mut running = Vec::new();
+                for (i, (member, run)) in planned.into_iter().enumerate() {
+                    let reach = member.map_or_else(|| addrs.join(","), |m| addrs[m].clone());
+                    let servers = Servers::Real(RealServers::from_env(|_| None).with(server, reach));
+                    let ctx = Ctx::real(0, i as u64, crate::real::adapter::REAL_TIME);
+                    let (plan, seen) = (plan.clone(), seen.clone());
+                    running.push(tokio::task::spawn_local(async move {
+                        tokio::time::sleep_until(start.into()).await;
+                        run(plan, ctx, servers, seen).await;
+                    }));
+                }
+                tokio::time::sleep_until((start + Duration::from_millis(end_ms)).into()).await;
+                running.iter().for_each(tokio::task::JoinHandle::abort);
+            });
+            Ok(())
+        });
+        let faulted = faults(&play);
+        let ran = runner.join().map_err(|_| anyhow::anyhow!("the real clients' thread panicked"))?;
+        faulted.and(ran)
+    })?;
+    let timeline = seen.timeline();
+    drop(seen);
+    Arc::into_inner(play).expect("the play's clients are gone").on_time()?;
+    Ok(timeline)
+}
