@@ -121,6 +121,12 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":9:1: a `restart` brings back a node left down by an earlier `crash` or `host-crash` without `duration`; redis-0 is not down",
         ),
         (
+            "stall-no-cluster.toml",
+            "kind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"",
+            "kind = \"stall\"\ntarget = \"redis-0\"",
+            ":12:10: target: stall stops a cluster member's consensus loop while its client side answers; \"redis-0\" is not one",
+        ),
+        (
             "missing-duration.toml",
             "duration = \"8s\"",
             "",

@@ -98,11 +98,11 @@ const ROLES: &[(&str, &str)] = &[("leader", "the member leading the cluster when
 fn topology(params: &Params) -> Topology {
     match params.int("servers") {
         1 => Topology { servers: vec![REAL.node.into()], ..Topology::default() },
-        n => Topology {
-            servers: (0..n).map(|i| format!("etcd-{i}")).collect(),
-            roles: ROLES.to_vec(),
-            ..Topology::default()
-        },
+        n => {
+            let servers: Vec<String> = (0..n).map(|i| format!("etcd-{i}")).collect();
+            let stallable = servers.iter().cloned().chain(ROLES.iter().map(|(role, _)| role.to_string())).collect();
+            Topology { servers, roles: ROLES.to_vec(), stallable, ..Topology::default() }
+        }
     }
 }
 

@@ -208,6 +208,9 @@ pub struct Meaning {
     pub on_servers: bool,
     /// It needs a master with a replica (`[backend] replicas = 1`): only such a node is its target.
     pub needs_replica: bool,
+    /// It stops a cluster member's consensus loop apart from its client side: only such a member (or a
+    /// role naming one) is its target ([`crate::fault::Topology::stallable`]).
+    pub needs_stallable: bool,
     /// It kills the node's process or host: its waits and holds end, its volatile state is lost, and a
     /// later `restart` ends it.
     pub crash: bool,
@@ -233,6 +236,7 @@ impl Meaning {
         not_aimed: None,
         on_servers: false,
         needs_replica: false,
+        needs_stallable: false,
         crash: false,
         revives: false,
         ends_beliefs: false,

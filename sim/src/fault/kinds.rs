@@ -295,7 +295,7 @@ pub static STALL: Spec = Spec {
     },
     detail: |p| for_how_long(p.duration),
     nemesis: Nemesis::Never("a stall is aimed by hand at a cluster member: write it in [[faults.schedule]]"),
-    means: Meaning { on_servers: true, shade: Shade::Paused, ..Meaning::LASTING },
+    means: Meaning { on_servers: true, needs_stallable: true, shade: Shade::Paused, ..Meaning::LASTING },
 };
 
 /// A key the reader made sure of ([`Key::required`]).

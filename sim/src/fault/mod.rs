@@ -160,6 +160,9 @@ pub struct Topology {
     pub servers: Vec<String>,
     /// Masters that have a replica to fail over to.
     pub failover_masters: Vec<String>,
+    /// Servers, and roles naming one, that a `stall` can stop: members of a cluster whose consensus loop
+    /// runs apart from their client side (an etcd cluster's).
+    pub stallable: Vec<String>,
     /// Names of servers by what they are at the moment a fault starts (an ensemble's `leader`), with
     /// what each means: targets and peers as node names are.
     pub roles: Vec<(&'static str, &'static str)>,
