@@ -142,7 +142,6 @@ impl Server {
     /// Start `launcher`'s server in a fresh temporary directory on a free loopback port, and wait until it
     /// answers.
     pub fn start(launcher: &'static Launcher) -> anyhow::Result<Server> {
-        on_interrupt_stop_everything();
         // A port found free may be taken before the server binds it (the kernel hands out the same
         // range to outgoing connections): on that clash, try again with other ports.
         const ATTEMPTS: u32 = 3;
@@ -164,6 +163,8 @@ impl Server {
 
     /// Start `launcher`'s server on `ports` in a fresh temporary directory, without waiting for it.
     fn launch(launcher: &'static Launcher, ports: Ports) -> anyhow::Result<Server> {
+        // Every server locksim starts, a cluster's members too, is stopped on Ctrl-C.
+        on_interrupt_stop_everything();
         let dir = ServerDir::new(launcher)?;
         let addr = Addr(SocketAddr::from(([127, 0, 0, 1], ports.client)));
         let child = launch(launcher, dir.path(), &ports)?;
