@@ -246,6 +246,7 @@ impl Scenario {
             })
         });
         let real_runs = real_runs.transpose()?;
+        let fenced = workload.fencing;
         Ok(Scenario {
             name: file.name.get_ref().clone(),
             description: file.description.clone(),
@@ -264,6 +265,7 @@ impl Scenario {
                 stock,
                 invariant,
                 exclusive: recipe.guard == locksim_locks::Guard::Lock,
+                fenced,
             },
             expect,
             command,

@@ -111,6 +111,9 @@ pub struct CheckConfig {
     /// Whether the recipe is a lock (`double-holder` and `unsafe-write` are checked), or a baseline
     /// that keeps nobody apart.
     pub exclusive: bool,
+    /// Whether the resource refuses stale fencing tokens: then the tokens, not the grants' order, say
+    /// which of two holds is the later one (`unsafe-write`).
+    pub fenced: bool,
 }
 
 /// A finding before the history's names and faults are attached.
@@ -128,7 +131,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
     let mut raw = Vec::new();
     if config.exclusive {
         raw.extend(double_holder::check(&holds));
-        raw.extend(unsafe_write::check(h));
+        raw.extend(unsafe_write::check(h, config.fenced));
     }
     if let Some(liveness) = config.liveness {
         raw.extend(deadlock::check(h, &holds, liveness));

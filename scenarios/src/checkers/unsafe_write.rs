@@ -5,6 +5,12 @@
 //! B has already read state A is about to overwrite. It is also unsafe when its token is lower than one
 //! the resource already accepted. A refused access (`accepted = false`) is `stale-write-rejected`.
 //!
+//! When the resource fences, the tokens say which hold is the later one, not the grants' order: a
+//! client granted after A with a lower token (a grant the lock should not have made, as etcd 3.4's mutex
+//! makes to a waiter whose key is gone) that slipped in before A's first access is the *earlier* hold in
+//! the resource's eyes — A's write after it is the fenced order working, and B's own write will be
+//! refused.
+//!
 //! The store's accesses count as the counter's do: an accepted `Get` admits its client like a `Read`,
 //! and a `Put` is judged like a `Write`.
 
@@ -12,11 +18,11 @@ use super::{FindingKind, Raw};
 use locksim_sim::history::{EventKind, History, NodeIx};
 use std::collections::BTreeMap;
 
-pub(super) fn check(h: &History) -> Vec<Raw> {
+pub(super) fn check(h: &History, fenced: bool) -> Vec<Raw> {
     let mut found = Vec::new();
     // When each client's current hold began, and the hold start of each client's latest entry.
     let mut hold_start: BTreeMap<NodeIx, u64> = BTreeMap::new();
-    let mut entered: BTreeMap<NodeIx, (u64, u64)> = BTreeMap::new();
+    let mut entered: BTreeMap<NodeIx, Entry> = BTreeMap::new();
     let mut highest_accepted: Option<u64> = None;
     for e in &h.events {
         match &e.kind {
@@ -31,9 +37,9 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
                     hold_start.remove(&client);
                 }
             }
-            EventKind::Read { accepted: true, .. } | EventKind::Get { accepted: true, .. } => {
+            EventKind::Read { accepted: true, token, .. } | EventKind::Get { accepted: true, token, .. } => {
                 if let Some(start) = hold_start.get(&e.node) {
-                    entered.insert(e.node, (*start, e.t));
+                    entered.insert(e.node, Entry { start: *start, at: e.t, token: *token });
                 }
             }
             EventKind::Read { accepted: false, token, .. }
@@ -50,12 +56,15 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
             }
             EventKind::Write { accepted: true, token, .. } | EventKind::Put { accepted: true, token, .. } => {
                 let mine = hold_start.get(&e.node).copied();
-                let newer = entered.iter().find(|(c, (start, _))| **c != e.node && mine.is_some_and(|m| *start > m));
-                if let Some((other, (_, at))) = newer {
+                let newer = entered.iter().find(|(c, entry)| {
+                    **c != e.node
+                        && mine.is_some_and(|start| entry.is_later_than(start, fenced.then_some(*token).flatten()))
+                });
+                if let Some((other, entry)) = newer {
                     found.push(Raw {
                         kind: FindingKind::UnsafeWrite,
                         clients: vec![e.node, *other],
-                        from: *at,
+                        from: entry.at,
                         to: e.t,
                         detail: format!("write with token {} accepted after a later holder entered", show(token)),
                     });
@@ -76,6 +85,25 @@ pub(super) fn check(h: &History) -> Vec<Raw> {
         }
     }
     found
+}
+
+/// A client's latest admission to the resource: when its hold began, when its read was accepted, and
+/// with which token.
+struct Entry {
+    start: u64,
+    at: u64,
+    token: Option<u64>,
+}
+
+impl Entry {
+    /// Whether this hold is later than a writer's that began at `start` with `token` (`None` when the
+    /// resource does not fence): by the tokens when both have one, else by when the holds began.
+    fn is_later_than(&self, start: u64, token: Option<u64>) -> bool {
+        match (self.token, token) {
+            (Some(mine), Some(theirs)) if mine != theirs => mine > theirs,
+            _ => self.start > start,
+        }
+    }
 }
 
 fn show(token: &Option<u64>) -> String {
@@ -101,7 +129,7 @@ mod tests {
             10.0,
             vec![(1.0, 0, ok(1)), (1.1, 0, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2)), (9.0, 0, write(1, true))],
         );
-        let found = check(&h);
+        let found = check(&h, false);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].kind, FindingKind::UnsafeWrite);
         assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(1)]);
@@ -118,10 +146,25 @@ mod tests {
             events.push((9.0, 4, write(1, true)));
             let mut h = history(10.0, events);
             h.nodes.push("client-0/w1".into());
-            check(&h).into_iter().filter(|f| f.kind == FindingKind::UnsafeWrite).count()
+            check(&h, false).into_iter().filter(|f| f.kind == FindingKind::UnsafeWrite).count()
         };
         assert_eq!(late(false), 1, "the worker still believed it held: its write after a newer entry");
         assert_eq!(late(true), 0, "client-0's crash ended its worker's hold: no holder wrote late");
+    }
+
+    #[test]
+    fn a_later_grant_with_a_lower_token_is_the_earlier_hold_when_the_resource_fences() {
+        // client-1 is granted after client-0 but with token 1 (its key was gone: etcd 3.4's mutex), and
+        // reads before client-0 does; client-0's write with token 2 is the fenced order, not a stale
+        // write (client-1's own write will be refused).
+        let h = history(
+            10.0,
+            vec![(1.0, 0, ok(2)), (2.0, 1, ok(1)), (2.1, 1, enter(1)), (3.0, 0, enter(2)), (4.0, 0, write(2, true))],
+        );
+        assert_eq!(check(&h, true).len(), 0);
+        // Unfenced, the tokens mean nothing to the resource: client-1 began later and had read what
+        // client-0 overwrote.
+        assert_eq!(check(&h, false).iter().map(|f| f.kind).collect::<Vec<_>>(), vec![FindingKind::UnsafeWrite]);
     }
 
     #[test]
@@ -130,7 +173,7 @@ mod tests {
             10.0,
             vec![(1.0, 0, ok(1)), (1.1, 0, enter(1)), (5.0, 1, ok(2)), (5.1, 1, enter(2)), (9.0, 0, write(1, false))],
         );
-        let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
+        let kinds: Vec<_> = check(&h, true).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
     }
 
@@ -148,7 +191,7 @@ mod tests {
                 (1.5, 0, write(6, true)),
             ],
         );
-        let kinds: Vec<_> = check(&h).iter().map(|f| f.kind).collect();
+        let kinds: Vec<_> = check(&h, true).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
     }
 
@@ -160,10 +203,10 @@ mod tests {
             10.0,
             vec![(1.0, 0, ok(1)), (1.1, 0, get(1)), (5.0, 1, ok(2)), (5.1, 1, get(2)), (9.0, 0, put(1, true))],
         );
-        let found = check(&h);
+        let found = check(&h, false);
         assert_eq!((found.len(), found[0].kind), (1, FindingKind::UnsafeWrite));
         let fenced = history(10.0, vec![(1.0, 0, ok(1)), (5.0, 1, ok(2)), (5.1, 1, get(2)), (9.0, 0, put(1, false))]);
-        let kinds: Vec<_> = check(&fenced).iter().map(|f| f.kind).collect();
+        let kinds: Vec<_> = check(&fenced, true).iter().map(|f| f.kind).collect();
         assert_eq!(kinds, vec![FindingKind::StaleWriteRejected]);
     }
 
@@ -181,7 +224,7 @@ mod tests {
                 (2.2, 1, write(2, true)),
             ],
         );
-        assert!(check(&h).is_empty());
+        assert!(check(&h, false).is_empty());
     }
 
     #[test]
@@ -196,7 +239,7 @@ mod tests {
                 (2.1, 0, write(4, true)),
             ],
         );
-        let found = check(&h);
+        let found = check(&h, false);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].detail, "token 4 accepted after token 5");
     }

@@ -88,7 +88,7 @@ use crate::history::NodeIx;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use std::any::Any;
 use std::cell::Cell;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Wake, Waker};
@@ -142,6 +142,8 @@ struct NetState {
     sockets: Sockets,
     /// Messages sent on a cut link, waiting to be retransmitted once it heals, per connection.
     held: BTreeMap<Conn, Held>,
+    /// Nodes whose links to each other carry streams with a read timeout: see [`Net::set_read_timeout`].
+    read_timeout: Option<(BTreeSet<NodeIx>, u64)>,
     rng: ChaCha8Rng,
     /// The latencies of what kernels send on their own (a dead process's FINs): a stream of its own,
     /// so that runs without a process crash draw exactly what they drew before.
@@ -414,6 +416,7 @@ impl Net {
             link_clear_ns: BTreeMap::new(),
             sockets: Sockets::default(),
             held: BTreeMap::new(),
+            read_timeout: None,
             rng: stream(seed, Stream::Network, 0),
             kernel_rng: stream(seed, Stream::Kernel, 0),
             acked: BTreeMap::new(),
@@ -443,6 +446,16 @@ impl Net {
         s.cuts.remove(&(from, to));
         let conns: Vec<Conn> = s.held.keys().filter(|c| (c.from, c.to) == (from, to)).copied().collect();
         conns.into_iter().for_each(|conn| s.release(conn, sim_now_ns()));
+    }
+
+    /// The links among `nodes` carry streams whose receiver closes a connection it has heard nothing on
+    /// for `timeout` (etcd's rafthttp: `ConnReadTimeout`, 5 s, on every peer stream, kept busy by the
+    /// leader's heartbeats and by link heartbeats every `ConnReadTimeout / 3`), and dials again. What
+    /// a cut held on such a link for that long is never read: the receiver closed that connection, and
+    /// the sender's retransmission after the heal meets a reset. The receiver last heard from the
+    /// sender about when the cut began, taken as when the first held message was sent.
+    pub fn set_read_timeout(&self, nodes: &[NodeIx], timeout: Duration) {
+        self.state().read_timeout = Some((nodes.iter().copied().collect(), timeout.as_nanos() as u64));
     }
 
     /// When the oldest message now held on the cut link `from → to` was sent, if one is held: what was
@@ -608,10 +621,21 @@ impl NetState {
         if self.conn(conn.from, conn.to, conn.socket) != Some(conn) {
             return;
         }
+        if self.read_timed_out(conn, held.first_ns, retransmit_ns) {
+            return;
+        }
         self.sockets.connecting.remove(&(conn.from, conn.to, conn.socket));
         for msg in held.messages {
             self.deliver(conn.from, conn.to, conn.socket, msg, retransmit_ns);
         }
+    }
+
+    /// Whether the receiver of `conn`, a stream with a read timeout, closed it before data held since
+    /// `first_ns` gets through at `through_ns`.
+    fn read_timed_out(&self, conn: Conn, first_ns: u64, through_ns: u64) -> bool {
+        self.read_timeout.as_ref().is_some_and(|(nodes, timeout)| {
+            nodes.contains(&conn.from) && nodes.contains(&conn.to) && through_ns - first_ns >= *timeout
+        })
     }
 
     /// `node` opens a socket to `peer` ([`Rpc::open`]).

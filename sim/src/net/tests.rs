@@ -95,6 +95,29 @@ fn a_cut_link_delays_every_message_until_a_retransmission_after_the_heal() {
 }
 
 #[test]
+fn a_stream_with_a_read_timeout_loses_what_a_longer_cut_held() {
+    let cut_for = |read_timeout: bool, cut: Duration| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        in_world_async(move |net| async move {
+            if read_timeout {
+                net.set_read_timeout(&[A, B], Duration::from_secs(5));
+            }
+            net.cut(A, B, true);
+            tell(&net, A, B, 1);
+            sleep_until(cut.as_nanos() as u64).await;
+            net.cut(A, B, false);
+            tell(&net, A, B, 2);
+            let tags: Vec<u64> = queued(&net, B).iter().map(|(_, tag)| *tag).collect();
+            tx.send(tags).unwrap();
+        });
+        rx.recv().unwrap()
+    };
+    assert_eq!(cut_for(true, Duration::from_secs(2)), vec![1, 2], "a short cut: the stream lives on");
+    assert_eq!(cut_for(true, Duration::from_secs(8)), vec![2], "the receiver closed the stream: only what follows");
+    assert_eq!(cut_for(false, Duration::from_secs(8)), vec![1, 2], "a plain connection delivers at the heal");
+}
+
+#[test]
 fn held_messages_die_with_either_end() {
     in_world(|net| {
         net.cut(A, B, true);

@@ -43,6 +43,11 @@
 //!   `ReadIndex` round first (`ensureLeadership`), which a stalled leader cannot ([`Version`]).
 //! - *Durability*: the term, the vote, the log and the applied store outlive a crash (the WAL and the
 //!   backend); a restarted member starts as a follower, its watches gone.
+//! - *Peer streams* (`rafthttp`): members talk over TCP streams whose reader closes a connection that
+//!   carried nothing for `ConnReadTimeout` (5 s) and dials again. What a cut of a member held for that
+//!   long is lost, not delivered at the heal: Raft's messages are resent (each append carries all the
+//!   follower lacks), but a forwarded proposal, read index or keep-alive is gone, and its client times
+//!   out — a delete proposed on a cut-off member does not land seconds after the heal.
 //!
 //! Not modelled: learners, snapshots and log compaction (a lagging follower gets every entry it
 //! lacks), leadership transfer, lease checkpoints (off by default).
@@ -56,6 +61,7 @@ use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use crate::world::{Program, World};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// `--heartbeat-interval`: one Raft tick.
 pub const TICK_MS: i64 = 100;
@@ -63,6 +69,9 @@ pub const TICK_MS: i64 = 100;
 const ELECTION_TICKS: u32 = 10;
 /// The lessor's look for expired leases (`lessor.runLoop`).
 const LESSOR_LOOK_MS: i64 = 500;
+/// rafthttp's `ConnReadTimeout`: a peer stream that carried nothing for this long is closed, and what
+/// a longer cut held on it is lost ([`crate::net::Net::set_read_timeout`]).
+const PEER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a member says (a single server says an [`Out`]; a member also answers later and talks to peers).
 type MOut = MemberOut<EtcdReply, EtcdPeer>;
@@ -878,6 +887,7 @@ pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Ve
         let node = world.add_server(&format!("etcd-{i}"), program);
         assert_eq!(node, members[i], "a cluster's members are added one after the other");
     }
+    world.net().set_read_timeout(&members, PEER_READ_TIMEOUT);
     (members, states)
 }
 
