@@ -38,9 +38,18 @@
 //!   transaction. A client that connects anew gets a session id carrying the server's id
 //!   (`SessionTrackerImpl.initializeNextSessionId`); one that re-attaches to another server is
 //!   revalidated by the leader (`Learner.validateSession`), which renews it or says it expired.
+//! - *Moved sessions* (`SessionTrackerImpl.checkSession`): the leader notes which server each session
+//!   is on — the one that created it, then the one that revalidated it; a new leader learns it from
+//!   the first write that comes. A write that comes from another server — a request that server read
+//!   before its client moved on, sent to the leader late — fails with `SessionMovedException`: the
+//!   leader turns it into an error transaction (`ErrorTxn`), which takes a zxid like any other. Its
+//!   server, applying it, does not answer: it closes the session's connection (`FinalRequestProcessor`,
+//!   ZOOKEEPER-710), so a client that is still there reconnects, and its server's revalidation makes it
+//!   the owner again. Closing a session is not checked (the leader's own expiry closes sessions it
+//!   does not own).
 //! - *Durability*: a server's log outlives its process; a restarted one starts looking with it.
 //!
-//! Not modelled yet: `lastZxidSeen` refusals, `SessionMovedException`, an apply lag, observers.
+//! Not modelled yet: `lastZxidSeen` refusals, an apply lag, observers.
 
 use super::replica::Replica;
 use super::session::Sessions;
@@ -102,6 +111,12 @@ pub enum Txn {
     Op {
         session: SessionId,
         op: ZkOp,
+    },
+    /// A write of `session` the leader refused because the session is on another server now
+    /// (`ErrorTxn` with `SESSIONMOVED`): it changes nothing, and its server closes the session's
+    /// connection.
+    Moved {
+        session: SessionId,
     },
 }
 
@@ -237,6 +252,8 @@ struct Leading {
     acks: BTreeMap<u64, BTreeSet<usize>>,
     /// Syncs waiting for a zxid's commit: (zxid, learner or itself, token).
     syncs: Vec<(u64, usize, u64)>,
+    /// The server each session is on, as far as the leader knows (`SessionImpl.owner`).
+    owners: BTreeMap<SessionId, usize>,
 }
 
 #[derive(Debug)]
@@ -389,7 +406,7 @@ impl ZkMember {
     /// Send a transaction to the leader (or propose it, leading), under `token`.
     fn submit(&mut self, token: u64, txn: Txn, now_ms: i64, out: &mut Out) {
         match &self.role {
-            Role::Leading(_) => self.propose(txn, Some((self.sid, token)), now_ms, out),
+            Role::Leading(_) => self.prepare(txn, self.sid, token, now_ms, out),
             Role::Following(f) => {
                 let (leader, epoch) = (f.leader, f.epoch.expect("a serving follower has its epoch"));
                 out.tell(self.members[leader], Peer::Submit { epoch, token, txn });
@@ -525,10 +542,42 @@ impl ZkMember {
             Txn::Op { session, op } => {
                 self.replica.apply(zxid, session, Some(op), &mut out.out).unwrap_or_else(ZkReply::Error)
             }
+            Txn::Moved { session } => {
+                self.replica.advance_to(zxid);
+                if mine.is_some_and(|token| self.waiting.remove(&token).is_some()) {
+                    if let Some(connection) = self.attached.remove(&session) {
+                        out.out.close(connection);
+                    }
+                    self.queues.remove(&session);
+                }
+                return;
+            }
         };
         if let Some(token) = mine {
             self.done(token, Some(reply), now_ms, out);
         }
+    }
+
+    /// Lead: check a transaction server `from` sent on for its client (`PrepRequestProcessor`), and
+    /// propose it, or the error it fails with.
+    fn prepare(&mut self, txn: Txn, from: usize, token: u64, now_ms: i64, out: &mut Out) {
+        let Role::Leading(l) = &mut self.role else { unreachable!("only the leader prepares") };
+        let txn = match txn {
+            Txn::CreateSession { id, .. } => {
+                l.owners.insert(id, from);
+                txn
+            }
+            Txn::Op { session, .. } => match *l.owners.entry(session).or_insert(from) {
+                owner if owner != from => Txn::Moved { session },
+                _ => txn,
+            },
+            Txn::CloseSession { id, .. } => {
+                l.owners.remove(&id);
+                txn
+            }
+            Txn::Moved { .. } => txn,
+        };
+        self.propose(txn, Some((from, token)), now_ms, out);
     }
 
     /// Lead: give `txn` the next zxid, log it and propose it to the learners.
@@ -677,6 +726,7 @@ impl ZkMember {
                 next_zxid: 0,
                 acks: BTreeMap::new(),
                 syncs: Vec::new(),
+                owners: BTreeMap::new(),
             }));
         } else {
             self.attempts += 1;
@@ -770,10 +820,13 @@ impl ZkMember {
                 self.commit_acked(now_ms, out);
             }
             Peer::Submit { epoch: e, token, txn } if Some(e) == epoch && l.established => {
-                self.propose(txn, Some((from, token)), now_ms, out);
+                self.prepare(txn, from, token, now_ms, out);
             }
             Peer::Revalidate { epoch: e, token, session } if Some(e) == epoch && l.established => {
                 let valid = l.tracker.touch(session, now_ms).is_some();
+                if valid {
+                    l.owners.insert(session, from);
+                }
                 out.tell(self.members[from], Peer::Revalidated { epoch: e, token, valid });
             }
             Peer::Sync { epoch: e, token } if Some(e) == epoch && l.established => match self.log.back() {
@@ -879,6 +932,9 @@ impl Member for ZkMember {
             ZkRequest::Connect { session: Some(session), .. } => match &mut self.role {
                 Role::Leading(l) => {
                     let valid = l.tracker.touch(session, now_ms).is_some();
+                    if valid {
+                        l.owners.insert(session, self.sid);
+                    }
                     let reply = self.reattach(session, via, valid);
                     out.reply(id, reply);
                 }

@@ -185,3 +185,39 @@ fn a_sync_on_an_idle_leader_is_answered() {
     });
     assert_eq!(log, vec!["Synced { path: \"/\" }".to_string(), "Pong".to_string()]);
 }
+
+#[test]
+fn a_write_its_server_sends_on_after_the_session_moved_is_refused_and_its_connection_closed() {
+    // zk-0 is paused from 3 s to 5 s with the client's create unread; meanwhile the client moves its
+    // session to zk-1. When zk-0 resumes it sends the create on, the leader refuses it (the session
+    // moved), and zk-0 closes the connection it came on instead of answering.
+    let pause = Fault {
+        at: Duration::from_secs(3),
+        target: Target::Node("zk-0".into()),
+        action: Action::Pause { duration: Duration::from_secs(2) },
+        on: None,
+    };
+    let (_, log, _) = run(3, 8, vec![pause], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let session = open_session(&rpc, members[0], 6000).await;
+            env.clock.sleep(Duration::from_millis(1500)).await;
+            let create = ZkOp::Create { path: "/lock".into(), data: String::new(), mode: CreateMode::Ephemeral };
+            let late = {
+                let (rpc, log, zk0) = (rpc.clone(), log.clone(), members[0]);
+                madsim::task::spawn_local(
+                    async move { note(&log, &rpc, zk0, ZkRequest::Op { session, op: create }).await },
+                )
+            };
+            env.clock.sleep(Duration::from_millis(500)).await;
+            note(&log, &rpc, members[1], ZkRequest::Connect { requested_ms: 6000, session: Some(session) }).await;
+            late.await.unwrap();
+            let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
+            note(&log, &rpc, members[1], ZkRequest::Op { session, op: exists }).await;
+        })
+    });
+    assert!(log[0].starts_with("Connected"), "the session moved to zk-1: {log:?}");
+    assert_eq!(log[1], "Reset", "the late create is refused, its connection closed: {log:?}");
+    assert_eq!(log[2], "Exists(None)", "and applied nowhere: {log:?}");
+}
