@@ -788,6 +788,11 @@ fn trigger(
         };
         return Err(s.error(on_v.span(), m));
     };
+    if event == TriggerEvent::LeaderChange && !topo.roles.iter().any(|(role, _)| *role == "leader") {
+        let m = "on: \"leader-change\" comes from a ZooKeeper ensemble or an etcd cluster, and this scenario's \
+                 servers elect no leader: set [backend] servers = 3 (docs/ensembles.md)";
+        return Err(s.error(on_v.span(), m));
+    }
     let nth = match &nth_v {
         None => 1,
         Some(v) => match v.get_ref() {

@@ -5,7 +5,7 @@ use locksim_locks::Registry;
 use locksim_scenarios::run::{resolve_schedule, run_seed};
 use locksim_scenarios::scenario::Verdict;
 use locksim_scenarios::Scenario;
-use locksim_sim::fault::{Target, TriggerEvent};
+use locksim_sim::fault::{FaultKind, Target, TriggerEvent};
 use locksim_sim::history::EventKind;
 
 /// A 3-client `redis.set-nx-px` scenario (TTL 2 s, 20 s) with `faults` appended.
@@ -50,7 +50,13 @@ fn bad_triggers_are_refused_with_their_line() {
         (
             "on = \"grant\"",
             "t.toml:10:6: on: unknown event \"grant\"; expected one of: acquire, acquire-ok, enter, release, lock-lost, \
-             redis-set-nx-expire, lease-renew, redlock-majority, zk-queue-create, etcd-mutex-checked",
+             lease-expired, leader-change, redis-set-nx-expire, lease-renew, redlock-majority, zk-queue-create, \
+             etcd-mutex-checked",
+        ),
+        (
+            "on = \"leader-change\"",
+            "t.toml:10:6: on: \"leader-change\" comes from a ZooKeeper ensemble or an etcd cluster, and this \
+             scenario's servers elect no leader: set [backend] servers = 3 (docs/ensembles.md)",
         ),
         ("on = \"enter\"\nnth = 0", "t.toml:11:7: nth: expected a whole number from 1 to 1000000"),
         ("on = \"enter\"\nclient = \"client-7\"", "t.toml:11:10: client: no client \"client-7\" in this scenario"),
@@ -301,5 +307,63 @@ fn every_recipe_passes_exactly_the_points_it_declares() {
             let started = run.history.events.iter().any(|e| matches!(e.kind, EventKind::FaultStart { .. }));
             assert_eq!(started, recipe.points.contains(point), "{} and {}", recipe.id, point.name);
         }
+    }
+}
+
+/// A scenario of its own text (a cluster or an ensemble), parsed.
+fn parsed(text: &str) -> Scenario {
+    Scenario::parse("t.toml", text, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_fault_on_leader_change_hits_the_new_leader_as_it_wins() {
+    // The leader crashes at 5 s for good; the fault armed then fires when a survivor wins.
+    let s = parsed(
+        "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"5s\"\n[backend]\nservers = 3\n\
+         [workload]\nkind = \"counter\"\nclients = 2\nduration = \"15s\"\n\
+         [[faults.schedule]]\nat = \"5s\"\nkind = \"crash\"\ntarget = \"leader\"\n\
+         [[faults.schedule]]\nat = \"5s\"\non = \"leader-change\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"\n\
+         [check]\ndeadlock = false\n",
+    );
+    for seed in 0..5 {
+        let h = run_seed(&s, seed).unwrap().history;
+        let starts: Vec<(u64, String)> = h
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::FaultStart { target, .. } => Some((e.t, target.clone())),
+                _ => None,
+            })
+            .collect();
+        let [(crashed_at, crashed), (paused_at, paused)] = &starts[..] else { panic!("seed {seed}: {starts:?}") };
+        assert!(paused.starts_with("etcd-") && paused != crashed, "seed {seed}: a survivor won: {starts:?}");
+        // A new election takes an election timeout (1–2 s, counted from the last heartbeat, up to a tick
+        // before the crash) and a vote.
+        let after_ms = (paused_at - crashed_at) / 1_000_000;
+        assert!((900..3000).contains(&after_ms), "seed {seed}: {after_ms} ms after the crash");
+    }
+}
+
+#[test]
+fn a_fault_on_lease_expired_hits_the_client_whose_session_the_server_ended() {
+    // A client paused from 3 s for 8 s loses its session (4 s: the server's least, two ticks of 2 s);
+    // the crash armed at 3 s hits that client when the server expires it, and no other.
+    let s = parsed(
+        "name = \"t\"\n[recipe]\nid = \"zk.ephemeral\"\nsession_timeout = \"2s\"\n\
+         [workload]\nkind = \"counter\"\nclients = 3\nduration = \"20s\"\n\
+         [[faults.schedule]]\nat = \"3s\"\nkind = \"pause\"\ntarget = \"client-1\"\nduration = \"8s\"\n\
+         [[faults.schedule]]\nat = \"3s\"\non = \"lease-expired\"\nkind = \"crash\"\ntarget = \"trigger\"\nduration = \"1s\"\n\
+         [check]\ndeadlock = false\n",
+    );
+    for seed in 0..5 {
+        let h = run_seed(&s, seed).unwrap().history;
+        let crash = h
+            .events
+            .iter()
+            .find(|e| matches!(&e.kind, EventKind::FaultStart { fault, .. } if *fault == FaultKind::Crash))
+            .unwrap_or_else(|| panic!("seed {seed}: the expiry fired nothing"));
+        assert_eq!(h.nodes[crash.node.0 as usize], "client-1", "seed {seed}");
+        // Expired 4 s to 4 s and a tick after its last word, before its pause ends.
+        assert!((6_000_000_000..9_000_000_000).contains(&crash.t), "seed {seed}: at {} ns", crash.t);
     }
 }

@@ -498,6 +498,9 @@ impl Recorder {
         if s.newest_lease.get(&node) != Some(&lease) {
             return;
         }
+        if !s.armed.is_empty() && s.over_budget_at.is_none() {
+            s.fire_triggers(crate::clock::sim_now_ns(), node, TriggerEvent::LeaseExpired);
+        }
         // The node's workers share its leases' fate when they share a session; with sessions of their
         // own, which worker's lease ended is not told, and every worker of the node counts.
         let on_node = |set: &std::collections::BTreeSet<NodeIx>| -> Vec<NodeIx> {

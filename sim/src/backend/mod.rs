@@ -16,7 +16,7 @@ pub mod zk;
 use crate::clock::sim_now_ns;
 use crate::clock::Clock;
 use crate::ctx::Background;
-use crate::fault::Point;
+use crate::fault::{Point, TriggerEvent};
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::{Connection, Input, ReplyTo, Rpc, Socket};
 use std::any::Any;
@@ -45,6 +45,9 @@ pub struct Out {
     pub leases: Vec<(NodeIx, u64, bool)>,
     /// Client connections the server closes, after its reply ([`Rpc::close_connection`]).
     pub closes: Vec<Connection>,
+    /// Members that just became their cluster's leader: a trigger ([`TriggerEvent::LeaderChange`]),
+    /// never an event in the history.
+    pub elected: Vec<NodeIx>,
 }
 
 impl Out {
@@ -73,7 +76,15 @@ impl Out {
         self.closes.push(connection);
     }
 
+    /// `leader` has just become its cluster's leader (a trigger for aimed faults).
+    pub fn elected(&mut self, leader: NodeIx) {
+        self.elected.push(leader);
+    }
+
     fn flush(&mut self, rpc: &Rpc, recorder: &Recorder) {
+        for leader in self.elected.drain(..) {
+            recorder.point(leader, TriggerEvent::LeaderChange);
+        }
         for (node, lease, started) in self.leases.drain(..) {
             if started {
                 recorder.lease_started(node, lease);

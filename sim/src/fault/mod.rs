@@ -6,8 +6,9 @@
 //!
 //! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
 //! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
-//! recipe (a [`Point`] the recipe declares): an *aimed* fault. A lease's expiry as the server sees it is
-//! not yet a trigger (`lease-renew` is the client's side of it).
+//! recipe (a [`Point`] the recipe declares): an *aimed* fault. Two server-side moments are triggers as
+//! well: a server ending a client's lease (`lease-expired`; `lease-renew` is the client's side of it),
+//! and an ensemble or cluster getting a new leader (`leader-change`).
 //!
 //! What a fault *does* is its kind's: each kind is one declaration ([`Spec`], `kind.rs`; the kinds in
 //! `kinds.rs`), which the scenario reader, the nemesis, the shrinker, the checkers and the report read.
@@ -72,6 +73,12 @@ pub enum TriggerEvent {
     Release,
     /// `LockLost`: a client learned that its lock is gone.
     LockLost,
+    /// A server ended a client's newest lease without the client's asking (the
+    /// `lease-expired-while-held` mark's moment, held or not): the event's node is the client.
+    LeaseExpired,
+    /// A ZooKeeper ensemble's new leader is established, or an etcd member won an election: the
+    /// event's node is the new leader.
+    LeaderChange,
     /// A point a recipe declares (`RecipeSpec::points` in locksim-locks) and passes with
     /// [`crate::ctx::Ctx::point`], or its family's client library does ([`crate::backend::LEASE_RENEW`]).
     Declared(&'static Point),
@@ -91,13 +98,16 @@ pub struct Point {
 }
 
 impl TriggerEvent {
-    /// The history's client events a fault can be triggered by.
-    pub const ALL: [TriggerEvent; 5] = [
+    /// The events a fault can be triggered by besides a recipe's points: the history's client events,
+    /// then the servers'.
+    pub const ALL: [TriggerEvent; 7] = [
         TriggerEvent::Acquire,
         TriggerEvent::AcquireOk,
         TriggerEvent::Enter,
         TriggerEvent::Release,
         TriggerEvent::LockLost,
+        TriggerEvent::LeaseExpired,
+        TriggerEvent::LeaderChange,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +117,8 @@ impl TriggerEvent {
             TriggerEvent::Enter => "enter",
             TriggerEvent::Release => "release",
             TriggerEvent::LockLost => "lock-lost",
+            TriggerEvent::LeaseExpired => "lease-expired",
+            TriggerEvent::LeaderChange => "leader-change",
             TriggerEvent::Declared(point) => point.name,
         }
     }
@@ -124,6 +136,14 @@ impl TriggerEvent {
             TriggerEvent::Enter => "the resource sees a critical section begin (after the grant, before any write)",
             TriggerEvent::Release => "a client calls release (its release is on its way)",
             TriggerEvent::LockLost => "a client learns its lock is gone (session or lease lost)",
+            TriggerEvent::LeaseExpired => {
+                "a server ends a client's lease without its asking (a ZooKeeper session expired by the leader, an \
+                 etcd lease revoked, a Redis key expired, a database session ended); the trigger is the client"
+            }
+            TriggerEvent::LeaderChange => {
+                "an ensemble or cluster has a new leader (ZooKeeper: established; etcd: won its election); the \
+                 trigger is the new leader"
+            }
             TriggerEvent::Declared(point) => point.doc,
         }
     }

@@ -369,6 +369,7 @@ impl EtcdMember {
         }
         self.role = Role::Leader;
         self.leader = Some(self.me);
+        out.out.elected(self.members[self.me]);
         self.election_elapsed = 0;
         self.recent_active = BTreeSet::from([self.me]);
         self.next_index = vec![self.last_index() + 1; self.members.len()];

@@ -811,6 +811,7 @@ impl ZkMember {
                 l.acked_new_leader.insert(from);
                 if !l.established && l.acked_new_leader.len() >= quorum {
                     self.established(now_ms);
+                    out.out.elected(self.members[self.sid]);
                 }
             }
             Peer::Ack { epoch: e, zxid } if Some(e) == epoch => {
