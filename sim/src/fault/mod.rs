@@ -138,7 +138,8 @@ impl TriggerEvent {
             TriggerEvent::LockLost => "a client learns its lock is gone (session or lease lost)",
             TriggerEvent::LeaseExpired => {
                 "a server ends a client's lease without its asking (a ZooKeeper session expired by the leader, an \
-                 etcd lease revoked, a Redis key expired, a database session ended); the trigger is the client"
+                 etcd lease revoked, a Redis key expired when next touched, a database session ended); the trigger is \
+                 the client"
             }
             TriggerEvent::LeaderChange => {
                 "an ensemble or cluster has a new leader (ZooKeeper: established; etcd: won its election); the \
