@@ -718,7 +718,7 @@ fn fault(
         return Err(s.error(target_v.span(), m));
     }
     let mut s = Section::new(src, format!("a `{}` fault", spec.name), table.get_ref());
-    for k in ["at", "kind", "target", "on", "nth", "client"] {
+    for k in ["at", "kind", "target", "on", "nth", "client", "after"] {
         s.take(k);
     }
     let own_name = match &target {
@@ -748,13 +748,13 @@ fn fault(
         }
     }
     let action = (spec.build)(params);
-    let mut accepted = vec!["at", "kind", "target", "on", "nth", "client"];
+    let mut accepted = vec!["at", "kind", "target", "on", "nth", "client", "after"];
     accepted.extend(spec.keys.iter().map(|k| k.slot.name()));
     s.finish(&accepted)?;
     Ok(Fault { at, target, action, on })
 }
 
-/// `on = "<event>"`, with `nth` and `client`: what starts an aimed fault (taken out of `s`). A point
+/// `on = "<event>"`, with `nth`, `client` and `after`: what starts an aimed fault (taken out of `s`). A point
 /// inside a recipe must be one the scenario's recipe declares (its topology's): a point of another
 /// recipe in the registry would never be passed, and the fault would never start.
 fn trigger(
@@ -763,12 +763,13 @@ fn trigger(
     registry: &Registry,
     recipe: &str,
 ) -> Result<Option<Trigger>, ScenarioError> {
-    let (on_v, nth_v, client_v) = (s.take("on"), s.take("nth"), s.take("client"));
+    let (on_v, nth_v, client_v, after_v) = (s.take("on"), s.take("nth"), s.take("client"), s.take("after"));
     let Some(on_v) = on_v else {
-        if let Some(v) = nth_v.or(client_v) {
-            return Err(
-                s.error(v.span(), "nth and client choose the event of `on`; add on = \"<event>\" or remove them")
-            );
+        if let Some(v) = nth_v.or(client_v).or(after_v) {
+            return Err(s.error(
+                v.span(),
+                "nth, client and after choose the event of `on`; add on = \"<event>\" or remove them",
+            ));
         }
         return Ok(None);
     };
@@ -817,7 +818,11 @@ fn trigger(
             Some(name)
         }
     };
-    Ok(Some(Trigger { event, nth, client }))
+    let after = match &after_v {
+        None => Duration::ZERO,
+        Some(v) => s.duration("after", v, false)?.1,
+    };
+    Ok(Some(Trigger { event, nth, client, after }))
 }
 
 fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<RandomFaults, ScenarioError> {

@@ -162,6 +162,9 @@ fn fault_table(f: &Fault) -> toml::Table {
         if let Some(client) = &on.client {
             t.insert("client".into(), client.clone().into());
         }
+        if !on.after.is_zero() {
+            t.insert("after".into(), d(&on.after));
+        }
     }
     let params = f.action.params();
     for key in f.action.kind().spec().keys {
@@ -213,8 +216,8 @@ const SECTIONS: [&str; 9] =
 
 /// Keys that lead their table, in this order (`id` of a recipe, `at` and `kind` of a fault, `kind` and
 /// `clients` of a workload, `[[faults.schedule]]` before `[faults.random]`); the rest follow alphabetically.
-const LEADING: [&str; 15] = [
-    "id", "command", "at", "on", "nth", "client", "kind", "clients", "target", "peers", "duration", "verdict",
+const LEADING: [&str; 16] = [
+    "id", "command", "at", "on", "nth", "client", "after", "kind", "clients", "target", "peers", "duration", "verdict",
     "findings", "schedule", "random",
 ];
 

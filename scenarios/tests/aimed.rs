@@ -60,7 +60,7 @@ fn bad_triggers_are_refused_with_their_line() {
         ),
         ("on = \"enter\"\nnth = 0", "t.toml:11:7: nth: expected a whole number from 1 to 1000000"),
         ("on = \"enter\"\nclient = \"client-7\"", "t.toml:11:10: client: no client \"client-7\" in this scenario"),
-        ("nth = 2", "t.toml:10:7: nth and client choose the event of `on`"),
+        ("nth = 2", "t.toml:10:7: nth, client and after choose the event of `on`"),
         (
             "on = \"etcd-mutex-checked\"",
             "t.toml:10:6: on: \"etcd-mutex-checked\" is a point inside etcd.mutex, and this scenario's recipe is \
@@ -127,6 +127,47 @@ fn the_fault_starts_at_the_instant_of_its_event_on_that_client() {
     assert!((1_000_000_000..1_000_001_000).contains(&(end.t - fault.t)), "lasts its duration from the event");
 }
 
+/// The reasons of the faults a run skipped.
+fn skipped(history: &locksim_sim::history::History) -> Vec<&str> {
+    let reasons = history.events.iter().filter_map(|e| match &e.kind {
+        EventKind::FaultSkipped { reason, .. } => Some(reason.as_str()),
+        _ => None,
+    });
+    reasons.collect()
+}
+
+#[test]
+fn after_delays_the_fault_from_its_event_and_one_due_past_the_end_is_skipped() {
+    let faults = |after: &str| {
+        format!(
+            "[[faults.schedule]]\nat = \"4s\"\non = \"release\"\nclient = \"client-2\"\nafter = \"{after}\"\n\
+             kind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"\n"
+        )
+    };
+    let (now, later) = (scenario(&faults("0ms")), scenario(&faults("250ms")));
+    assert_eq!(later.schedule[0].on.as_ref().unwrap().after.as_millis(), 250);
+    assert_eq!(
+        locksim_scenarios::run::describe(&later.schedule[0]),
+        "at 4s on release of client-2 + 250ms pause trigger for 1s"
+    );
+    let start = |s: &Scenario| {
+        let h = run_seed(s, 1).unwrap().history;
+        let client2 = h.nodes.iter().position(|n| n == "client-2").unwrap() as u32;
+        let release =
+            h.events.iter().find(|e| e.node.0 == client2 && e.kind == EventKind::ReleaseInvoke && e.t >= 4_000_000_000);
+        let fault = h.events.iter().find(|e| matches!(e.kind, EventKind::FaultStart { .. })).expect("it started");
+        assert_eq!(fault.node.0, client2, "aimed at the trigger's node, however late");
+        fault.t - release.expect("client-2 released after 4 s").t
+    };
+    assert!(start(&now) < 1_000, "at once without `after`");
+    // The same run up to the event (its trigger fired at the same instant), then 250 ms of it.
+    assert!((250_000_000..250_001_000).contains(&start(&later)), "{} ns after its event", start(&later));
+    let r = run_seed(&scenario(&faults("1h")), 1).unwrap();
+    assert_eq!(skipped(&r.history), ["release of client-2 + 1h came as the run ended"]);
+    let got = error("[[faults.schedule]]\nat = \"1s\"\nafter = \"1s\"\nkind = \"pause\"\ntarget = \"client-0\"\n");
+    assert!(got.starts_with("t.toml:11:9: nth, client and after choose the event of `on`"), "{got}");
+}
+
 #[test]
 fn a_trigger_never_reached_is_skipped_with_its_reason() {
     let s = scenario(
@@ -134,16 +175,7 @@ fn a_trigger_never_reached_is_skipped_with_its_reason() {
          duration = \"5s\"\n[expect]\nverdict = \"unsafe\"\n",
     );
     let r = run_seed(&s, 0).unwrap();
-    let reasons: Vec<&str> = r
-        .history
-        .events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::FaultSkipped { reason, .. } => Some(reason.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(reasons, ["acquire-ok #100000 never happened after 2s"]);
+    assert_eq!(skipped(&r.history), ["acquire-ok #100000 never happened after 2s"]);
     assert_eq!(r.result.faults_skipped, 1);
     let result = locksim_scenarios::sweep::sweep(&s, 0..2, 1, &|| {}).unwrap();
     assert!(!result.as_expected);

@@ -299,3 +299,49 @@ fn each_seed_draws_the_phase_of_the_session_trackers_ticks() {
     let phases: std::collections::BTreeSet<u64> = expired.iter().map(|ms| ms % 2_000 / 200).collect();
     assert!(phases.len() >= 6, "expiries spread over the 2 s between ticks: {expired:?}");
 }
+
+/// The epochs (the zxid's high 32 bits) of the nodes `client` was granted the lock on after `from_s`.
+fn grant_epochs(run: &locksim_scenarios::run::SeedRun, client: &str, from_s: u64) -> Vec<u64> {
+    let node = run.history.nodes.iter().position(|n| n == client).expect("client");
+    let events = run.history.events.iter().filter(|e| e.node.0 as usize == node && e.t >= from_s * 1_000_000_000);
+    events
+        .filter_map(|e| match e.kind {
+            EventKind::AcquireOk { token, .. } => token.map(|t| t >> 32),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn curator_4_0_takes_the_old_sessions_node_after_an_injected_expiry_and_4_2_makes_another() {
+    // Seed 1 of the catalog pair: client-1's create (epoch 1) is logged as the ensemble goes down; its
+    // handle gives the session up 4 s later and opens a new one once the ensemble is back (epoch 2).
+    let (bug, fix) = (catalog("zk-ensemble-curator-498"), catalog("zk-ensemble-curator-498-fixed"));
+    let (bug, fix) = (run_seed(&bug, 1).unwrap(), run_seed(&fix, 1).unwrap());
+    let sessions = |run: &locksim_scenarios::run::SeedRun| {
+        let node = run.history.nodes.iter().position(|n| n == "client-1").unwrap();
+        run.history
+            .events
+            .iter()
+            .filter(|e| e.node.0 as usize == node)
+            .filter_map(|e| match &e.kind {
+                EventKind::Session { state } => Some(state.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    for run in [&bug, &fix] {
+        let states = sessions(run);
+        let expired = states.iter().position(|s| s == "expired").expect("the injected expiry");
+        assert_eq!(states[expired - 1], "disconnected", "{states:?}");
+        assert_eq!(states[expired + 1], "connected", "a new session after the injected expiry: {states:?}");
+        // The old session was given up without a word: the server expires it later, on its own.
+        assert!(states[expired + 2..].iter().any(|s| s == "expired by the server"), "{states:?}");
+    }
+    // 4.0: the first grant after the outage is on the node created before it, in the old session.
+    assert_eq!(grant_epochs(&bug, "client-1", 6).first(), Some(&1), "4.0 adopts the epoch-1 node");
+    assert!(bug.result.findings.iter().any(|f| f.kind == FindingKind::DoubleHolder), "{:?}", bug.result.findings);
+    // 4.2: the session changed since the first attempt: the node found is deleted and a new one made.
+    assert!(grant_epochs(&fix, "client-1", 6).first().is_some_and(|e| *e >= 2), "4.2 creates anew");
+    assert!(fix.result.findings.is_empty(), "{:?}", fix.result.findings);
+}

@@ -250,17 +250,20 @@ impl World {
         }
         let aimed = self.arm(schedule);
         let mut hit: BTreeMap<usize, NodeIx> = BTreeMap::new();
+        // Aimed faults whose trigger fired, waiting out their `after`: the trigger's node.
+        let mut waiting: BTreeMap<usize, NodeIx> = BTreeMap::new();
         loop {
             let next = steps.first().copied().filter(|(at, _, _)| *at < run_for);
             match self.wait(next.map_or(run_for, |(at, _, _)| at), aimed).await {
                 Wake::OverBudget => break,
                 Wake::Fired => {
                     for fired in self.recorder.take_fired() {
-                        let (i, fault) = (fired.id as usize, &schedule[fired.id as usize]);
-                        if let Some(node) = self.start(fired.id, fault, Some(fired.node)) {
-                            hit.insert(i, node);
-                            if let Some(d) = fault.action.duration() {
-                                steps.insert((now() + d, true, i));
+                        let i = fired.id as usize;
+                        match schedule[i].on.as_ref().map_or(Duration::ZERO, |on| on.after) {
+                            after if after.is_zero() => self.start_aimed(i, schedule, fired.node, &mut hit, &mut steps),
+                            after => {
+                                waiting.insert(i, fired.node);
+                                steps.insert((now() + after, false, i));
                             }
                         }
                     }
@@ -271,7 +274,9 @@ impl World {
                     };
                     steps.remove(&step);
                     let (_, end, i) = step;
-                    if !end {
+                    if let (false, Some(trigger)) = (end, waiting.remove(&i)) {
+                        self.start_aimed(i, schedule, trigger, &mut hit, &mut steps);
+                    } else if !end {
                         if let Some(node) = self.start(i as u32, &schedule[i], None) {
                             hit.insert(i, node);
                         }
@@ -282,9 +287,27 @@ impl World {
             }
         }
         if aimed && self.recorder.over_budget_at().is_none() {
-            self.skip_unfired(schedule);
+            self.skip_unfired(schedule, waiting.keys());
         }
         self.shutdown();
+    }
+
+    /// Start aimed fault `i`, whose trigger `trigger` fired (`after` ago), and queue its end.
+    fn start_aimed(
+        &mut self,
+        i: usize,
+        schedule: &[Fault],
+        trigger: NodeIx,
+        hit: &mut BTreeMap<usize, NodeIx>,
+        steps: &mut BTreeSet<(Duration, bool, usize)>,
+    ) {
+        let fault = &schedule[i];
+        if let Some(node) = self.start(i as u32, fault, Some(trigger)) {
+            hit.insert(i, node);
+            if let Some(d) = fault.action.duration() {
+                steps.insert((now() + d, true, i));
+            }
+        }
     }
 
     /// Arm the triggers of the schedule's aimed faults; whether it has any.
@@ -310,9 +333,11 @@ impl World {
         aimed
     }
 
-    /// A trigger that never fired is a fault that never took effect: say so in the history.
-    fn skip_unfired(&self, schedule: &[Fault]) {
+    /// A trigger that never fired is a fault that never took effect: say so in the history; so is
+    /// one whose `after` (`waiting`, by schedule index) outlasted the run.
+    fn skip_unfired<'a>(&self, schedule: &[Fault], waiting: impl Iterator<Item = &'a usize>) {
         let late = self.recorder.take_fired().into_iter().map(|f| (f.id, false));
+        let late = late.chain(waiting.map(|i| (*i as u32, false)));
         let never = self.recorder.disarm().into_iter().map(|a| (a.id, true));
         for (id, never) in late.chain(never) {
             let fault = &schedule[id as usize];

@@ -127,7 +127,7 @@ impl Lock for Candidate {
             return Outcome::Fail("already leading (deadlock)".into());
         }
         let Some(zk) = self.core.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
-        let (path, czxid) = match self.core.create_in(&zk, ELECTION.dir, ELECTION.name).await {
+        let (path, czxid, zk) = match self.core.create_in(&zk, ELECTION.dir, ELECTION.name).await {
             Ok(node) => node,
             Err(outcome) => return outcome,
         };

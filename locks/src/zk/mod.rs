@@ -332,21 +332,35 @@ pub const LOST_ON: ParamSpec = ParamSpec {
 };
 
 /// The client library a Curator-style queue recipe runs on: `"curator"` (ZooKeeper's Java client and
-/// Curator's `RetryLoop`) or `"kazoo"` (kazoo 2.10: its connection handler, [`Library::Kazoo`], and its
-/// recipes' `KazooRetry`; see [`Flavour`]).
+/// Curator's `RetryLoop`), `"curator-4.0"` and `"curator-4.2"` (the same, with Curator's injected
+/// expiry and its protected create across sessions, before and after CURATOR-498's fix), or `"kazoo"`
+/// (kazoo 2.10: its connection handler, [`Library::Kazoo`], and its recipes' `KazooRetry`); see
+/// [`Flavour`].
 pub const CLIENT: ParamSpec = ParamSpec {
     name: "client",
-    kind: ParamKind::Choice(&["curator", "kazoo"]),
+    kind: ParamKind::Choice(&["curator", "curator-4.0", "curator-4.2", "kazoo"]),
     default: ParamValue::Choice("curator"),
-    doc: "the client library: Curator on ZooKeeper's Java client, or kazoo 2.10 (its pings, reconnects, retries, and LOST only on expiry)",
+    doc: "the client library: Curator on ZooKeeper's Java client; curator-4.0 / curator-4.2, whose handle opens a new session T after SUSPENDED and whose protected create finds its node across sessions (4.0 adopts the old session's node: CURATOR-498); or kazoo 2.10 (its pings, reconnects, retries, and LOST only on expiry)",
 };
 
 /// Which client library's rules a recipe follows around its calls, from its [`CLIENT`] parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavour {
     /// Curator on the Java client: `RetryLoop` waits up to 15 s for a connection, then
-    /// `ExponentialBackoffRetry(1000, 3)`; LOST also T after SUSPENDED (Curator 3).
+    /// `ExponentialBackoffRetry(1000, 3)`; LOST also T after SUSPENDED (Curator 3). Its handle keeps
+    /// its session until the server says it expired (Curator's injected expiry is the 4.x flavours').
     Curator,
+    /// Curator 4.0.x: as [`Flavour::Curator`], and when SUSPENDED has lasted the session timeout its
+    /// `ConnectionStateManager` injects an expiry and the handle opens a new session
+    /// ([`ZkSession::injecting_expiry`]). A protected create whose reply was lost is tried again on the
+    /// handle's session of the moment, and takes any child with its GUID as its own — a node of the
+    /// old session, which the server has not expired yet, included (CURATOR-498).
+    Curator40,
+    /// Curator 4.2.0 on: as [`Flavour::Curator40`], but the protected create remembers the session of
+    /// its first attempt (`ProtectedMode.checkSetSessionId`) and, finding its node after the session
+    /// changed, deletes it in the background and creates another (`ProtectedMode.validateFoundNode`:
+    /// CURATOR-498's fix).
+    Curator42,
     /// kazoo: no wait for a connection (a request made while disconnected is queued by the client);
     /// `KazooRetry(max_tries=None)` (`Lock._retry`, `KazooClient.retry`): 0.1 s × uniform(0.6, 1.4),
     /// doubling, at most 60 s; LOST only when the session expired.
@@ -358,6 +372,8 @@ impl Flavour {
     pub fn of(params: &Params) -> Flavour {
         match params.has("client").then(|| params.choice("client")) {
             Some("kazoo") => Flavour::Kazoo,
+            Some("curator-4.0") => Flavour::Curator40,
+            Some("curator-4.2") => Flavour::Curator42,
             _ => Flavour::Curator,
         }
     }
@@ -365,9 +381,14 @@ impl Flavour {
     /// The client library sessions speak.
     pub fn library(self) -> Library {
         match self {
-            Flavour::Curator => Library::Java,
+            Flavour::Curator | Flavour::Curator40 | Flavour::Curator42 => Library::Java,
             Flavour::Kazoo => Library::Kazoo,
         }
+    }
+
+    /// Whether the handle opens a new session when SUSPENDED has lasted the session timeout.
+    pub fn injects_expiry(self) -> bool {
+        matches!(self, Flavour::Curator40 | Flavour::Curator42)
     }
 }
 
@@ -397,6 +418,71 @@ pub struct ZkSession {
     library: Library,
     /// Held across a connect, so that two users of one handle never open two sessions.
     client: Rc<AsyncMutex<Option<ZkClient>>>,
+    /// Curator's injected expiry, when the handle has it ([`ZkSession::injecting_expiry`]).
+    injector: Option<Rc<Injector>>,
+}
+
+/// What a handle with Curator's injected expiry keeps: where its watches run, and the watch on each
+/// session it opened (one at a time but for the moment a watch hands over to the next).
+struct Injector {
+    ctx: Ctx,
+    watches: std::cell::RefCell<Vec<locksim_sim::ctx::Background>>,
+}
+
+/// A [`ZkSession`] that an injector's watch holds without keeping the handle alive.
+struct WeakSession {
+    host: Host,
+    requested: Duration,
+    library: Library,
+    client: std::rc::Weak<AsyncMutex<Option<ZkClient>>>,
+    injector: std::rc::Weak<Injector>,
+}
+
+impl WeakSession {
+    fn upgrade(&self) -> Option<ZkSession> {
+        Some(ZkSession {
+            host: self.host.clone(),
+            requested: self.requested,
+            library: self.library,
+            client: self.client.upgrade()?,
+            injector: Some(self.injector.upgrade()?),
+        })
+    }
+}
+
+/// Curator's `ConnectionStateManager.checkSessionExpiration` (Curator 3.0 on) for one session of a
+/// handle: when SUSPENDED (the client `Disconnected`) has lasted the negotiated session timeout, it
+/// injects an expiry ([`ZkClient::inject_expiry`]: the old session is abandoned, never closed on the
+/// server), and Curator's `ConnectionState` answers the Expired event with `reset()`: a new ZooKeeper
+/// handle that connects at once — here the handle's next session, tried every second until one opens.
+async fn expire_when_suspended(ctx: Ctx, zk: ZkClient, handle: WeakSession) {
+    let mut state = zk.state();
+    loop {
+        let now = *state.borrow_and_update();
+        match now {
+            ConnState::Expired => return,
+            ConnState::Connected => {
+                if state.changed().await.is_err() {
+                    return;
+                }
+            }
+            ConnState::Disconnected => {
+                tokio::select! {
+                    biased;
+                    changed = state.changed() => if changed.is_err() { return },
+                    () = ctx.sleep(zk.timeout()) => break,
+                }
+            }
+        }
+    }
+    zk.inject_expiry();
+    while let Some(handle) = handle.upgrade() {
+        if handle.live().await.is_some() {
+            return;
+        }
+        drop(handle);
+        ctx.sleep(Duration::from_secs(1)).await;
+    }
 }
 
 impl ZkSession {
@@ -423,13 +509,22 @@ impl ZkSession {
                 Host::Sim(env, zk.servers.as_slice().into())
             }
         };
-        ZkSession { host, requested: session_timeout, library: Library::Java, client: Rc::default() }
+        ZkSession { host, requested: session_timeout, library: Library::Java, client: Rc::default(), injector: None }
     }
 
     /// The same handle, its sessions behaving as `library` (go-zookeeper's keep their watches across a
     /// disconnection).
     pub fn speaking(self, library: Library) -> ZkSession {
         ZkSession { library, ..self }
+    }
+
+    /// The same handle with Curator's injected expiry (Curator 3.0 on; [`Flavour::injects_expiry`]):
+    /// a session whose client has been disconnected for the session timeout is given up without a word
+    /// to the server, and the handle opens a new one (see `expire_when_suspended`). Without it a
+    /// handle keeps its session until the server says it expired.
+    pub fn injecting_expiry(self, ctx: &Ctx) -> ZkSession {
+        let injector = Injector { ctx: ctx.clone(), watches: Default::default() };
+        ZkSession { injector: Some(Rc::new(injector)), ..self }
     }
 
     /// A live session: the current one, or a new one if there is none or it has expired (`None`: the
@@ -439,6 +534,19 @@ impl ZkSession {
         let mut client = self.client.lock().await;
         if client.as_ref().is_none_or(ZkClient::expired) {
             *client = ZkClient::connect_as(self.host.clone(), self.requested, self.library).await;
+            if let (Some(zk), Some(injector)) = (client.as_ref(), &self.injector) {
+                let handle = WeakSession {
+                    host: self.host.clone(),
+                    requested: self.requested,
+                    library: self.library,
+                    client: Rc::downgrade(&self.client),
+                    injector: Rc::downgrade(injector),
+                };
+                let watch = injector.ctx.spawn(expire_when_suspended(injector.ctx.clone(), zk.clone(), handle));
+                let mut watches = injector.watches.borrow_mut();
+                watches.retain(|w| !w.finished());
+                watches.push(watch);
+            }
         }
         client.clone()
     }
@@ -521,8 +629,6 @@ pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>
     zk: &ZkClient,
     mut call: impl FnMut() -> F,
 ) -> Result<T, ClientError> {
-    const BASE_SLEEP: Duration = Duration::from_millis(1000);
-    const MAX_RETRIES: u32 = 3;
     if zk.library() == Library::Kazoo {
         return kazoo_retried(ctx, call).await;
     }
@@ -530,14 +636,24 @@ pub async fn retried<T, F: std::future::Future<Output = Result<T, ClientError>>>
     let mut retries = 0;
     loop {
         match call().await {
-            Err(ClientError::ConnectionLoss) if retries < MAX_RETRIES => {
-                let factor = (ctx.random_u64() % (1 << (retries + 1))).max(1) as u32;
+            Err(ClientError::ConnectionLoss) if retries < CURATOR_RETRIES => {
+                back_off(ctx, retries).await;
                 retries += 1;
-                ctx.sleep(BASE_SLEEP * factor).await;
             }
             other => return other,
         }
     }
+}
+
+/// How often `ExponentialBackoffRetry(1000, 3)` tries a call again.
+pub const CURATOR_RETRIES: u32 = 3;
+
+/// `ExponentialBackoffRetry(1000, 3)`'s sleep before retry `retries + 1`: `1000 ms × max(1,
+/// random(0..2^(retries+1)))`.
+pub async fn back_off(ctx: &Ctx, retries: u32) {
+    const BASE_SLEEP: Duration = Duration::from_millis(1000);
+    let factor = (ctx.random_u64() % (1 << (retries + 1))).max(1) as u32;
+    ctx.sleep(BASE_SLEEP * factor).await;
 }
 
 /// kazoo's `KazooRetry(max_tries=None)` (`kazoo/retry.py`, as `Lock._retry` and `KazooClient.retry`

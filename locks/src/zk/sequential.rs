@@ -28,17 +28,25 @@
 //! followed: kazoo's release retries its delete in the foreground (`client.retry`), here in the
 //! background as Curator's guaranteed delete.
 //!
+//! With `client = "curator-4.0"` or `"curator-4.2"` the handle gives a session up once SUSPENDED has
+//! lasted the session timeout and opens a new one ([`ZkSession::injecting_expiry`]), and step 1's create
+//! runs each retry on the handle's session of the moment: 4.0 adopts its GUID's node even from the old
+//! session, whose expiry then takes the lock away unseen (CURATOR-498); 4.2 deletes that node and creates
+//! another. A create given up after a connection loss has its node looked for and deleted in the
+//! background (CURATOR-45).
+//!
 //! Expected (catalog): one notification per release (no herd). A holder paused past its session
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
 //! leaves an orphan ahead of everyone, held alive by our own session: nobody gets the lock.
 
 use super::{
-    lost, retried, until_connected, words, Flavour, ZkApi, ZkSession, ACQUIRE_TIMEOUT, CLIENT, LOST_ON, SESSION_TIMEOUT,
+    back_off, lost, retried, until_connected, words, Flavour, ZkApi, ZkSession, ACQUIRE_TIMEOUT, CLIENT,
+    CURATOR_RETRIES, LOST_ON, SESSION_TIMEOUT,
 };
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, ZkError};
+use locksim_sim::backend::zk::{CreateMode, SessionId, ZkError};
 use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::fault::{Point, TriggerEvent};
@@ -127,6 +135,7 @@ pub(super) struct Sequential {
     pub(super) ctx: Ctx,
     pub(super) params: Params,
     pub(super) session: ZkSession,
+    flavour: Flavour,
     protected: bool,
     /// Guaranteed deletes still being retried.
     cleanup: Vec<Background>,
@@ -154,9 +163,12 @@ pub(super) fn sequence(child: &str) -> &str {
 
 impl Sequential {
     pub(super) fn new(params: &Params, ctx: Ctx, servers: &Servers, protected: bool) -> Sequential {
-        let session =
-            ZkSession::new(&ctx, servers, params.duration("session_timeout")).speaking(Flavour::of(params).library());
-        Sequential { ctx, params: params.clone(), session, protected, cleanup: Vec::new() }
+        let flavour = Flavour::of(params);
+        let mut session = ZkSession::new(&ctx, servers, params.duration("session_timeout")).speaking(flavour.library());
+        if flavour.injects_expiry() {
+            session = session.injecting_expiry(&ctx);
+        }
+        Sequential { ctx, params: params.clone(), session, flavour, protected, cleanup: Vec::new() }
     }
 
     /// Take the lock of `queue` into `slot`: count up if it is already ours (reentrant), else steps 1–3.
@@ -166,7 +178,7 @@ impl Sequential {
             return Outcome::Ok(Grant { token: Some(held.czxid) });
         }
         let Some(zk) = self.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
-        let (path, czxid) = match self.create_in(&zk, queue.dir, queue.name).await {
+        let (path, czxid, zk) = match self.create_in(&zk, queue.dir, queue.name).await {
             Ok(node) => node,
             Err(outcome) => return outcome,
         };
@@ -202,16 +214,20 @@ impl Sequential {
     }
 
     /// Create `<dir>/<name>` EPHEMERAL_SEQUENTIAL (creating `dir` if needed); protected, adopt our node
-    /// by its GUID if the reply was lost. Returns its path and czxid.
+    /// by its GUID if the reply was lost. Returns its path, its czxid and the session it lives in
+    /// (`zk`'s, but for the flavours whose handle changes sessions: [`Sequential::create_on_handle`]).
     pub(super) async fn create_in(
-        &self,
+        &mut self,
         zk: &ZkClient,
         dir: &str,
         name: &str,
-    ) -> Result<(String, u64), Outcome<Grant>> {
+    ) -> Result<(String, u64, ZkClient), Outcome<Grant>> {
         // One `RetryLoop.callWithRetry` in Curator (`CreateBuilderImpl.pathInForeground`): it first waits
         // for a connection.
         until_connected(&self.ctx, zk).await;
+        if self.flavour.injects_expiry() {
+            return self.create_on_handle(dir, name).await;
+        }
         super::ensure_path(zk, dir).await.map_err(|e| Outcome::Fail(words(e)))?;
         let guid = format!("_c_{:016x}-", self.ctx.random_u64());
         let path = if self.protected { format!("{dir}/{guid}{name}") } else { format!("{dir}/{name}") };
@@ -221,19 +237,115 @@ impl Sequential {
         for _ in 0..CREATE_TRIES {
             if may_exist && self.protected {
                 match Self::find_ours(zk, dir, &guid).await {
-                    Ok(Some(found)) => return Ok(found),
+                    Ok(Some(found)) => return Ok((found.0, found.1, zk.clone())),
                     Ok(None) => {}
                     Err(_) => continue,
                 }
             }
             self.ctx.point(TriggerEvent::Declared(&QUEUE_CREATE)).await;
             match zk.create(&path, CreateMode::EphemeralSequential).await {
-                Ok((path, stat)) => return Ok((path, stat.czxid)),
+                Ok((path, stat)) => return Ok((path, stat.czxid, zk.clone())),
                 Err(ClientError::ConnectionLoss) => may_exist = true,
                 Err(e) => return Err(Outcome::Fail(words(e))),
             }
         }
         Err(Outcome::Unknown("create: connection loss".into()))
+    }
+
+    /// Curator 4's create (`CreateBuilderImpl.pathInForeground` in `RetryLoop.callWithRetry`) on a
+    /// handle that opens a new session when the old one is given up ([`Flavour::injects_expiry`]):
+    /// each attempt runs on the handle's session of the moment; each after the first, protected, first
+    /// looks for our GUID (`findProtectedNodeInForeground`); a connection loss or an expired session is
+    /// tried again under `ExponentialBackoffRetry(1000, 3)`.
+    ///
+    /// The node found may be the old session's, which the server keeps until it expires that session.
+    /// Curator 4.0 takes it (CURATOR-498): the lock then lives in a session this client no longer
+    /// has, and goes when the server expires it, unseen. Curator 4.2 remembers the session of the first
+    /// attempt (`ProtectedMode.checkSetSessionId`) and, the session having changed, deletes the node
+    /// found in the background and creates another (`validateFoundNode`).
+    async fn create_on_handle(&mut self, dir: &str, name: &str) -> Result<(String, u64, ZkClient), Outcome<Grant>> {
+        super::ensure_path(&self.session, dir).await.map_err(|e| Outcome::Fail(words(e)))?;
+        let guid = format!("_c_{:016x}-", self.ctx.random_u64());
+        let path = if self.protected { format!("{dir}/{guid}{name}") } else { format!("{dir}/{name}") };
+        // `ProtectedMode.sessionId`: the session of the first attempt, then of the last one that looked.
+        let mut owner = None;
+        let mut retries = 0;
+        loop {
+            let attempt = self.attempt_create(retries == 0, &mut owner, dir, &guid, &path).await;
+            match attempt {
+                Ok(node) => return Ok(node),
+                Err(ClientError::ConnectionLoss | ClientError::Zk(ZkError::SessionExpired))
+                    if retries < CURATOR_RETRIES =>
+                {
+                    back_off(&self.ctx, retries).await;
+                    retries += 1;
+                }
+                Err(ClientError::ConnectionLoss) => {
+                    if self.protected {
+                        self.find_and_delete(dir, guid);
+                    }
+                    return Err(Outcome::Unknown("create: connection loss".into()));
+                }
+                Err(e) => return Err(Outcome::Fail(words(e))),
+            }
+        }
+    }
+
+    /// A protected create given up after a connection loss may have made its node: Curator looks for
+    /// it by its GUID and deletes it in the background, on the handle's session of the moment, trying
+    /// again after each connection loss (`protectedPathInForeground` →
+    /// `FindAndDeleteProtectedNodeInBackground`, CURATOR-45 and CURATOR-79).
+    fn find_and_delete(&mut self, dir: &str, guid: String) {
+        let (ctx, session, dir) = (self.ctx.clone(), self.session.clone(), dir.to_string());
+        self.cleanup.retain(|task| !task.finished());
+        self.cleanup.push(self.ctx.spawn(async move {
+            loop {
+                let found = match session.live().await {
+                    Some(zk) => Self::find_ours(&zk, &dir, &guid).await.map(|found| found.map(|(path, _)| (zk, path))),
+                    None => Err(ClientError::ConnectionLoss),
+                };
+                let deleted = match found {
+                    Ok(Some((zk, path))) => zk.delete(&path).await,
+                    Ok(None) => return,
+                    Err(e) => Err(e),
+                };
+                match deleted {
+                    Err(ClientError::ConnectionLoss | ClientError::Zk(ZkError::SessionExpired)) => {
+                        ctx.sleep(RETRY_DELETE).await
+                    }
+                    _ => return,
+                }
+            }
+        }));
+    }
+
+    /// One attempt of [`Sequential::create_on_handle`].
+    async fn attempt_create(
+        &mut self,
+        first: bool,
+        owner: &mut Option<SessionId>,
+        dir: &str,
+        guid: &str,
+        path: &str,
+    ) -> Result<(String, u64, ZkClient), ClientError> {
+        let zk = self.session.live().await.ok_or(ClientError::ConnectionLoss)?;
+        let session = zk.session_id();
+        let first_session = *owner.get_or_insert(session);
+        if !first && self.protected {
+            let found = Self::find_ours(&zk, dir, guid).await?;
+            let moved = self.flavour == Flavour::Curator42 && first_session != session;
+            match found {
+                Some((found, czxid)) if !moved => return Ok((found, czxid, zk)),
+                Some((found, _)) => self.keep_deleting(zk.clone(), found),
+                None => {}
+            }
+            if moved {
+                *owner = Some(session);
+            }
+        }
+        self.ctx.point(TriggerEvent::Declared(&QUEUE_CREATE)).await;
+        let (path, stat) = zk.create(path, CreateMode::EphemeralSequential).await?;
+        Ok((path, stat.czxid, zk))
     }
 
     /// Our node in `dir` by its GUID prefix, with its czxid, if it exists. Curator's
@@ -280,17 +392,23 @@ impl Sequential {
         match zk.delete(path).await {
             Ok(()) | Err(ClientError::Zk(ZkError::NoNode)) => Outcome::Ok(()),
             Err(ClientError::ConnectionLoss) => {
-                let (zk, path, ctx) = (zk.clone(), path.to_string(), self.ctx.clone());
-                self.cleanup.retain(|task| !task.finished());
-                self.cleanup.push(self.ctx.spawn(async move {
-                    while let Err(ClientError::ConnectionLoss) = zk.delete(&path).await {
-                        ctx.sleep(RETRY_DELETE).await;
-                    }
-                }));
+                self.keep_deleting(zk.clone(), path.to_string());
                 Outcome::Unknown("delete: connection loss; retrying in the background".into())
             }
             Err(e) => Outcome::Fail(words(e)),
         }
+    }
+
+    /// Delete `path` in the background, trying again after each connection loss until it is done or
+    /// the session is gone (Curator's `FailedDeleteManager` / GuaranteedDeleteBackgroundOperation).
+    fn keep_deleting(&mut self, zk: ZkClient, path: String) {
+        let ctx = self.ctx.clone();
+        self.cleanup.retain(|task| !task.finished());
+        self.cleanup.push(self.ctx.spawn(async move {
+            while let Err(ClientError::ConnectionLoss) = zk.delete(&path).await {
+                ctx.sleep(RETRY_DELETE).await;
+            }
+        }));
     }
 }
 

@@ -150,7 +150,7 @@ impl TriggerEvent {
     }
 }
 
-/// `on`, `nth`, `client`: which event starts an aimed fault.
+/// `on`, `nth`, `client`, `after`: which event starts an aimed fault, and how long after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trigger {
     pub event: TriggerEvent,
@@ -158,6 +158,10 @@ pub struct Trigger {
     pub nth: u32,
     /// Only this client's events (`None`: any node's).
     pub client: Option<String>,
+    /// How long after the event the fault starts (zero: at once, before any message the event's node
+    /// sends has arrived anywhere; more: while what it sent is on its way, e.g. a request applied and
+    /// its reply not yet back).
+    pub after: Duration,
 }
 
 impl std::fmt::Display for Trigger {
@@ -169,6 +173,9 @@ impl std::fmt::Display for Trigger {
         }
         if let Some(c) = &self.client {
             write!(f, " of {c}")?;
+        }
+        if !self.after.is_zero() {
+            write!(f, " + {}", fmt_duration(self.after))?;
         }
         Ok(())
     }
@@ -267,7 +274,7 @@ impl RandomFaults {
                 })
                 .map_or(TriggerEvent::AcquireOk, |(e, _)| e)
         };
-        fault.on = Some(Trigger { event, nth: 1, client: None });
+        fault.on = Some(Trigger { event, nth: 1, client: None, after: Duration::ZERO });
         let on_servers = fault.action.kind().spec().means.on_servers;
         // `random-client` leaves the client to the nemesis: aimed, that is the client whose event it
         // chose. A named node, `holder` or `waiter` stays what the scenario says.
@@ -450,9 +457,13 @@ mod tests {
 
     #[test]
     fn triggers_print_as_their_event_number_and_client() {
-        let on = Trigger { event: TriggerEvent::AcquireOk, nth: 3, client: Some("client-2".into()) };
+        let on =
+            Trigger { event: TriggerEvent::AcquireOk, nth: 3, client: Some("client-2".into()), after: Duration::ZERO };
         assert_eq!(on.to_string(), "acquire-ok #3 of client-2");
-        assert_eq!(Trigger { event: TriggerEvent::Enter, nth: 1, client: None }.to_string(), "enter");
+        let enter = Trigger { event: TriggerEvent::Enter, nth: 1, client: None, after: Duration::ZERO };
+        assert_eq!(enter.to_string(), "enter");
+        let later = Trigger { after: Duration::from_millis(15), ..enter };
+        assert_eq!(later.to_string(), "enter + 15ms");
         assert!(TriggerEvent::ALL.iter().all(|e| TriggerEvent::parse(e.name()) == Some(*e)));
     }
 

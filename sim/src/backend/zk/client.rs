@@ -497,6 +497,9 @@ struct Shared {
     ticks_pinged: Cell<i64>,
     /// kazoo: a ping sent and not yet answered (`ConnectionHandler.ping_outstanding`).
     ping_outstanding: Cell<bool>,
+    /// The handle was closed by an injected expiry ([`ZkClient::inject_expiry`]): its calls fail with
+    /// `SessionExpired`, unsent (`ClientCnxn.conLossPacket` in state `CLOSED`).
+    closed: Cell<bool>,
     /// kazoo: the connection retry's current delay, in µs ([`Library::reattach_delay`]).
     retry_delay_us: Cell<u64>,
 }
@@ -558,6 +561,7 @@ impl ZkClient {
             connected_ms: Cell::new(now),
             ticks_pinged: Cell::new(0),
             ping_outstanding: Cell::new(false),
+            closed: Cell::new(false),
             retry_delay_us: Cell::new(KAZOO_RETRY_DELAY_US),
         });
         shared.host.router().clients.borrow_mut().insert(session, Rc::downgrade(&shared));
@@ -599,8 +603,22 @@ impl ZkClient {
         self.shared.library
     }
 
+    /// Close this handle as if its session had expired, without telling the server: ZooKeeper's
+    /// `Testable.injectSessionExpiration` (3.5+), which Curator's `ConnectionStateManager` calls when
+    /// SUSPENDED has lasted the session timeout. The client is `Expired` (its watches end, its requests
+    /// fail), its connection is closed and its send loop stops, so it never re-attaches; the server
+    /// keeps the session — and its ephemeral nodes — until it expires it itself.
+    pub fn inject_expiry(&self) {
+        self.shared.closed.set(true);
+        self.shared.drop_connection();
+        self.shared.set_state(ConnState::Expired);
+    }
+
     /// Run one operation; with `watch` set, also return the watch it registered (if the server set one).
     pub async fn call(&self, op: ZkOp) -> Result<(ZkReply, Option<Watch>), ClientError> {
+        if self.shared.closed.get() {
+            return Err(ClientError::Zk(ZkError::SessionExpired));
+        }
         let watch_path = match &op {
             ZkOp::Exists { path, watch: true }
             | ZkOp::GetData { path, watch: true }
@@ -619,6 +637,10 @@ impl ZkClient {
         let request = ZkRequest::Op { session: self.shared.session, op };
         let timeout = self.shared.library.request_timeout(self.shared.read_timeout());
         let reply = self.shared.request(request, timeout).await;
+        if self.shared.closed.get() {
+            // Closed while the request waited: `SendThread.cleanup` fails it so.
+            return Err(ClientError::Zk(ZkError::SessionExpired));
+        }
         match reply {
             Ok(ZkReply::Error(e)) => Err(ClientError::Zk(e)),
             Ok(reply) => Ok((reply, watch)),
@@ -734,7 +756,10 @@ impl Shared {
                 _ = failed.changed(), if self.library != Library::Kazoo => return Err(CallError::Reset),
             }
         }
-        Ok(())
+        match self.closed.get() {
+            true => Err(CallError::Reset),
+            false => Ok(()),
+        }
     }
 
     /// kazoo's queue (`KazooClient._call` → `_queue`): a request made while disconnected waits, whatever

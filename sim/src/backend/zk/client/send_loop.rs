@@ -16,6 +16,10 @@ async fn reattach(shared: &Shared) {
     let delay =
         shared.library.reattach_delay(&mut shared.host.router().jitter.borrow_mut(), &shared.retry_delay_us, wrapped);
     shared.host.sleep(delay).await;
+    if shared.now() == ConnState::Expired {
+        // The handle was closed meanwhile (`ZkClient::inject_expiry`): no attempt.
+        return;
+    }
     let timeout = shared.library.connect_timeout(shared.timeout, shared.provider.servers.len());
     shared.server.set(server);
     shared.socket.set(shared.host.open(server));
