@@ -139,6 +139,15 @@ impl Ctx {
         }
     }
 
+    /// The grant this client is about to report lives in the server's lease `lease` (a ZooKeeper lock
+    /// node's session), which need not be the client's newest: its end is hazard
+    /// `lease-expired-while-held` (counted beside the history; a real process counts none).
+    pub fn held_in(&self, lease: u64) {
+        if let Flavour::Sim { recorder, me, .. } = &self.flavour {
+            recorder.held_in(*me, lease);
+        }
+    }
+
     /// The node's endpoint for backend calls (a simulated node's only: a real client has sockets).
     pub fn rpc(&self) -> &Rpc {
         match &self.flavour {

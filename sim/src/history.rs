@@ -237,6 +237,10 @@ struct RecorderState {
     /// Each node's newest lease (by the backend's id): only its end counts, not that of a session the
     /// node abandoned (a crashed client's old session expiring after its restart).
     newest_lease: std::collections::BTreeMap<NodeIx, u64>,
+    /// The lease each node's latest grant lives in, when its recipe says ([`Recorder::held_in`]): its end
+    /// during a hold counts too, newest or not (a ZooKeeper lock node a Curator 4 client took over from
+    /// the session it had given up: CURATOR-498).
+    hold_lease: std::collections::BTreeMap<NodeIx, u64>,
     /// When the run used up its event budget, if it did, and who is told then.
     over_budget_at: Option<u64>,
     exhausted: Arc<tokio::sync::Notify>,
@@ -495,7 +499,10 @@ impl Recorder {
     /// lock; remembered for `stale-holder-resumed` and `grant-to-expired-session`.
     pub fn lease_ended(&self, node: NodeIx, lease: u64) {
         let mut s = self.0.lock().expect("recorder lock");
-        if s.newest_lease.get(&node) != Some(&lease) {
+        // A lease the node's hold lives in counts while it holds (a lease it has left since, no more).
+        let holds = |s: &RecorderState| s.holds.holders().iter().any(|h| s.host(*h) == node);
+        let hold_lease = s.hold_lease.get(&node) == Some(&lease) && holds(&s);
+        if s.newest_lease.get(&node) != Some(&lease) && !hold_lease {
             return;
         }
         if !s.armed.is_empty() && s.over_budget_at.is_none() {
@@ -525,6 +532,14 @@ impl Recorder {
             s.count(Hazard::LeaseExpiredWhileHeld);
             s.lease_ended_in_hold.insert(holder);
         }
+    }
+
+    /// The grant `node` is about to report lives in lease `lease` (its lock node's session), which need
+    /// not be its newest: when a server ends that lease, [`Recorder::lease_ended`] counts it.
+    pub fn held_in(&self, node: NodeIx, lease: u64) {
+        let mut s = self.0.lock().expect("recorder lock");
+        let host = s.host(node);
+        s.hold_lease.insert(host, lease);
     }
 
     /// A server granted `node` the lease `lease`: its newest; a grant from now on is not to an expired
@@ -629,6 +644,23 @@ mod tests {
             r.record(a, EventKind::AcquireOk { token: None, shared: false });
             r.lease_ended(a, 1);
             assert!(r.hazards().is_empty(), "the abandoned session's end is not the holder's");
+        });
+    }
+
+    #[test]
+    fn the_end_of_the_lease_a_hold_lives_in_counts_while_it_is_held() {
+        in_runtime(|| {
+            let (r, a) = (Recorder::default(), NodeIx(1));
+            r.lease_started(a, 1);
+            r.lease_started(a, 2); // a new session, and a lock node adopted from the old one
+            r.held_in(a, 1);
+            r.record(a, EventKind::AcquireOk { token: None, shared: false });
+            r.lease_ended(a, 1);
+            assert_eq!(r.hazards(), [(Hazard::LeaseExpiredWhileHeld, 1)].into(), "the hold's lease ended");
+            r.record(a, EventKind::ReleaseInvoke);
+            r.record(a, EventKind::ReleaseOk);
+            r.lease_ended(a, 1);
+            assert_eq!(r.hazards(), [(Hazard::LeaseExpiredWhileHeld, 1)].into(), "released: no longer counts");
         });
     }
 

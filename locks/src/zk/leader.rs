@@ -128,7 +128,7 @@ impl Lock for Candidate {
         }
         let Some(zk) = self.core.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
         let (path, czxid, zk) = match self.core.create_in(&zk, ELECTION.dir, ELECTION.name).await {
-            Ok(node) => node,
+            Ok((path, stat, zk)) => (path, stat.czxid, zk),
             Err(outcome) => return outcome,
         };
         if let Err(e) = wait_for_turn(&zk, &path).await {

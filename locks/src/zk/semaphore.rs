@@ -60,7 +60,8 @@ impl SemaphoreMutex {
     /// Steps 2–3, under the internal mutex: our lease's path and czxid once it is the only one. A lease
     /// that was not granted is deleted again, as Curator closes it.
     async fn take_lease(&mut self, zk: &ZkClient) -> Result<(String, u64), Outcome<Grant>> {
-        let (lease, czxid, zk) = self.core.create_in(zk, LEASES, "lease-").await?;
+        let (lease, stat, zk) = self.core.create_in(zk, LEASES, "lease-").await?;
+        let czxid = stat.czxid;
         let zk = &zk;
         match self.wait_for_lease(zk, &lease).await {
             Ok(()) => Ok((lease, czxid)),

@@ -46,7 +46,7 @@ use super::{
 use crate::params::{ParamSpec, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::zk::client::{ClientError, ZkClient};
-use locksim_sim::backend::zk::{CreateMode, SessionId, ZkError};
+use locksim_sim::backend::zk::{CreateMode, SessionId, Stat, ZkError};
 use locksim_sim::backend::LEASE_RENEW;
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::fault::{Point, TriggerEvent};
@@ -178,14 +178,16 @@ impl Sequential {
             return Outcome::Ok(Grant { token: Some(held.czxid) });
         }
         let Some(zk) = self.session.live().await else { return Outcome::Fail("cannot reach ZooKeeper".into()) };
-        let (path, czxid, zk) = match self.create_in(&zk, queue.dir, queue.name).await {
+        let (path, stat, zk) = match self.create_in(&zk, queue.dir, queue.name).await {
             Ok(node) => node,
             Err(outcome) => return outcome,
         };
+        let czxid = stat.czxid;
         if let Err(outcome) = self.wait_for_turn(&zk, queue, &path).await {
             self.delete(&zk, &path).await;
             return outcome;
         }
+        self.ctx.held_in(stat.ephemeral_owner);
         *slot = Some(Held { path, czxid, zk, count: 1 });
         Outcome::Ok(Grant { token: Some(czxid) })
     }
@@ -214,14 +216,15 @@ impl Sequential {
     }
 
     /// Create `<dir>/<name>` EPHEMERAL_SEQUENTIAL (creating `dir` if needed); protected, adopt our node
-    /// by its GUID if the reply was lost. Returns its path, its czxid and the session it lives in
-    /// (`zk`'s, but for the flavours whose handle changes sessions: [`Sequential::create_on_handle`]).
+    /// by its GUID if the reply was lost. Returns its path, its stat (the czxid our fencing token is, the
+    /// session that owns it) and the client of the handle's session it was made or found through (`zk`,
+    /// but for the flavours whose handle changes sessions: [`Sequential::create_on_handle`]).
     pub(super) async fn create_in(
         &mut self,
         zk: &ZkClient,
         dir: &str,
         name: &str,
-    ) -> Result<(String, u64, ZkClient), Outcome<Grant>> {
+    ) -> Result<(String, Stat, ZkClient), Outcome<Grant>> {
         // One `RetryLoop.callWithRetry` in Curator (`CreateBuilderImpl.pathInForeground`): it first waits
         // for a connection.
         until_connected(&self.ctx, zk).await;
@@ -237,14 +240,14 @@ impl Sequential {
         for _ in 0..CREATE_TRIES {
             if may_exist && self.protected {
                 match Self::find_ours(zk, dir, &guid).await {
-                    Ok(Some(found)) => return Ok((found.0, found.1, zk.clone())),
+                    Ok(Some((path, stat))) => return Ok((path, stat, zk.clone())),
                     Ok(None) => {}
                     Err(_) => continue,
                 }
             }
             self.ctx.point(TriggerEvent::Declared(&QUEUE_CREATE)).await;
             match zk.create(&path, CreateMode::EphemeralSequential).await {
-                Ok((path, stat)) => return Ok((path, stat.czxid, zk.clone())),
+                Ok((path, stat)) => return Ok((path, stat, zk.clone())),
                 Err(ClientError::ConnectionLoss) => may_exist = true,
                 Err(e) => return Err(Outcome::Fail(words(e))),
             }
@@ -263,7 +266,7 @@ impl Sequential {
     /// has, and goes when the server expires it, unseen. Curator 4.2 remembers the session of the first
     /// attempt (`ProtectedMode.checkSetSessionId`) and, the session having changed, deletes the node
     /// found in the background and creates another (`validateFoundNode`).
-    async fn create_on_handle(&mut self, dir: &str, name: &str) -> Result<(String, u64, ZkClient), Outcome<Grant>> {
+    async fn create_on_handle(&mut self, dir: &str, name: &str) -> Result<(String, Stat, ZkClient), Outcome<Grant>> {
         super::ensure_path(&self.session, dir).await.map_err(|e| Outcome::Fail(words(e)))?;
         let guid = format!("_c_{:016x}-", self.ctx.random_u64());
         let path = if self.protected { format!("{dir}/{guid}{name}") } else { format!("{dir}/{name}") };
@@ -327,7 +330,7 @@ impl Sequential {
         dir: &str,
         guid: &str,
         path: &str,
-    ) -> Result<(String, u64, ZkClient), ClientError> {
+    ) -> Result<(String, Stat, ZkClient), ClientError> {
         let zk = self.session.live().await.ok_or(ClientError::ConnectionLoss)?;
         let session = zk.session_id();
         let first_session = *owner.get_or_insert(session);
@@ -335,7 +338,7 @@ impl Sequential {
             let found = Self::find_ours(&zk, dir, guid).await?;
             let moved = self.flavour == Flavour::Curator42 && first_session != session;
             match found {
-                Some((found, czxid)) if !moved => return Ok((found, czxid, zk)),
+                Some((found, stat)) if !moved => return Ok((found, stat, zk)),
                 Some((found, _)) => self.keep_deleting(zk.clone(), found),
                 None => {}
             }
@@ -345,16 +348,16 @@ impl Sequential {
         }
         self.ctx.point(TriggerEvent::Declared(&QUEUE_CREATE)).await;
         let (path, stat) = zk.create(path, CreateMode::EphemeralSequential).await?;
-        Ok((path, stat.czxid, zk))
+        Ok((path, stat, zk))
     }
 
-    /// Our node in `dir` by its GUID prefix, with its czxid, if it exists. Curator's
+    /// Our node in `dir` by its GUID prefix, with its stat, if it exists. Curator's
     /// `findProtectedNodeInForeground` lists the children without a watch; the `exists` after it (also
-    /// without a watch) only reads the czxid our fencing token needs.
-    async fn find_ours(zk: &ZkClient, dir: &str, guid: &str) -> Result<Option<(String, u64)>, ClientError> {
+    /// without a watch) only reads the czxid our fencing token needs, and the session it lives in.
+    async fn find_ours(zk: &ZkClient, dir: &str, guid: &str) -> Result<Option<(String, Stat)>, ClientError> {
         let Some(ours) = zk.get_children(dir).await?.into_iter().find(|c| c.starts_with(guid)) else { return Ok(None) };
         let path = format!("{dir}/{ours}");
-        Ok(zk.exists(&path).await?.map(|stat| (path, stat.czxid)))
+        Ok(zk.exists(&path).await?.map(|stat| (path, stat)))
     }
 
     /// Steps 2–3: wait until the queue's driver says our node holds the lock. `Err` carries the outcome
