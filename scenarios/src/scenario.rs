@@ -709,13 +709,12 @@ fn fault(
             return Err(s.error(target_v.span(), m));
         }
     }
-    if spec.means.needs_stallable && !matches!(&target, Target::Node(n) if topo.stallable.contains(n)) {
-        let m = format!(
-            "target: {} stops a cluster member's consensus loop while its client side answers; \"{target}\" is not \
-             one (an etcd cluster's member or \"leader\", with [backend] servers = 3)",
-            spec.name
-        );
-        return Err(s.error(target_v.span(), m));
+    if let Some(need) = spec.means.needs_member {
+        if !matches!(&target, Target::Node(n) if need.members(topo).contains(n)) {
+            let (does, which) = need.what();
+            let m = format!("target: {} {does}; \"{target}\" is not one ({which})", spec.name);
+            return Err(s.error(target_v.span(), m));
+        }
     }
     let mut s = Section::new(src, format!("a `{}` fault", spec.name), table.get_ref());
     for k in ["at", "kind", "target", "on", "nth", "client", "after"] {

@@ -295,7 +295,7 @@ mod tests {
     }
 
     /// Each fault kind, written out as a shrunk file writes it, reads back as the same fault: every kind
-    /// on a Redis master with a replica, and `stall` (a cluster member's) on an etcd cluster.
+    /// on a Redis master with a replica, and `stall` and `lag` (a cluster member's) on an etcd cluster.
     #[test]
     fn every_kind_written_out_reads_back_as_the_same_fault() {
         let tail = "[workload]\nkind = \"counter\"\nclients = 3\nduration = \"60s\"\n\
@@ -317,7 +317,8 @@ mod tests {
             [[faults.schedule]]\nat = \"10s\"\nkind = \"clock-jump\"\ntarget = \"client-2\"\ndelta = \"-3s\"\n\
             [[faults.schedule]]\nat = \"11s\"\nkind = \"clock-drift\"\ntarget = \"redis-0\"\nrate = 1.5\n\
             [[faults.schedule]]\nat = \"12s\"\nkind = \"failover\"\ntarget = \"redis-0\"\n";
-        let on_etcd = "[[faults.schedule]]\nat = \"13s\"\nkind = \"stall\"\ntarget = \"leader\"\nduration = \"2s\"\n";
+        let on_etcd = "[[faults.schedule]]\nat = \"13s\"\nkind = \"stall\"\ntarget = \"leader\"\nduration = \"2s\"\n\
+            [[faults.schedule]]\nat = \"14s\"\nkind = \"lag\"\ntarget = \"etcd-1\"\nlatency = \"1s\"\nduration = \"3s\"\n";
         let registry = locksim_locks::Registry::builtin();
         let mut kinds = std::collections::BTreeSet::new();
         for (head, faults) in [(redis, on_redis), (etcd, on_etcd)] {

@@ -66,9 +66,17 @@ pub type Program = Arc<dyn Fn(NodeEnv) -> Pin<Box<dyn Future<Output = ()>>> + Se
 /// Promote the replica of a failed master: returns the promoted node, or why there is none.
 pub type FailoverFn = Box<dyn FnMut(NodeIx) -> Result<NodeIx, String>>;
 
-/// Stall (`true`) or release (`false`) the consensus loop of the member on a node — the `stall` fault,
-/// which only a replicated family can give meaning to; `Err`: why the node cannot stall.
-pub type StallFn = Box<dyn FnMut(NodeIx, bool) -> Result<(), String>>;
+/// A fault that only a replicated family's members can give meaning to, as it starts or ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberFault {
+    /// Stall (`true`) or release (`false`) the member's consensus loop (`stall`).
+    Stall(bool),
+    /// Apply the leader's commits this late from now on (`lag`; `None`: at once, as it ends).
+    Lag(Option<Duration>),
+}
+
+/// Give the member on a node a [`MemberFault`]; `Err`: why the node cannot take it.
+pub type MemberFaultFn = Box<dyn FnMut(NodeIx, MemberFault) -> Result<(), String>>;
 
 /// The node a role of the family's names now (see [`crate::fault::Topology::roles`]), given who holds
 /// the lock: `None` if the name is no role, else the node or why no node has the role now (an
@@ -97,7 +105,7 @@ pub struct World {
     /// Nodes crashed by a fault that has not restarted them yet.
     down: BTreeSet<NodeIx>,
     failover: Option<FailoverFn>,
-    stall: Option<StallFn>,
+    member_faults: Option<MemberFaultFn>,
     roles: Option<RolesFn>,
     /// The peers each cut in force was made from.
     cut_off: BTreeMap<u32, Vec<NodeIx>>,
@@ -131,7 +139,7 @@ impl World {
             pauses: BTreeMap::new(),
             down: BTreeSet::new(),
             failover: None,
-            stall: None,
+            member_faults: None,
             roles: None,
             cut_off: BTreeMap::new(),
             rng: stream(seed, Stream::Nemesis, 2),
@@ -174,9 +182,9 @@ impl World {
         self.failover = Some(f);
     }
 
-    /// How the `stall` fault stalls a member of this world's cluster.
-    pub fn set_stall(&mut self, f: StallFn) {
-        self.stall = Some(f);
+    /// How a member of this world's cluster takes the faults only members can (`stall`, `lag`).
+    pub fn set_member_faults(&mut self, f: MemberFaultFn) {
+        self.member_faults = Some(f);
     }
 
     pub fn set_roles(&mut self, f: RolesFn) {
@@ -443,10 +451,14 @@ impl World {
                 self.mark_clock_jump(node);
             }
             Action::ClockDrift { rate, .. } => self.nodes[node.0 as usize].clock.set_rate(*rate),
-            Action::Stall { .. } => {
+            Action::Stall { .. } | Action::Lag { .. } => {
+                let what = match fault.action {
+                    Action::Lag { latency, .. } => MemberFault::Lag(Some(latency)),
+                    _ => MemberFault::Stall(true),
+                };
                 let target = &self.nodes[node.0 as usize].name;
                 let no = || Err(format!("{target} is no member of a replicated cluster"));
-                if let Err(reason) = self.stall.as_mut().map_or_else(no, |f| f(node, true)) {
+                if let Err(reason) = self.member_faults.as_mut().map_or_else(no, |f| f(node, what)) {
                     self.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
                     return None;
                 }
@@ -492,9 +504,13 @@ impl World {
             Action::Loss { .. } => self.net.set_loss(node, None, None),
             Action::DropReply { .. } => self.net.set_drop_reply(node, None),
             Action::ClockDrift { .. } => self.nodes[node.0 as usize].clock.set_rate(1.0),
-            Action::Stall { .. } => {
-                if let Some(stall) = self.stall.as_mut() {
-                    let _ = stall(node, false);
+            Action::Stall { .. } | Action::Lag { .. } => {
+                let what = match fault.action {
+                    Action::Lag { .. } => MemberFault::Lag(None),
+                    _ => MemberFault::Stall(false),
+                };
+                if let Some(member_faults) = self.member_faults.as_mut() {
+                    let _ = member_faults(node, what);
                 }
             }
             Action::Restart | Action::ClockJump { .. } | Action::Failover => return,

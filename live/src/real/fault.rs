@@ -160,6 +160,9 @@ fn refusal(f: &Fault, servers: &Servers) -> Option<String> {
         Action::Stall { .. } => "cannot stall a member's consensus loop alone: a SIGSTOP stops its client side too \
                                  (stall runs simulated only)"
             .into(),
+        Action::Lag { .. } => "cannot slow a member's apply alone: a real server applies as fast as it can (lag runs \
+                               simulated only)"
+            .into(),
     })
 }
 

@@ -100,8 +100,15 @@ fn topology(params: &Params) -> Topology {
         1 => Topology { servers: vec![REAL.node.into()], ..Topology::default() },
         n => {
             let servers: Vec<String> = (0..n).map(|i| format!("etcd-{i}")).collect();
-            let stallable = servers.iter().cloned().chain(ROLES.iter().map(|(role, _)| role.to_string())).collect();
-            Topology { servers, roles: ROLES.to_vec(), stallable, ..Topology::default() }
+            let members: Vec<String> =
+                servers.iter().cloned().chain(ROLES.iter().map(|(role, _)| role.to_string())).collect();
+            Topology {
+                servers,
+                roles: ROLES.to_vec(),
+                stallable: members.clone(),
+                laggable: members,
+                ..Topology::default()
+            }
         }
     }
 }
@@ -136,15 +143,9 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     Servers::new(EtcdServers { servers: vec![server], recorder: world.recorder().clone() })
 }
 
-/// A cluster of `n` members (`etcd-0` …), its role for faults, and how a member stalls.
+/// A cluster of `n` members (`etcd-0` …) and its role for faults.
 fn deploy_cluster(world: &mut World, n: usize, version: cluster::Version) -> Servers {
     let (servers, states) = cluster::deploy(world, n, version);
-    let (nodes, members) = (servers.clone(), states.clone());
-    world.set_stall(Box::new(move |node, stalled| {
-        let i = nodes.iter().position(|m| *m == node).ok_or("only a cluster's member can stall")?;
-        members[i].lock().expect("etcd member lock").stall(stalled);
-        Ok(())
-    }));
     let nodes = servers.clone();
     world.set_roles(Box::new(move |role, _| {
         (role == "leader").then(|| {

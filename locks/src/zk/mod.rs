@@ -93,6 +93,11 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         10,
         "an ensemble's initLimit: ticks a follower has to connect to and sync with a new leader",
     ),
+    ParamSpec::duration(
+        "apply_lag",
+        0,
+        "an ensemble's apply lag: how late a follower applies each commit, and answers what waited for it",
+    ),
 ];
 
 pub static FAMILY: Family = Family {
@@ -119,6 +124,9 @@ pub static REAL: RealServer = RealServer {
     package: "zookeeper",
     client_built: true,
     refuses: |backend| match backend.duration("tick_time") {
+        _ if !backend.duration("apply_lag").is_zero() => {
+            Err("with [backend] apply_lag: a real server applies each commit as fast as it can".into())
+        }
         // An ensemble's members are started with its [backend] timing.
         _ if backend.int("servers") > 1 => Ok(()),
         tick if tick == REAL_TICK => Ok(()),
@@ -145,11 +153,12 @@ const ROLES: &[(&str, &str)] = &[
 fn topology(params: &Params) -> Topology {
     match params.int("servers") {
         1 => Topology { servers: vec![REAL.node.into()], ..Topology::default() },
-        n => Topology {
-            servers: (0..n).map(|i| format!("zk-{i}")).collect(),
-            roles: ROLES.to_vec(),
-            ..Topology::default()
-        },
+        n => {
+            let servers: Vec<String> = (0..n).map(|i| format!("zk-{i}")).collect();
+            // A leader applies at its commit: a lag on it tells only once it follows.
+            let laggable = servers.iter().cloned().chain(["holder-server".to_string()]).collect();
+            Topology { servers, roles: ROLES.to_vec(), laggable, ..Topology::default() }
+        }
     }
 }
 
@@ -182,6 +191,7 @@ fn deploy_ensemble(world: &mut World, params: &Params, n: usize) -> Servers {
         tick_ms: params.duration("tick_time").as_millis() as i64,
         init_limit: params.int("init_limit"),
         sync_limit: params.int("sync_limit"),
+        apply_lag_ms: params.duration("apply_lag").as_millis() as i64,
     };
     let (servers, states) = ensemble::deploy(world, n, timing);
     let nodes = servers.clone();

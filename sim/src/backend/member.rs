@@ -13,6 +13,7 @@ use super::{Now, Out};
 use crate::clock::Clock;
 use crate::history::{NodeIx, Recorder};
 use crate::net::{Connection, Input, Payload, ReplyTo, Rpc};
+use crate::world::{MemberFault, MemberFaultFn};
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -88,6 +89,18 @@ pub trait Member: Send + 'static {
 
     /// When it wants to be woken next, on the node's monotonic clock.
     fn next_wake_ms(&self) -> Option<i64>;
+
+    /// Take a fault only a member can ([`MemberFault`]), or say why this member cannot.
+    fn member_fault(&mut self, fault: MemberFault) -> Result<(), String>;
+}
+
+/// How the members of a cluster, on `nodes`, take the faults only members can
+/// ([`crate::world::World::set_member_faults`]).
+pub fn member_faults<M: Member>(nodes: Vec<NodeIx>, states: Vec<Arc<Mutex<M>>>) -> MemberFaultFn {
+    Box::new(move |node, fault| {
+        let i = nodes.iter().position(|m| *m == node).ok_or("only a cluster's member can take it")?;
+        states[i].lock().expect("member lock").member_fault(fault)
+    })
 }
 
 /// Serve `state` on this node until the node dies: the [`Member`] shell.

@@ -36,11 +36,12 @@ pub enum FaultKind {
     ClockDrift,
     Failover,
     Stall,
+    Lag,
 }
 
 impl FaultKind {
     /// Every kind, in `locksim list faults` order (and `SPECS`' order).
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Pause,
         FaultKind::Crash,
         FaultKind::HostCrash,
@@ -54,6 +55,7 @@ impl FaultKind {
         FaultKind::ClockDrift,
         FaultKind::Failover,
         FaultKind::Stall,
+        FaultKind::Lag,
     ];
 
     /// Its declaration.
@@ -127,8 +129,14 @@ pub enum Action {
     },
     Failover,
     /// A cluster member's consensus loop stops while its client side goes on answering (a disk that
-    /// blocks its log's writes): see [`crate::world::StallFn`].
+    /// blocks its log's writes): see [`crate::world::MemberFault::Stall`].
     Stall {
+        duration: Option<Duration>,
+    },
+    /// A cluster member applies what its leader commits `latency` late (a slow apply loop): see
+    /// [`crate::world::MemberFault::Lag`].
+    Lag {
+        latency: Duration,
         duration: Option<Duration>,
     },
 }
@@ -149,6 +157,7 @@ impl Action {
             Action::ClockDrift { .. } => FaultKind::ClockDrift,
             Action::Failover => FaultKind::Failover,
             Action::Stall { .. } => FaultKind::Stall,
+            Action::Lag { .. } => FaultKind::Lag,
         }
     }
 
@@ -208,9 +217,9 @@ pub struct Meaning {
     pub on_servers: bool,
     /// It needs a master with a replica (`[backend] replicas = 1`): only such a node is its target.
     pub needs_replica: bool,
-    /// It stops a cluster member's consensus loop apart from its client side: only such a member (or a
-    /// role naming one) is its target ([`crate::fault::Topology::stallable`]).
-    pub needs_stallable: bool,
+    /// It acts on a replicated cluster's member alone: only such a member (or a role naming one) that
+    /// can take it is its target.
+    pub needs_member: Option<MemberNeed>,
     /// It kills the node's process or host: its waits and holds end, its volatile state is lost, and a
     /// later `restart` ends it.
     pub crash: bool,
@@ -236,7 +245,7 @@ impl Meaning {
         not_aimed: None,
         on_servers: false,
         needs_replica: false,
-        needs_stallable: false,
+        needs_member: None,
         crash: false,
         revives: false,
         ends_beliefs: false,
@@ -244,6 +253,40 @@ impl Meaning {
         shade: Shade::Disturbed,
         brings: &[],
     };
+}
+
+/// Which members of a replicated cluster a member's fault can hit ([`Meaning::needs_member`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberNeed {
+    /// A member whose consensus loop runs apart from its client side ([`Topology::stallable`]).
+    Stallable,
+    /// A member that applies its leader's commits ([`Topology::laggable`]).
+    Laggable,
+}
+
+impl MemberNeed {
+    /// The members (and roles) of `topo` that qualify.
+    pub fn members(self, topo: &Topology) -> &[String] {
+        match self {
+            MemberNeed::Stallable => &topo.stallable,
+            MemberNeed::Laggable => &topo.laggable,
+        }
+    }
+
+    /// What the fault does and which targets qualify, for the error naming a target that does not.
+    pub fn what(self) -> (&'static str, &'static str) {
+        match self {
+            MemberNeed::Stallable => (
+                "stops a cluster member's consensus loop while its client side answers",
+                "an etcd cluster's member or \"leader\", with [backend] servers = 3",
+            ),
+            MemberNeed::Laggable => (
+                "slows the apply of a member that follows a leader",
+                "a ZooKeeper ensemble's member or \"holder-server\", an etcd cluster's member or \"leader\", \
+                 with [backend] servers = 3",
+            ),
+        }
+    }
 }
 
 /// How the nemesis draws a fault of a kind: `(rng, duration, topology)`, with the duration drawn from

@@ -3,13 +3,13 @@
 //! The nemesis' draws are part of every seed's schedule: a draw function's calls on the stream, and
 //! their order, are as fixed as a history's format.
 
-use super::kind::{for_how_long, Action, FaultKind, FaultParams, Key, Meaning, Nemesis, Shade, Slot, Spec};
+use super::kind::{for_how_long, Action, FaultKind, FaultParams, Key, Meaning, MemberNeed, Nemesis, Shade, Slot, Spec};
 use super::{fmt_duration, Target, Topology};
 use crate::hazard::Hazard;
 use crate::rng::{ChaCha8Rng, Rng};
 
 /// Every kind's declaration, in [`FaultKind::ALL`]'s order.
-pub(super) static SPECS: [&Spec; 13] = [
+pub(super) static SPECS: [&Spec; 14] = [
     &PAUSE,
     &CRASH,
     &HOST_CRASH,
@@ -23,6 +23,7 @@ pub(super) static SPECS: [&Spec; 13] = [
     &CLOCK_DRIFT,
     &FAILOVER,
     &STALL,
+    &LAG,
 ];
 
 pub static PAUSE: Spec = Spec {
@@ -295,7 +296,33 @@ pub static STALL: Spec = Spec {
     },
     detail: |p| for_how_long(p.duration),
     nemesis: Nemesis::Never("a stall is aimed by hand at a cluster member: write it in [[faults.schedule]]"),
-    means: Meaning { on_servers: true, needs_stallable: true, shade: Shade::Paused, ..Meaning::LASTING },
+    means: Meaning {
+        on_servers: true,
+        needs_member: Some(MemberNeed::Stallable),
+        shade: Shade::Paused,
+        ..Meaning::LASTING
+    },
+};
+
+pub static LAG: Spec = Spec {
+    kind: FaultKind::Lag,
+    name: "lag",
+    doc: "a cluster member applies what its leader commits `latency` late (an apply loop behind its log): its \
+          reads, watches and answers run behind; ZooKeeper followers and etcd members",
+    keys: &[
+        Key { slot: Slot::Duration, required: None, doc: "omit: until the end" },
+        Key { slot: Slot::Latency, required: Some("how far the apply runs behind the commits, e.g. \"2s\""), doc: "" },
+    ],
+    build: |p| Action::Lag { latency: required(p.latency), duration: p.duration },
+    params: |a| match a {
+        Action::Lag { latency, duration } => {
+            FaultParams { duration: *duration, latency: Some(*latency), ..FaultParams::default() }
+        }
+        _ => unreachable!("{a:?} is not a lag"),
+    },
+    detail: |p| format!("{} behind {}", fmt_duration(required(p.latency)), for_how_long(p.duration)),
+    nemesis: Nemesis::Never("a lag is aimed by hand at a cluster member: write it in [[faults.schedule]]"),
+    means: Meaning { on_servers: true, needs_member: Some(MemberNeed::Laggable), ..Meaning::LASTING },
 };
 
 /// A key the reader made sure of ([`Key::required`]).
@@ -362,6 +389,7 @@ mod tests {
             Action::ClockDrift { rate: 1.5, duration: Some(d) },
             Action::Failover,
             Action::Stall { duration: Some(d) },
+            Action::Lag { latency: d / 2, duration: None },
         ];
         for a in &actions {
             let spec = a.kind().spec();

@@ -16,7 +16,7 @@
 mod kind;
 pub mod kinds;
 
-pub use kind::{Action, Draw, FaultKind, FaultParams, Key, Meaning, Nemesis, Shade, Slot, Spec};
+pub use kind::{Action, Draw, FaultKind, FaultParams, Key, Meaning, MemberNeed, Nemesis, Shade, Slot, Spec};
 
 use crate::rng::{ChaCha8Rng, Rng};
 use std::time::Duration;
@@ -191,6 +191,9 @@ pub struct Topology {
     /// Servers, and roles naming one, that a `stall` can stop: members of a cluster whose consensus loop
     /// runs apart from their client side (an etcd cluster's).
     pub stallable: Vec<String>,
+    /// Servers, and roles naming one, whose apply a `lag` can slow: members that apply what a leader
+    /// commits (a ZooKeeper ensemble's followers, an etcd cluster's members).
+    pub laggable: Vec<String>,
     /// Names of servers by what they are at the moment a fault starts (an ensemble's `leader`), with
     /// what each means: targets and peers as node names are.
     pub roles: Vec<(&'static str, &'static str)>,

@@ -53,13 +53,13 @@
 //! lacks), leadership transfer, lease checkpoints (off by default).
 
 use super::{EtcdReply, EtcdRequest, EtcdState, LeaseId, Op};
-use crate::backend::member::{serve_member, Member, MemberOut, RequestId};
+use crate::backend::member::{member_faults, serve_member, Member, MemberOut, RequestId};
 use crate::backend::{Now, Out};
 use crate::history::NodeIx;
 use crate::net::Connection;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
-use crate::world::{Program, World};
-use std::collections::BTreeSet;
+use crate::world::{MemberFault, Program, World};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -226,6 +226,10 @@ pub struct EtcdMember {
     /// loop wait in `held`, and Raft's ticks are lost.
     stalled: bool,
     held: Vec<Held>,
+    /// How late it applies what is committed (the `lag` fault; 0: at once).
+    lag_ms: i64,
+    /// Commit indexes it learned and has not applied yet, each with when it applies it, in order.
+    behind: VecDeque<(i64, usize)>,
 }
 
 /// An input a stalled member takes up once its loop runs again, in the order it came.
@@ -268,13 +272,9 @@ impl EtcdMember {
             renew_confirms_leadership,
             stalled: false,
             held: Vec::new(),
+            lag_ms: 0,
+            behind: VecDeque::new(),
         }
-    }
-
-    /// Stall (`true`) or release its consensus loop: the `stall` fault. Released, it takes up what it
-    /// held at its next tick.
-    pub fn stall(&mut self, stalled: bool) {
-        self.stalled = stalled;
     }
 
     /// Whether this member leads (in the highest term it knows).
@@ -416,11 +416,32 @@ impl EtcdMember {
         self.apply_committed(out);
     }
 
-    /// Apply what is committed and not applied yet, in order; answer the reads that waited for it.
+    /// How far it applies now: its commit index, or — lagging — the commits whose time has come (a
+    /// commit it learns is applied `lag_ms` later, and after the ones before it).
+    fn apply_to(&mut self) -> usize {
+        let noted = self.behind.back().map_or(self.applied, |(_, index)| *index);
+        if self.commit > noted {
+            if self.lag_ms == 0 && self.behind.is_empty() {
+                return self.commit;
+            }
+            let due = self.behind.back().map_or(0, |(at, _)| *at).max(self.now_ms + self.lag_ms);
+            self.behind.push_back((due, self.commit));
+        }
+        let mut to = self.applied;
+        while let Some((_, index)) = self.behind.front().filter(|(at, _)| *at <= self.now_ms) {
+            to = *index;
+            self.behind.pop_front();
+        }
+        to
+    }
+
+    /// Apply what is committed and not applied yet (and, lagging, due), in order; answer the reads that
+    /// waited for it.
     fn apply_committed(&mut self, out: &mut MOut) {
+        let to = self.apply_to();
         // A lease granted here gets its expiry by this member's clock; only a primary lessor acts on
         // it, and a promotion renews every lease.
-        while self.applied < self.commit {
+        while self.applied < to {
             self.applied += 1;
             let entry = self.log[self.applied - 1].clone();
             match entry.cmd {
@@ -712,6 +733,8 @@ impl Member for EtcdMember {
         self.waiting.clear();
         self.reads.clear();
         self.applying.clear();
+        // What it had not applied yet it applies from its log once it learns the commit again.
+        self.behind.clear();
         // Watches lived in the old process's memory.
         self.state.watchers = super::watch::Watchers::default();
         self.reset_timeout();
@@ -829,6 +852,9 @@ impl Member for EtcdMember {
                 Held::Request(origin, request) => self.route(origin, request, out),
             }
         }
+        if self.behind.front().is_some_and(|(at, _)| *at <= now.mono_ms) {
+            self.apply_committed(out);
+        }
         while self.next_tick_ms <= now.mono_ms {
             self.next_tick_ms += TICK_MS;
             self.tick(out);
@@ -841,7 +867,18 @@ impl Member for EtcdMember {
     }
 
     fn next_wake_ms(&self) -> Option<i64> {
-        Some(self.next_tick_ms.min(self.next_look_ms))
+        let behind = self.behind.front().map_or(i64::MAX, |(at, _)| *at);
+        Some(self.next_tick_ms.min(self.next_look_ms).min(behind))
+    }
+
+    /// `stall`: its consensus loop stops, or (released) takes up what it held at its next tick. `lag`:
+    /// the commits it learns from now on are applied that late.
+    fn member_fault(&mut self, fault: MemberFault) -> Result<(), String> {
+        match fault {
+            MemberFault::Stall(stalled) => self.stalled = stalled,
+            MemberFault::Lag(lag) => self.lag_ms = lag.map_or(0, |d| d.as_millis() as i64),
+        }
+        Ok(())
     }
 }
 
@@ -860,7 +897,7 @@ impl Version {
     }
 }
 
-/// A cluster of `n` members (`etcd-0` …) on new server nodes of `world`.
+/// A cluster of `n` members (`etcd-0` …) on new server nodes of `world`, which gives them its member faults.
 pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Vec<Arc<Mutex<EtcdMember>>>) {
     let first = world.next_index().0;
     let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
@@ -889,6 +926,7 @@ pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Ve
         assert_eq!(node, members[i], "a cluster's members are added one after the other");
     }
     world.net().set_read_timeout(&members, PEER_READ_TIMEOUT);
+    world.set_member_faults(member_faults(members.clone(), states.clone()));
     (members, states)
 }
 

@@ -54,11 +54,11 @@
 use super::replica::Replica;
 use super::session::Sessions;
 use super::{SessionId, ZkError, ZkOp, ZkReply, ZkRequest};
-use crate::backend::member::{serve_member, Member, MemberOut, RequestId};
+use crate::backend::member::{member_faults, serve_member, Member, MemberOut, RequestId};
 use crate::backend::Now;
 use crate::history::{EventKind, NodeIx};
 use crate::net::Connection;
-use crate::world::{Program, World};
+use crate::world::{MemberFault, Program, World};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -70,6 +70,8 @@ pub struct Timing {
     pub init_limit: i64,
     /// Ticks a follower may be out of touch with its leader.
     pub sync_limit: i64,
+    /// How late a follower applies each commit (and answers what waited for it).
+    pub apply_lag_ms: i64,
 }
 
 /// `FastLeaderElection.finalizeWait`: how long a server that sees a quorum for its vote waits for a
@@ -303,6 +305,19 @@ pub struct ZkMember {
     attempts: u64,
     /// Sessions its clients touched since the leader's last ping (a follower's touch table).
     touched: BTreeSet<SessionId>,
+    /// The `lag` fault's apply lag while it lasts, in place of [`Timing::apply_lag_ms`].
+    lag_ms: Option<i64>,
+    /// What a following server has taken from its leader and not yet taken up, in order, each with
+    /// when it does.
+    behind: VecDeque<(i64, Behind)>,
+}
+
+/// What a follower takes up in its commit order (its `CommitProcessor`): a commit, or the answer to a
+/// sync, which comes behind the commits before it.
+#[derive(Debug)]
+enum Behind {
+    Commit(Proposal),
+    Synced(u64),
 }
 
 impl ZkMember {
@@ -333,6 +348,8 @@ impl ZkMember {
             next_session: 0,
             attempts: 0,
             touched: BTreeSet::new(),
+            lag_ms: None,
+            behind: VecDeque::new(),
         }
     }
 
@@ -558,6 +575,33 @@ impl ZkMember {
         }
     }
 
+    /// Following: take up a commit or a sync's answer from the leader — at once, or, with an apply lag,
+    /// that much later and after what came before it.
+    fn behind(&mut self, item: Behind, now_ms: i64, out: &mut Out) {
+        let lag = self.lag_ms.unwrap_or(self.timing.apply_lag_ms);
+        if lag == 0 && self.behind.is_empty() {
+            return self.take_up(item, now_ms, out);
+        }
+        let at = self.behind.back().map_or(0, |(at, _)| *at).max(now_ms + lag);
+        self.behind.push_back((at, item));
+    }
+
+    fn take_up(&mut self, item: Behind, now_ms: i64, out: &mut Out) {
+        match item {
+            Behind::Commit(proposal) => self.apply(proposal, now_ms, out),
+            Behind::Synced(token) => self.done(token, None, now_ms, out),
+        }
+    }
+
+    /// Take up what is due of what it is behind on (`all`: everything, as it stops following: the
+    /// commits are in its log, which a restart or a new role replays).
+    fn catch_up(&mut self, now_ms: i64, all: bool, out: &mut Out) {
+        while self.behind.front().is_some_and(|(at, _)| all || *at <= now_ms) {
+            let (_, item) = self.behind.pop_front().expect("just seen");
+            self.take_up(item, now_ms, out);
+        }
+    }
+
     /// Lead: check a transaction server `from` sent on for its client (`PrepRequestProcessor`), and
     /// propose it, or the error it fails with.
     fn prepare(&mut self, txn: Txn, from: usize, token: u64, now_ms: i64, out: &mut Out) {
@@ -629,6 +673,7 @@ impl ZkMember {
     /// Stop serving and look for a leader (`QuorumPeer` back to `LOOKING`).
     fn look(&mut self, now_ms: i64, out: &mut Out) {
         self.stop_serving(out);
+        self.catch_up(now_ms, true, out);
         self.round += 1;
         let vote = Vote { epoch: self.epoch, zxid: self.last_zxid(), sid: self.sid };
         self.role = Role::Looking(Election {
@@ -874,7 +919,7 @@ impl ZkMember {
             Peer::Commit { zxid, .. } => {
                 while self.log.front().is_some_and(|p| p.zxid <= zxid) {
                     let proposal = self.log.pop_front().expect("just seen");
-                    self.apply(proposal, now_ms, out);
+                    self.behind(Behind::Commit(proposal), now_ms, out);
                 }
             }
             Peer::Ping { .. } => {
@@ -882,7 +927,7 @@ impl ZkMember {
                 out.tell(self.members[from], Peer::PingReply { epoch, touched });
             }
             Peer::Revalidated { token, valid, .. } => self.revalidated(token, valid, out),
-            Peer::Synced { token, .. } => self.done(token, None, now_ms, out),
+            Peer::Synced { token, .. } => self.behind(Behind::Synced(token), now_ms, out),
             _ => {}
         }
     }
@@ -971,6 +1016,16 @@ impl Member for ZkMember {
         }
     }
 
+    /// `lag`: it applies the commits it takes from now on that late. A leader applies at its commit:
+    /// the lag tells once it follows. `stall` is etcd's: ZooKeeper's request pipeline is one.
+    fn member_fault(&mut self, fault: MemberFault) -> Result<(), String> {
+        match fault {
+            MemberFault::Lag(lag) => self.lag_ms = lag.map(|d| d.as_millis() as i64),
+            MemberFault::Stall(_) => return Err("a ZooKeeper server's consensus loop cannot stall apart".into()),
+        }
+        Ok(())
+    }
+
     /// A client's process died: its connections here are gone (its sessions live on until they time
     /// out). A peer's: its leader or learner connection broke (`EOFException`), as at once as a
     /// timeout would later.
@@ -996,6 +1051,7 @@ impl Member for ZkMember {
 
     fn wake(&mut self, now: Now, out: &mut Out) {
         let now_ms = now.mono_ms;
+        self.catch_up(now_ms, false, out);
         let quorum = self.quorum();
         let timing = self.timing;
         match &mut self.role {
@@ -1060,7 +1116,8 @@ impl Member for ZkMember {
             Role::Following(f) => match f.epoch {
                 Some(_) => f.last_heard_ms + self.timing.sync_limit * self.timing.tick_ms,
                 None => f.info_at.min(f.give_up_at),
-            },
+            }
+            .min(self.behind.front().map_or(i64::MAX, |(at, _)| *at)),
             Role::Leading(l) => {
                 let mut at = l.next_half_tick_ms;
                 if l.established {
@@ -1075,7 +1132,7 @@ impl Member for ZkMember {
 }
 
 /// Start an ensemble of `n` servers named `zk-0`, `zk-1` … in `world`: their nodes, and their states
-/// (which outlive a crash: each server's log is on its disk).
+/// (which outlive a crash: each server's log is on its disk); `world` gives them its member faults.
 pub fn deploy(world: &mut World, n: usize, timing: Timing) -> (Vec<NodeIx>, Vec<Arc<Mutex<ZkMember>>>) {
     let first = world.next_index().0;
     let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
@@ -1093,6 +1150,7 @@ pub fn deploy(world: &mut World, n: usize, timing: Timing) -> (Vec<NodeIx>, Vec<
         let node = world.add_server(&format!("zk-{sid}"), program);
         assert_eq!(node, members[sid], "an ensemble's servers are added one after the other");
     }
+    world.set_member_faults(member_faults(members.clone(), states.clone()));
     (members, states)
 }
 

@@ -209,15 +209,7 @@ fn a_stalled_leader_renews_leases_until_3_5_13() {
             action: Action::Stall { duration: None },
             on: None,
         };
-        let deploy = |world: &mut World| {
-            let (members, states) = deploy(world, 3, version);
-            let stalled = states[leader].clone();
-            world.set_stall(Box::new(move |_, on| {
-                stalled.lock().unwrap().stall(on);
-                Ok(())
-            }));
-            (members, states)
-        };
+        let deploy = |world: &mut World| deploy(world, 3, version);
         let (_, log, _) = testing::run(4, 60, vec![stall], deploy, client, log);
         let renewed = log.iter().filter(|r| r.starts_with("KeepAlive") && !r.contains("ttl_s: 0")).count();
         let gone = log.iter().any(|r| r.contains("ttl_s: -1"));
@@ -229,4 +221,36 @@ fn a_stalled_leader_renews_leases_until_3_5_13() {
     let (renewed, gone, log) = renewals(Version::V3_5_13);
     assert_eq!(renewed, 0, "the stalled leader answers no keep-alive: {log:?}");
     assert!(gone, "{log:?}");
+}
+
+/// A lagging member (`lag`: 3 s) answers a linearizable read only once it has applied the leader's
+/// commit index: late, never stale.
+#[test]
+fn a_lagging_member_answers_reads_late_and_never_stale() {
+    let (states, _, _) = run(5, 3, vec![], |_, _, _| Box::pin(async {}));
+    let laggard = (leader_of(&states) + 1) % 3;
+    let log: Log = Arc::new(Mutex::new(vec![laggard.to_string()]));
+    let client: Client = |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(3)).await;
+            let laggard: usize = log.lock().unwrap()[0].parse().unwrap();
+            let other = members[(laggard + 1) % 3];
+            note(&log, &rpc, other, put("k", 0)).await;
+            let start = env.clock.monotonic_ms();
+            note(&log, &rpc, members[laggard], get("k")).await;
+            log.lock().unwrap().push((env.clock.monotonic_ms() - start).to_string());
+        })
+    };
+    let lag = Fault {
+        at: Duration::from_millis(2500),
+        target: Target::Node(format!("etcd-{laggard}")),
+        action: Action::Lag { latency: Duration::from_secs(2), duration: None },
+        on: None,
+    };
+    let (_, log, _) = run_with_log(5, 10, vec![lag], client, log);
+    assert!(log[1].starts_with("Op { revision: 2"), "{log:?}");
+    assert!(log[2].contains("key: \"k\""), "the read waits for the write: {log:?}");
+    let waited: i64 = log[3].parse().unwrap();
+    assert!((2000..2500).contains(&waited), "for the lag: {log:?}");
 }

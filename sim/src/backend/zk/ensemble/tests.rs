@@ -7,7 +7,7 @@ use crate::fault::{Action, Fault, Target};
 use crate::history::EventKind;
 use std::time::Duration;
 
-const TIMING: Timing = Timing { tick_ms: 2000, init_limit: 10, sync_limit: 5 };
+const TIMING: Timing = Timing { tick_ms: 2000, init_limit: 10, sync_limit: 5, apply_lag_ms: 0 };
 
 /// Three servers and a client node running `client` for `secs` under `faults`.
 fn run(seed: u64, secs: u64, faults: Vec<Fault>, client: Client) -> Ran<ZkMember> {
@@ -220,4 +220,48 @@ fn a_write_its_server_sends_on_after_the_session_moved_is_refused_and_its_connec
     assert!(log[0].starts_with("Connected"), "the session moved to zk-1: {log:?}");
     assert_eq!(log[1], "Reset", "the late create is refused, its connection closed: {log:?}");
     assert_eq!(log[2], "Exists(None)", "and applied nowhere: {log:?}");
+}
+
+/// A follower that lags (`lag`: 3 s) answers reads from its copy as it stands — a write the leader
+/// committed is not there yet — and answers its own client's write, and a sync, only once it has
+/// applied what came before them.
+#[test]
+fn a_lagging_follower_reads_behind_and_answers_writes_and_syncs_late() {
+    let lag = Fault {
+        at: Duration::from_millis(2500),
+        target: Target::Node("zk-0".into()),
+        action: Action::Lag { latency: Duration::from_secs(3), duration: None },
+        on: None,
+    };
+    let (_, log, _) = run(4, 20, vec![lag], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(2)).await;
+            let writer = open_session(&rpc, members[2], 6000).await;
+            let reader = open_session(&rpc, members[0], 6000).await;
+            env.clock.sleep(Duration::from_secs(1)).await;
+            let create =
+                |path: &str| ZkOp::Create { path: path.into(), data: String::new(), mode: CreateMode::Persistent };
+            let exists = || ZkOp::Exists { path: "/lock".into(), watch: false };
+            note(&log, &rpc, members[2], ZkRequest::Op { session: writer, op: create("/lock") }).await;
+            note(&log, &rpc, members[0], ZkRequest::Op { session: reader, op: exists() }).await;
+            let start = env.clock.monotonic_ms();
+            let sync = ZkOp::Sync { path: "/lock".into() };
+            note(&log, &rpc, members[0], ZkRequest::Op { session: reader, op: sync }).await;
+            note(&log, &rpc, members[0], ZkRequest::Op { session: reader, op: exists() }).await;
+            let synced_after = env.clock.monotonic_ms() - start;
+            let start = env.clock.monotonic_ms();
+            note(&log, &rpc, members[0], ZkRequest::Op { session: reader, op: create("/own") }).await;
+            let created_after = env.clock.monotonic_ms() - start;
+            log.lock().unwrap().push(format!("{synced_after} {created_after}"));
+        })
+    });
+    assert!(log[0].starts_with("Created"), "{log:?}");
+    assert_eq!(log[1], "Exists(None)", "the follower has not applied the create: {log:?}");
+    assert!(log[2].starts_with("Synced"), "{log:?}");
+    assert!(log[3].starts_with("Exists(Some"), "after the sync it has: {log:?}");
+    assert!(log[4].starts_with("Created"), "{log:?}");
+    let times: Vec<i64> = log[5].split(' ').map(|t| t.parse().unwrap()).collect();
+    assert!((3000..3500).contains(&times[0]), "the sync's answer waits for the lag: {log:?}");
+    assert!((3000..3500).contains(&times[1]), "and so does the client's own write: {log:?}");
 }
