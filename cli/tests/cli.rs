@@ -127,6 +127,12 @@ fn bad_scenario_files_get_one_precise_line_and_exit_2() {
             ":12:10: target: stall stops a cluster member's consensus loop while its client side answers; \"redis-0\" is not one",
         ),
         (
+            "lag-no-cluster.toml",
+            "kind = \"pause\"\ntarget = \"holder\"\nduration = \"8s\"",
+            "kind = \"lag\"\ntarget = \"redis-0\"\nlatency = \"1s\"",
+            ":12:10: target: lag slows the apply of a member that follows a leader; \"redis-0\" is not one",
+        ),
+        (
             "missing-duration.toml",
             "duration = \"8s\"",
             "",

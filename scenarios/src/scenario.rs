@@ -710,7 +710,13 @@ fn fault(
         }
     }
     if let Some(need) = spec.means.needs_member {
-        if !matches!(&target, Target::Node(n) if need.members(topo).contains(n)) {
+        // The trigger of a leader change is the new leader.
+        let named = match (&target, &on) {
+            (Target::Node(n), _) => Some(n.as_str()),
+            (Target::Trigger, Some(t)) if t.event == TriggerEvent::LeaderChange => Some("leader"),
+            _ => None,
+        };
+        if !named.is_some_and(|n| need.members(topo).iter().any(|m| m == n)) {
             let (does, which) = need.what();
             let m = format!("target: {} {does}; \"{target}\" is not one ({which})", spec.name);
             return Err(s.error(target_v.span(), m));

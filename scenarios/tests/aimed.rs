@@ -376,6 +376,30 @@ fn a_fault_on_leader_change_hits_the_new_leader_as_it_wins() {
     }
 }
 
+/// A member's fault (`stall`, `lag`) may aim at the trigger of a leader change — the new leader, a
+/// member — where the family counts a leader among its targets: etcd's stall and lag, not ZooKeeper's lag
+/// (a ZooKeeper leader applies at its commit).
+#[test]
+fn a_members_fault_aims_at_a_new_leader_where_a_leader_can_take_it() {
+    let text = |recipe: &str, kind: &str| {
+        format!(
+            "name = \"t\"\n[recipe]\nid = \"{recipe}\"\n[backend]\nservers = 3\n\
+             [workload]\nkind = \"counter\"\nclients = 2\nduration = \"60s\"\n\
+             [[faults.schedule]]\nat = \"5s\"\non = \"leader-change\"\nkind = \"{kind}\"\ntarget = \"trigger\"\n\
+             latency = \"1s\"\nduration = \"2s\"\n"
+        )
+    };
+    let parse = |t: &str| Scenario::parse("t.toml", t, &Registry::builtin()).map(drop).map_err(|e| e.to_string());
+    let stall = text("etcd.mutex", "stall").replace("latency = \"1s\"\n", "");
+    assert_eq!(parse(&stall), Ok(()));
+    assert_eq!(parse(&text("etcd.mutex", "lag")), Ok(()));
+    let refused = parse(&text("zk.sequential", "lag")).unwrap_err();
+    assert!(
+        refused.contains("target: lag slows the apply of a member that follows a leader; \"trigger\" is not one"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn a_fault_on_lease_expired_hits_the_client_whose_session_the_server_ended() {
     // A client paused from 3 s for 8 s loses its session (4 s: the server's least, two ticks of 2 s);

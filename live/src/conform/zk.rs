@@ -373,7 +373,7 @@ impl Family for Zk {
     }
 
     fn reset(server: &Server) -> anyhow::Result<Run> {
-        let mut conn = match jute::Conn::connect(server.addr().0, 4000, None)? {
+        let mut conn = match jute::Conn::connect(server.addr().0, 4000, None, 0)? {
             Ok(conn) => conn,
             Err(jute::Expired) => anyhow::bail!("ZooKeeper refused a new session"),
         };
@@ -499,7 +499,7 @@ impl ModelRun {
     }
 
     fn call(&mut self, at: u64, client: usize, request: ZkRequest) -> ZkReply {
-        self.server.apply(Now::at(at as i64), NodeIx(client as u32), request, &mut self.out)
+        self.server.apply(Now::at(at as i64), NodeIx(client as u32), request, &mut self.out).reply
     }
 
     fn op(&mut self, at: u64, client: usize, op: ZkOp) -> ZkReply {
@@ -509,7 +509,8 @@ impl ModelRun {
 
     fn play(&mut self, at: u64, client: usize, op: &Op) -> String {
         if let Op::Connect { timeout_ms } = op {
-            let reply = self.call(at, client, ZkRequest::Connect { requested_ms: *timeout_ms, session: None });
+            let reply =
+                self.call(at, client, ZkRequest::Connect { requested_ms: *timeout_ms, session: None, last_zxid: 0 });
             if let ZkReply::Connected { session, .. } = reply {
                 self.sessions.insert(client, session);
                 self.names.sessions.insert(session as i64, client);
@@ -520,7 +521,9 @@ impl ModelRun {
         if let Some(i) = self.reattach.iter().position(|c| *c == client) {
             self.reattach.remove(i);
             let session = self.sessions.get(&client).copied();
-            if let ZkReply::Error(e) = self.call(at, client, ZkRequest::Connect { requested_ms: 0, session }) {
+            if let ZkReply::Error(e) =
+                self.call(at, client, ZkRequest::Connect { requested_ms: 0, session, last_zxid: 0 })
+            {
                 return format!("error {e:?}");
             }
         }
@@ -624,7 +627,12 @@ impl Client {
     fn reattach(&mut self) -> anyhow::Result<bool> {
         let Some(mut old) = self.conn.take() else { return Ok(false) };
         old.drain();
-        match jute::Conn::connect(self.addr.0, self.timeout_ms, Some((old.session, old.password.clone())))? {
+        match jute::Conn::connect(
+            self.addr.0,
+            self.timeout_ms,
+            Some((old.session, old.password.clone())),
+            old.last_zxid,
+        )? {
             Ok(mut conn) => {
                 conn.resume(old)?;
                 self.conn = Some(conn);
@@ -776,7 +784,7 @@ impl Client {
     fn send(&mut self, op: &Op) -> anyhow::Result<String> {
         match op {
             Op::Connect { timeout_ms } => {
-                let conn = match jute::Conn::connect(self.addr.0, *timeout_ms as i32, None)? {
+                let conn = match jute::Conn::connect(self.addr.0, *timeout_ms as i32, None, 0)? {
                     Ok(conn) => conn,
                     Err(jute::Expired) => return Ok("error SessionExpired".into()),
                 };

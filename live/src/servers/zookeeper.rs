@@ -85,7 +85,7 @@ fn leads(addr: SocketAddr) -> bool {
 
 /// A session: the server has loaded its data and serves.
 fn ready(_: TcpStream, addr: SocketAddr) -> bool {
-    match Conn::connect(addr, 4000, None) {
+    match Conn::connect(addr, 4000, None, 0) {
         Ok(Ok(mut conn)) => conn.call(CLOSE_SESSION, Body::default()).is_ok(),
         _ => false,
     }
@@ -94,7 +94,7 @@ fn ready(_: TcpStream, addr: SocketAddr) -> bool {
 /// Run a freshly started JVM's request paths a few hundred times, so that a script's first requests
 /// after a (re)start are not answered late by a cold JIT (which would make the seed inconclusive).
 fn warm_up(addr: SocketAddr) -> anyhow::Result<()> {
-    let Ok(mut conn) = Conn::connect(addr, 4000, None)? else { anyhow::bail!("ZooKeeper refused a session") };
+    let Ok(mut conn) = Conn::connect(addr, 4000, None, 0)? else { anyhow::bail!("ZooKeeper refused a session") };
     let path = "/locksim-warm-up";
     for _ in 0..100 {
         conn.call(CREATE2, Body::default().str(path).str("").open_acl().int(0))?;

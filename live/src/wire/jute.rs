@@ -70,31 +70,35 @@ pub struct Conn {
     /// Watch events read so far and not yet taken.
     pub events: Vec<Event>,
     pub watches: Watches,
-    /// The last zxid a reply carried: a new connection's `SetWatches` fires what changed after it.
-    last_zxid: i64,
+    /// The last zxid a reply carried (`lastZxidSeen`): a new connection's `SetWatches` fires what changed
+    /// after it.
+    pub last_zxid: i64,
 }
 
 /// A session the server no longer knows (the connect answer's timeout is 0).
 pub struct Expired;
 
 impl Conn {
-    /// Open a session (`session` None) with `timeout_ms`, or re-attach to one.
+    /// Open a session (`session` None) with `timeout_ms`, or re-attach to one; `last_zxid`: the last
+    /// zxid the client saw (`lastZxidSeen`; 0 for a new one).
     pub fn connect(
         addr: SocketAddr,
         timeout_ms: i32,
         session: Option<(i64, Vec<u8>)>,
+        last_zxid: i64,
     ) -> std::io::Result<Result<Conn, Expired>> {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(super::ANSWER_TIMEOUT))?;
-        let request = Body::connect(timeout_ms, session.as_ref().map(|(id, password)| (*id, password.as_slice())));
+        let old = session.as_ref().map(|(id, password)| (*id, password.as_slice()));
+        let request = Body::connect(timeout_ms, old, last_zxid);
         write_frame(&mut stream, &request.0)?;
         let frame = read_frame(&mut stream)?;
         let (timeout, session, password) = Reader(&frame).connected()?;
         if timeout <= 0 {
             return Ok(Err(Expired));
         }
-        let (events, watches, last_zxid) = (Vec::new(), Watches::default(), 0);
+        let (events, watches) = (Vec::new(), Watches::default());
         Ok(Ok(Conn { stream, session, timeout, password, xid: 0, events, watches, last_zxid }))
     }
 

@@ -68,10 +68,10 @@ impl Body {
     }
 
     /// A `ConnectRequest`: open a session (`session` None) asking for `timeout_ms`, or re-attach to one
-    /// with its password.
-    pub fn connect(timeout_ms: i32, session: Option<(i64, &[u8])>) -> Body {
+    /// with its password; `last_zxid` is the last zxid the client saw (`lastZxidSeen`).
+    pub fn connect(timeout_ms: i32, session: Option<(i64, &[u8])>, last_zxid: i64) -> Body {
         let (id, password) = session.unwrap_or((0, &[0; 16]));
-        Body::default().int(0).long(0).int(timeout_ms).long(id).bytes(password).bool(false)
+        Body::default().int(0).long(last_zxid).int(timeout_ms).long(id).bytes(password).bool(false)
     }
 }
 

@@ -8,7 +8,9 @@
 //! [`Host::Real`](locksim_sim::backend::zk::client::Host)), which follows the Java client's
 //! `ClientCnxn`. As that client's socket does:
 //! - a `Connect` opens a new TCP connection (closing the old one) with a `ConnectRequest`: a new session,
-//!   or the old one with its password; the server's timeout 0 says the session has expired;
+//!   or the old one with its password, and the last zxid the client saw; the server's timeout 0 says
+//!   the session has expired, and a server that has applied less than that zxid closes the connection;
+//! - each reply's header zxid goes up with it ([`Stamped`]): the client keeps it as `lastZxidSeen`;
 //! - requests go out in order with rising xids (a ping is xid −2) and their replies come back in order;
 //!   a reader task matches them, and hands watch notifications (xid −1) to the node's router;
 //! - a connection that breaks fails every request out on it, and any later one, with
@@ -21,7 +23,7 @@
 
 use super::jute::{self, Body, Reader};
 use locksim_sim::backend::zk::client::{Link, LinkCall, Router};
-use locksim_sim::backend::zk::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
+use locksim_sim::backend::zk::{SessionId, Stamped, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::history::NodeIx;
 use locksim_sim::net::CallError;
@@ -53,8 +55,8 @@ struct Inner {
     passwords: RefCell<BTreeMap<SessionId, Vec<u8>>>,
 }
 
-/// A reply as read: its error code and body.
-type Answer = (i32, Vec<u8>);
+/// A reply as read: its header's zxid, its error code and body.
+type Answer = (i64, i32, Vec<u8>);
 
 /// Requests sent on a connection and not yet answered, in order: their xid and who waits for the reply.
 type Pending = Rc<RefCell<VecDeque<(i32, oneshot::Sender<Answer>)>>>;
@@ -94,7 +96,9 @@ impl Link for RealZk {
         Box::pin(async move {
             let call = async {
                 match request {
-                    ZkRequest::Connect { requested_ms, session } => inner.connect(server, requested_ms, session).await,
+                    ZkRequest::Connect { requested_ms, session, last_zxid } => {
+                        inner.connect(server, requested_ms, session, last_zxid).await
+                    }
                     ZkRequest::Op { session: _, op } => inner.op(conn, op).await,
                 }
             };
@@ -110,14 +114,15 @@ impl Inner {
         server: NodeIx,
         requested_ms: i64,
         session: Option<SessionId>,
-    ) -> Result<(ZkReply, u32), CallError> {
+        last_zxid: u64,
+    ) -> Result<(Stamped, u32), CallError> {
         // The old connection is closed first, as the Java client closes its socket before reconnecting.
         self.conn.borrow_mut().take();
         let addr = &self.addrs[server.0 as usize];
         let mut stream = TcpStream::connect(addr).await.map_err(|_| CallError::Reset)?;
         let password = session.and_then(|s| self.passwords.borrow().get(&s).cloned());
         let old = session.map(|s| (s as i64, password.as_deref().unwrap_or(&[0; 16])));
-        let request = Body::connect(requested_ms as i32, old);
+        let request = Body::connect(requested_ms as i32, old, last_zxid as i64);
         let answer = async {
             stream.set_nodelay(true)?;
             write_frame(&mut stream, &request.0).await?;
@@ -129,7 +134,7 @@ impl Inner {
         self.next_id.set(conn_id + 1);
         if timeout_ms <= 0 {
             // The server no longer knows the session: it closes the connection.
-            return Ok((ZkReply::Error(ZkError::SessionExpired), conn_id));
+            return Ok((Stamped { zxid: 0, reply: ZkReply::Error(ZkError::SessionExpired) }, conn_id));
         }
         let session = id as SessionId;
         self.passwords.borrow_mut().insert(session, password);
@@ -152,11 +157,12 @@ impl Inner {
             _reader: reader,
         };
         *self.conn.borrow_mut() = Some(Rc::new(conn));
-        Ok((ZkReply::Connected { session, timeout_ms: i64::from(timeout_ms) }, conn_id))
+        let reply = ZkReply::Connected { session, timeout_ms: i64::from(timeout_ms) };
+        Ok((Stamped { zxid: 0, reply }, conn_id))
     }
 
     /// Send `op` on connection `conn` (it must be the open one) and wait for its reply.
-    async fn op(&self, conn: Option<u32>, op: ZkOp) -> Result<(ZkReply, u32), CallError> {
+    async fn op(&self, conn: Option<u32>, op: ZkOp) -> Result<(Stamped, u32), CallError> {
         let open = self.conn.borrow().clone().filter(|c| Some(c.id) == conn && c.alive.get());
         let open = open.ok_or(CallError::Reset)?;
         let (kind, body) = jute::encode(&op);
@@ -181,9 +187,9 @@ impl Inner {
         }
         // The sender is dropped when the connection breaks: the request may have been applied, but the
         // client learns of it as a lost connection.
-        let (code, body) = rx.await.map_err(|_| CallError::Reset)?;
+        let (zxid, code, body) = rx.await.map_err(|_| CallError::Reset)?;
         match jute::decode(&op, code, &body) {
-            Ok(Ok(reply)) => Ok((reply, open.id)),
+            Ok(Ok(reply)) => Ok((Stamped { zxid: zxid.max(0) as u64, reply }, open.id)),
             // An error the model does not name (`ConnectionLoss`, `MarshallingError`): no answer.
             Ok(Err(_)) | Err(_) => Err(CallError::Timeout),
         }
@@ -217,7 +223,7 @@ impl Reading {
     async fn run(self, mut read: OwnedReadHalf) {
         while let Ok(frame) = read_frame(&mut read).await {
             let mut r = Reader(&frame);
-            let Ok((xid, _zxid, code)) = r.reply_header() else { break };
+            let Ok((xid, zxid, code)) = r.reply_header() else { break };
             if xid == jute::XID_NOTIFICATION {
                 if let Ok((kind, _state, path)) = r.watcher_event() {
                     if let Some(event) = jute::event_type(kind) {
@@ -229,7 +235,7 @@ impl Reading {
             let waiting = self.pending.borrow_mut().pop_front();
             match waiting {
                 Some((sent, reply)) if sent == xid => {
-                    let _ = reply.send((code, r.0.to_vec()));
+                    let _ = reply.send((zxid, code, r.0.to_vec()));
                 }
                 // Out of order: not the protocol this client speaks.
                 _ => break,

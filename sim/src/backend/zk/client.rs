@@ -27,6 +27,10 @@
 //!   the send thread's read ends (`ClientCnxnSocketNIO.doIO`: `EndOfStreamException`, "likely server
 //!   has closed socket"), the client is `Disconnected` and its requests in flight fail. A dead host
 //!   closes nothing: the client notices only by its read timeout.
+//! - It keeps the zxid of the last reply to one of its requests (`ClientCnxn.lastZxid`, pings' aside;
+//!   kazoo's `last_zxid` and go-zookeeper's `lastZxid` alike) and re-attaches with it
+//!   (`lastZxidSeen`): an ensemble's server that has applied less closes the attempt, which fails as
+//!   any refused one, and the next attempt goes to the next server. A new handle has seen nothing.
 //! - It learns that its session `Expired` (Curator: LOST) only when a re-attach is refused: a client cut
 //!   off from the server believes its session alive for as long as the cut lasts.
 //! - A request unanswered within 2/3·T fails with `ConnectionLoss`: it may or may not have been applied.
@@ -56,7 +60,7 @@
 //! requests to a real server over TCP, and its timers are the process's (its random waits come from the
 //! process's seed, as in the simulator).
 
-use super::{SessionId, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
+use super::{SessionId, Stamped, WatchEvent, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::backend::LEASE_RENEW;
 use crate::ctx::{Background, Ctx};
 use crate::fault::TriggerEvent;
@@ -267,7 +271,7 @@ pub trait Link {
 }
 
 /// What [`Link::call_on`] answers.
-pub type LinkCall = Pin<Box<dyn Future<Output = Result<(ZkReply, u32), CallError>>>>;
+pub type LinkCall = Pin<Box<dyn Future<Output = Result<(Stamped, u32), CallError>>>>;
 
 impl Host {
     fn router(&self) -> &Rc<Router> {
@@ -285,7 +289,7 @@ impl Host {
         conn: Option<u32>,
         request: ZkRequest,
         timeout: Duration,
-    ) -> Result<(ZkReply, u32), CallError> {
+    ) -> Result<(Stamped, u32), CallError> {
         match self {
             Host::Sim(env, _) => env.rpc.call_on(server, socket, conn, request, timeout).await,
             Host::Real { link, .. } => link.call_on(server, conn, request, timeout).await,
@@ -478,6 +482,8 @@ struct Shared {
     /// When the client last heard from the server, and last sent to it (monotonic ms).
     last_heard_ms: Cell<i64>,
     last_sent_ms: Cell<i64>,
+    /// The last zxid a reply to one of its requests carried (`ClientCnxn.lastZxid`): it connects with it.
+    last_zxid: Cell<u64>,
     /// The life of the server the current connection was opened to (`None`: none open).
     conn: Cell<Option<u32>>,
     /// The current connection's socket (a simulated client's): each connect opens its own, as
@@ -529,10 +535,12 @@ impl ZkClient {
         let mut opened = None;
         for i in 0..n {
             let server = provider.servers[i];
-            let request = ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None };
+            // A new handle has seen nothing.
+            let request =
+                ZkRequest::Connect { requested_ms: requested.as_millis() as i64, session: None, last_zxid: 0 };
             let socket = host.open(server);
             match host.call_on(server, socket, None, request, requested / n as u32).await {
-                Ok((ZkReply::Connected { session, timeout_ms }, life)) => {
+                Ok((Stamped { reply: ZkReply::Connected { session, timeout_ms }, .. }, life)) => {
                     provider.current.set(i);
                     provider.connected();
                     opened = Some((server, socket, session, timeout_ms, life));
@@ -552,6 +560,7 @@ impl ZkClient {
             timeout: Duration::from_millis(timeout_ms as u64),
             last_heard_ms: Cell::new(now),
             last_sent_ms: Cell::new(now),
+            last_zxid: Cell::new(0),
             conn: Cell::new(Some(life)),
             socket: Cell::new(socket),
             state: signal::channel(ConnState::Connected).0,
@@ -711,6 +720,8 @@ impl Shared {
         }
         self.last_sent_ms.set(self.host.monotonic_ms());
         self.activity.send_modify(|n| *n += 1);
+        // A ping's reply header does not count: the libraries read it apart.
+        let counts = matches!(&request, ZkRequest::Op { op, .. } if *op != ZkOp::Ping);
         let (socket, conn) = (self.socket.get(), self.conn.get());
         let mut losses = self.losses.subscribe();
         losses.borrow_and_update();
@@ -721,9 +732,12 @@ impl Shared {
             _ = losses.changed() => return Err(CallError::Timeout),
         };
         match reply {
-            Ok((reply, life)) => {
+            Ok((Stamped { zxid, reply }, life)) => {
                 self.conn.set(Some(life));
                 self.heard();
+                if counts && zxid > 0 {
+                    self.last_zxid.set(zxid);
+                }
                 match reply {
                     ZkReply::Error(ZkError::SessionExpired) => self.set_state(ConnState::Expired),
                     _ => self.set_state(ConnState::Connected),
@@ -786,7 +800,8 @@ impl Shared {
     }
 
     fn reattach_request(&self) -> ZkRequest {
-        ZkRequest::Connect { requested_ms: self.timeout.as_millis() as i64, session: Some(self.session) }
+        let requested_ms = self.timeout.as_millis() as i64;
+        ZkRequest::Connect { requested_ms, session: Some(self.session), last_zxid: self.last_zxid.get() }
     }
 }
 

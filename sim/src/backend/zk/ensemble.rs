@@ -49,11 +49,18 @@
 //!   does not own).
 //! - *Durability*: a server's log outlives its process; a restarted one starts looking with it.
 //!
-//! Not modelled yet: `lastZxidSeen` refusals, an apply lag, observers.
+//! - *Clients that have seen more* (`ZooKeeperServer.processConnectRequest`): a client connects with
+//!   the last zxid a reply carried to it (`lastZxidSeen`); a server that has applied less closes the
+//!   connection unanswered, and the client tries the next server. Every reply carries the answering
+//!   server's last applied zxid ([`Stamped`]).
+//! - *Apply lag*: a follower takes up its leader's commits, and the answers to syncs that come behind
+//!   them, `apply_lag` late (its `CommitProcessor` behind its log; the `lag` fault for a while).
+//!
+//! Not modelled yet: observers.
 
 use super::replica::Replica;
 use super::session::Sessions;
-use super::{SessionId, ZkError, ZkOp, ZkReply, ZkRequest};
+use super::{SessionId, Stamped, ZkError, ZkOp, ZkReply, ZkRequest};
 use crate::backend::member::{member_faults, serve_member, Member, MemberOut, RequestId};
 use crate::backend::Now;
 use crate::history::{EventKind, NodeIx};
@@ -199,7 +206,7 @@ pub enum Peer {
     },
 }
 
-type Out = MemberOut<ZkReply, Peer>;
+type Out = MemberOut<Stamped, Peer>;
 
 #[derive(Debug)]
 struct Election {
@@ -277,7 +284,7 @@ struct Queued {
 #[derive(Debug)]
 enum Waiting {
     Connect { id: RequestId, via: Connection, timeout_ms: i64 },
-    Reattach { id: RequestId, via: Connection, session: SessionId },
+    Reattach { id: RequestId, via: Connection, session: SessionId, timeout_ms: i64 },
     Op { session: SessionId },
 }
 
@@ -432,6 +439,12 @@ impl ZkMember {
         }
     }
 
+    /// Answer request `id`, its header carrying the last zxid this server applied (a write's own, when
+    /// it answers at its apply).
+    fn answer(&self, id: RequestId, reply: ZkReply, out: &mut Out) {
+        out.reply(id, Stamped { zxid: self.replica.zxid(), reply });
+    }
+
     fn attach(&mut self, session: SessionId, via: Connection) {
         self.attached.insert(session, via);
     }
@@ -452,7 +465,7 @@ impl ZkMember {
                 _ => {
                     let head = self.queues.get_mut(&session).and_then(|q| q.pop_front()).expect("just seen");
                     let reply = self.replica.op(session, head.op, &mut out.out).unwrap_or_else(ZkReply::Error);
-                    out.reply(head.id, reply);
+                    self.answer(head.id, reply, out);
                     continue;
                 }
             };
@@ -492,34 +505,69 @@ impl ZkMember {
                     (None, ZkOp::Sync { path }) => ZkReply::Synced { path: path.clone() },
                     (None, op) => unreachable!("{op:?} waits for its transaction"),
                 };
-                out.reply(head.id, reply);
+                self.answer(head.id, reply, out);
                 self.pump(session, now_ms, out);
             }
             Some(Waiting::Connect { id, via, timeout_ms }) => {
                 let Some(ZkReply::Connected { session, .. }) = reply else { unreachable!("a session's creation") };
                 self.attach(session, via);
                 out.out.lease_started(via.peer, session);
-                out.reply(id, ZkReply::Connected { session, timeout_ms });
+                self.answer(id, ZkReply::Connected { session, timeout_ms }, out);
             }
             Some(Waiting::Reattach { .. }) | None => {}
         }
     }
 
     fn revalidated(&mut self, token: u64, valid: bool, out: &mut Out) {
-        if let Some(Waiting::Reattach { id, via, session }) = self.waiting.remove(&token) {
-            out.reply(id, self.reattach(session, via, valid));
+        if let Some(Waiting::Reattach { id, via, session, timeout_ms }) = self.waiting.remove(&token) {
+            let reply = self.reattach(session, via, valid, timeout_ms);
+            self.answer(id, reply, out);
         }
     }
 
-    fn reattach(&mut self, session: SessionId, via: Connection, valid: bool) -> ZkReply {
-        let timeout = self.replica.sessions().find(|(id, _)| *id == session).map(|(_, t)| t);
-        match timeout {
-            Some(timeout_ms) if valid => {
-                self.attach(session, via);
-                ZkReply::Connected { session, timeout_ms }
-            }
-            _ => ZkReply::Error(ZkError::SessionExpired),
+    /// The leader said whether `session` lives: if so it is attached here, with the timeout negotiated
+    /// from the client's request (`finishSessionInit`: a follower need not have applied the session's
+    /// creation yet).
+    fn reattach(&mut self, session: SessionId, via: Connection, valid: bool, timeout_ms: i64) -> ZkReply {
+        if !valid {
+            return ZkReply::Error(ZkError::SessionExpired);
         }
+        self.attach(session, via);
+        ZkReply::Connected { session, timeout_ms }
+    }
+
+    /// A client re-attaches `session` here: the leader revalidates it (itself, or asked by a follower).
+    fn revalidate(
+        &mut self,
+        session: SessionId,
+        via: Connection,
+        id: RequestId,
+        timeout_ms: i64,
+        now_ms: i64,
+        out: &mut Out,
+    ) {
+        match &mut self.role {
+            Role::Leading(l) => {
+                let valid = l.tracker.touch(session, now_ms).is_some();
+                if valid {
+                    l.owners.insert(session, self.sid);
+                }
+                let reply = self.reattach(session, via, valid, timeout_ms);
+                self.answer(id, reply, out);
+            }
+            Role::Following(f) => {
+                let (leader, epoch) = (f.leader, f.epoch.expect("serving"));
+                let token = self.token();
+                self.waiting.insert(token, Waiting::Reattach { id, via, session, timeout_ms });
+                out.tell(self.members[leader], Peer::Revalidate { epoch, token, session });
+            }
+            Role::Looking(_) => unreachable!("serving"),
+        }
+    }
+
+    /// The timeout a client asking for `requested_ms` gets: 2 to 20 ticks.
+    fn negotiate(&self, requested_ms: i64) -> i64 {
+        requested_ms.clamp(2 * self.timing.tick_ms, 20 * self.timing.tick_ms)
     }
 
     // ---- the log ----
@@ -947,7 +995,7 @@ fn message_epoch(msg: &Peer) -> Option<u32> {
 
 impl Member for ZkMember {
     type Request = ZkRequest;
-    type Reply = ZkReply;
+    type Reply = Stamped;
     type Peer = Peer;
 
     /// The process starts (first, or after a crash): what it held in memory is gone, its log is not;
@@ -966,8 +1014,11 @@ impl Member for ZkMember {
         }
         let now_ms = now.mono_ms;
         match request {
-            ZkRequest::Connect { requested_ms, session: None } => {
-                let timeout_ms = requested_ms.clamp(2 * self.timing.tick_ms, 20 * self.timing.tick_ms);
+            // The client has seen more than this server has applied: refused, the connection closed
+            // ("client must try another server").
+            ZkRequest::Connect { last_zxid, .. } if last_zxid > self.replica.zxid() => out.out.close(via),
+            ZkRequest::Connect { requested_ms, session: None, .. } => {
+                let timeout_ms = self.negotiate(requested_ms);
                 self.next_session += 1;
                 let session = ((self.sid as u64 + 1) << 56) | self.next_session;
                 let txn = Txn::CreateSession { id: session, owner: via.peer, timeout_ms };
@@ -975,26 +1026,13 @@ impl Member for ZkMember {
                 self.waiting.insert(token, Waiting::Connect { id, via, timeout_ms });
                 self.submit(token, txn, now_ms, out);
             }
-            ZkRequest::Connect { session: Some(session), .. } => match &mut self.role {
-                Role::Leading(l) => {
-                    let valid = l.tracker.touch(session, now_ms).is_some();
-                    if valid {
-                        l.owners.insert(session, self.sid);
-                    }
-                    let reply = self.reattach(session, via, valid);
-                    out.reply(id, reply);
-                }
-                Role::Following(f) => {
-                    let (leader, epoch) = (f.leader, f.epoch.expect("serving"));
-                    let token = self.token();
-                    self.waiting.insert(token, Waiting::Reattach { id, via, session });
-                    out.tell(self.members[leader], Peer::Revalidate { epoch, token, session });
-                }
-                Role::Looking(_) => unreachable!("serving"),
-            },
+            ZkRequest::Connect { requested_ms, session: Some(session), .. } => {
+                let timeout_ms = self.negotiate(requested_ms);
+                self.revalidate(session, via, id, timeout_ms, now_ms, out);
+            }
             ZkRequest::Op { session, op } => {
                 if !self.touch(session, now_ms) {
-                    out.reply(id, ZkReply::Error(ZkError::SessionExpired));
+                    self.answer(id, ZkReply::Error(ZkError::SessionExpired), out);
                     return;
                 }
                 self.queues.entry(session).or_default().push_back(Queued { id, op, token: None });

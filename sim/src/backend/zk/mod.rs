@@ -175,15 +175,30 @@ pub enum TxnOp {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ZkRequest {
-    /// Open a session, or re-attach to `session` after a disconnection.
+    /// Open a session, or re-attach to `session` after a disconnection. `last_zxid`: the last zxid a
+    /// reply to the client carried (`ConnectRequest.lastZxidSeen`; 0 for a new handle): a server that
+    /// has applied less refuses the connection (`ZooKeeperServer.processConnectRequest`, "Refusing
+    /// session request for client … as it has seen zxid …": it closes it), and the client tries the
+    /// next one.
     Connect {
         requested_ms: i64,
         session: Option<SessionId>,
+        last_zxid: u64,
     },
     Op {
         session: SessionId,
         op: ZkOp,
     },
+}
+
+/// A reply as the wire carries it: its `ReplyHeader`'s zxid with it — the transaction a write made, else
+/// the last one the answering server had applied (`FinalRequestProcessor`). The client keeps the last
+/// one above 0 from its requests' replies (not pings': `ClientCnxn.readResponse` returns before) as
+/// its `lastZxidSeen`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamped {
+    pub zxid: u64,
+    pub reply: ZkReply,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,20 +275,15 @@ impl ZkState {
     }
 }
 
-impl Backend for ZkState {
-    type Request = ZkRequest;
-    type Reply = ZkReply;
-
-    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> ZkReply {
-        self.apply_via(now, Connection::shared(from), request, out)
-    }
-
+impl ZkState {
     /// Sessions are timed on the monotonic clock (`ExpiryQueue` and `SessionTrackerImpl` read
-    /// `Time.currentElapsedTime()`, i.e. `System.nanoTime`): a wall-clock jump changes nothing.
-    fn apply_via(&mut self, now: Now, via: Connection, request: ZkRequest, out: &mut Out) -> ZkReply {
+    /// `Time.currentElapsedTime()`, i.e. `System.nanoTime`): a wall-clock jump changes nothing. A
+    /// standalone server refuses no `lastZxidSeen`: its log outlives a crash, so it has applied every
+    /// zxid it ever answered with.
+    fn answer(&mut self, now: Now, via: Connection, request: ZkRequest, out: &mut Out) -> ZkReply {
         let now_ms = now.mono_ms;
         match request {
-            ZkRequest::Connect { requested_ms, session: None } => {
+            ZkRequest::Connect { requested_ms, session: None, .. } => {
                 let (session, timeout_ms) = self.sessions.open(via, requested_ms, now_ms);
                 self.replica.open_session(session, via.peer, timeout_ms);
                 out.lease_started(via.peer, session); // hazard marks: a new session
@@ -293,6 +303,20 @@ impl Backend for ZkState {
                 self.op(session, op, out).unwrap_or_else(ZkReply::Error)
             }
         }
+    }
+}
+
+impl Backend for ZkState {
+    type Request = ZkRequest;
+    type Reply = Stamped;
+
+    fn apply(&mut self, now: Now, from: NodeIx, request: ZkRequest, out: &mut Out) -> Stamped {
+        self.apply_via(now, Connection::shared(from), request, out)
+    }
+
+    fn apply_via(&mut self, now: Now, via: Connection, request: ZkRequest, out: &mut Out) -> Stamped {
+        let reply = self.answer(now, via, request, out);
+        Stamped { zxid: self.replica.zxid(), reply }
     }
 
     fn tick_interval(&self) -> Option<Duration> {

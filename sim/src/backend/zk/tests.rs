@@ -10,7 +10,14 @@ fn zk() -> ZkState {
 }
 
 fn connect(zk: &mut ZkState, client: NodeIx, now: i64) -> SessionId {
-    match zk.apply(Now::at(now), client, ZkRequest::Connect { requested_ms: 6000, session: None }, &mut Out::default())
+    match zk
+        .apply(
+            Now::at(now),
+            client,
+            ZkRequest::Connect { requested_ms: 6000, session: None, last_zxid: 0 },
+            &mut Out::default(),
+        )
+        .reply
     {
         ZkReply::Connected { session, timeout_ms } => {
             assert_eq!(timeout_ms, 6000);
@@ -21,7 +28,7 @@ fn connect(zk: &mut ZkState, client: NodeIx, now: i64) -> SessionId {
 }
 
 fn op(zk: &mut ZkState, client: NodeIx, session: SessionId, now: i64, op: ZkOp, out: &mut Out) -> ZkReply {
-    zk.apply(Now::at(now), client, ZkRequest::Op { session, op }, out)
+    zk.apply(Now::at(now), client, ZkRequest::Op { session, op }, out).reply
 }
 
 fn create(path: &str, mode: CreateMode) -> ZkOp {
@@ -106,21 +113,21 @@ fn an_expired_session_loses_its_ephemerals_and_fires_their_watches() {
         ZkReply::Exists(None)
     );
     assert_eq!(op(&mut z, C1, s1, 8000, ZkOp::Ping, &mut out), ZkReply::Error(ZkError::SessionExpired));
-    let reconnect = ZkRequest::Connect { requested_ms: 6000, session: Some(s1) };
-    assert_eq!(z.apply(Now::at(8000), C1, reconnect, &mut out), ZkReply::Error(ZkError::SessionExpired));
+    let reconnect = ZkRequest::Connect { requested_ms: 6000, session: Some(s1), last_zxid: 0 };
+    assert_eq!(z.apply(Now::at(8000), C1, reconnect, &mut out).reply, ZkReply::Error(ZkError::SessionExpired));
 }
 
 #[test]
 fn an_expired_sessions_connection_is_closed_the_one_it_last_attached_on() {
     let mut z = zk();
     let (first, second) = (Connection::on(C1, 1), Connection::on(C1, 2));
-    let connect = ZkRequest::Connect { requested_ms: 6000, session: None };
-    let ZkReply::Connected { session, .. } = z.apply_via(Now::at(0), first, connect, &mut Out::default()) else {
+    let connect = ZkRequest::Connect { requested_ms: 6000, session: None, last_zxid: 0 };
+    let ZkReply::Connected { session, .. } = z.apply_via(Now::at(0), first, connect, &mut Out::default()).reply else {
         panic!("connected")
     };
     let mut out = Out::default();
-    let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session) };
-    assert!(matches!(z.apply_via(Now::at(1000), second, reattach, &mut out), ZkReply::Connected { .. }));
+    let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session), last_zxid: 0 };
+    assert!(matches!(z.apply_via(Now::at(1000), second, reattach, &mut out).reply, ZkReply::Connected { .. }));
     z.tick(Now::at(6000), &mut out);
     assert!(out.closes.is_empty(), "alive until its bucket");
     // Renewed at 1000: 7000 rounds up to the 8 s tick.

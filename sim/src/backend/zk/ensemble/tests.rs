@@ -20,9 +20,9 @@ fn leaders(states: &[Arc<Mutex<ZkMember>>]) -> Vec<usize> {
 
 /// A new session on `to`, of timeout `requested_ms`.
 async fn open_session(rpc: &crate::net::Rpc, to: NodeIx, requested_ms: i64) -> SessionId {
-    let connect = ZkRequest::Connect { requested_ms, session: None };
-    match rpc.call::<ZkRequest, ZkReply>(to, connect, Duration::from_secs(4)).await {
-        Ok(ZkReply::Connected { session, .. }) => session,
+    let connect = ZkRequest::Connect { requested_ms, session: None, last_zxid: 0 };
+    match rpc.call::<ZkRequest, Stamped>(to, connect, Duration::from_secs(4)).await {
+        Ok(Stamped { reply: ZkReply::Connected { session, .. }, .. }) => session,
         other => panic!("no session on {to:?}: {other:?}"),
     }
 }
@@ -45,8 +45,8 @@ async fn note(log: &Log, rpc: &crate::net::Rpc, to: NodeIx, req: ZkRequest) {
 }
 
 async fn call(rpc: &crate::net::Rpc, to: NodeIx, req: ZkRequest) -> String {
-    match rpc.call::<ZkRequest, ZkReply>(to, req, Duration::from_secs(4)).await {
-        Ok(reply) => format!("{reply:?}"),
+    match rpc.call::<ZkRequest, Stamped>(to, req, Duration::from_secs(4)).await {
+        Ok(stamped) => format!("{:?}", stamped.reply),
         Err(e) => format!("{e:?}"),
     }
 }
@@ -58,7 +58,7 @@ fn the_highest_server_is_elected_and_every_server_serves() {
             let rpc = env.rpc();
             env.clock.sleep(Duration::from_secs(2)).await;
             for m in members {
-                let r = call(&rpc, m, ZkRequest::Connect { requested_ms: 6000, session: None }).await;
+                let r = call(&rpc, m, ZkRequest::Connect { requested_ms: 6000, session: None, last_zxid: 0 }).await;
                 log.lock().unwrap().push(r);
             }
         })
@@ -80,7 +80,7 @@ fn a_write_through_a_follower_is_seen_on_every_server() {
             let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
             let sync = ZkOp::Sync { path: "/lock".into() };
             // Another server, after a sync: the write is there (re-attached there first).
-            let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session) };
+            let reattach = ZkRequest::Connect { requested_ms: 6000, session: Some(session), last_zxid: 0 };
             note(&log, &rpc, members[1], reattach).await;
             note(&log, &rpc, members[1], ZkRequest::Op { session, op: sync }).await;
             note(&log, &rpc, members[1], ZkRequest::Op { session, op: exists }).await;
@@ -111,12 +111,13 @@ fn a_follower_cut_from_its_leader_answers_pings_of_a_session_the_leader_expired(
                 let ping = call(&rpc, members[0], ZkRequest::Op { session, op: ZkOp::Ping }).await;
                 let seen = ZkOp::Exists { path: "/lock".into(), watch: false };
                 let on_leader = rpc
-                    .call::<ZkRequest, ZkReply>(
+                    .call::<ZkRequest, Stamped>(
                         members[2],
                         ZkRequest::Op { session: reader, op: seen },
                         Duration::from_secs(1),
                     )
-                    .await;
+                    .await
+                    .map(|stamped| stamped.reply);
                 log.lock().unwrap().push(format!("{s} {ping} {on_leader:?}"));
             }
         })
@@ -147,15 +148,15 @@ fn a_follower_cut_off_rejoins_its_leader_after_the_heal() {
             // follower closed the old one as it gave up on its leader).
             env.clock.sleep(Duration::from_secs(20)).await;
             let socket = Some(rpc.open(members[0]));
-            let connect = ZkRequest::Connect { requested_ms: 4000, session: None };
-            let Ok((ZkReply::Connected { session, .. }, _)) =
-                rpc.call_on::<ZkRequest, ZkReply>(members[0], socket, None, connect, Duration::from_secs(2)).await
+            let connect = ZkRequest::Connect { requested_ms: 4000, session: None, last_zxid: 0 };
+            let Ok((Stamped { reply: ZkReply::Connected { session, .. }, .. }, _)) =
+                rpc.call_on::<ZkRequest, Stamped>(members[0], socket, None, connect, Duration::from_secs(2)).await
             else {
                 return log.lock().unwrap().push("the follower does not serve again".into());
             };
             let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
             let answer = rpc
-                .call_on::<ZkRequest, ZkReply>(
+                .call_on::<ZkRequest, Stamped>(
                     members[0],
                     socket,
                     None,
@@ -163,7 +164,7 @@ fn a_follower_cut_off_rejoins_its_leader_after_the_heal() {
                     Duration::from_secs(2),
                 )
                 .await;
-            log.lock().unwrap().push(format!("{:?}", answer.map(|(reply, _)| reply)));
+            log.lock().unwrap().push(format!("{:?}", answer.map(|(stamped, _)| stamped.reply)));
         })
     });
     assert_eq!(leaders(&states), vec![2], "the leader kept its quorum (zk-1) throughout");
@@ -211,7 +212,13 @@ fn a_write_its_server_sends_on_after_the_session_moved_is_refused_and_its_connec
                 )
             };
             env.clock.sleep(Duration::from_millis(500)).await;
-            note(&log, &rpc, members[1], ZkRequest::Connect { requested_ms: 6000, session: Some(session) }).await;
+            note(
+                &log,
+                &rpc,
+                members[1],
+                ZkRequest::Connect { requested_ms: 6000, session: Some(session), last_zxid: 0 },
+            )
+            .await;
             late.await.unwrap();
             let exists = ZkOp::Exists { path: "/lock".into(), watch: false };
             note(&log, &rpc, members[1], ZkRequest::Op { session, op: exists }).await;
@@ -264,4 +271,50 @@ fn a_lagging_follower_reads_behind_and_answers_writes_and_syncs_late() {
     let times: Vec<i64> = log[5].split(' ').map(|t| t.parse().unwrap()).collect();
     assert!((3000..3500).contains(&times[0]), "the sync's answer waits for the lag: {log:?}");
     assert!((3000..3500).contains(&times[1]), "and so does the client's own write: {log:?}");
+}
+
+/// A client that has seen a zxid is refused by a server that has not applied it yet (`lastZxidSeen`):
+/// the connection is closed unanswered. Once the server has caught up, the same connect is accepted.
+#[test]
+fn a_server_behind_what_the_client_saw_refuses_its_connect_until_it_catches_up() {
+    let lag = Fault {
+        at: Duration::from_millis(2500),
+        target: Target::Node("zk-0".into()),
+        action: Action::Lag { latency: Duration::from_secs(3), duration: None },
+        on: None,
+    };
+    let (_, log, _) = run(5, 12, vec![lag], |env, members, log| {
+        Box::pin(async move {
+            let rpc = env.rpc();
+            env.clock.sleep(Duration::from_secs(3)).await;
+            let session = open_session(&rpc, members[2], 6000).await;
+            let create = ZkOp::Create { path: "/x".into(), data: String::new(), mode: CreateMode::Persistent };
+            let created = rpc.call::<ZkRequest, Stamped>(
+                members[2],
+                ZkRequest::Op { session, op: create },
+                Duration::from_secs(4),
+            );
+            let Ok(Stamped { zxid, .. }) = created.await else { panic!("created") };
+            // Each attempt on a connection of its own, as a client's.
+            let reattach = |last_zxid| {
+                let connect = ZkRequest::Connect { requested_ms: 6000, session: Some(session), last_zxid };
+                let socket = Some(rpc.open(members[0]));
+                rpc.call_on::<ZkRequest, Stamped>(members[0], socket, None, connect, Duration::from_secs(2))
+            };
+            let show = |answer: Result<(Stamped, u32), _>| {
+                answer
+                    .map(|(s, _)| s.reply)
+                    .map_or_else(|e: crate::net::CallError| format!("{e:?}"), |reply| format!("{reply:?}"))
+            };
+            let refused = show(reattach(zxid).await);
+            // Without the zxid (a client that saw nothing), the same server takes it at once.
+            let taken = show(reattach(0).await);
+            env.clock.sleep(Duration::from_millis(3500)).await;
+            let caught_up = show(reattach(zxid).await);
+            log.lock().unwrap().extend([refused, taken, caught_up]);
+        })
+    });
+    assert!(!log[0].starts_with("Connected"), "zk-0 has not applied the create: refused: {log:?}");
+    assert!(log[1].starts_with("Connected"), "{log:?}");
+    assert!(log[2].starts_with("Connected"), "it has now: {log:?}");
 }
