@@ -36,7 +36,8 @@
 //!   the simulation makes of it — and the proxy does not draw lost segments (`delay` is the nearest);
 //! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
 //! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
-//! - `stall`: SIGSTOP stops a member's client side with its consensus loop;
+//! - `stall`: SIGSTOP stops a member's client side with its consensus loop; `lag` (and ZooKeeper's
+//!   `[backend] apply_lag`): a real server applies as fast as it can;
 //! - a partition between etcd members: they reach each other directly (see [`crate::servers::Cluster`]);
 //!   and a `clog` between members;
 //! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which

@@ -48,7 +48,6 @@
 //!   the owner again. Closing a session is not checked (the leader's own expiry closes sessions it
 //!   does not own).
 //! - *Durability*: a server's log outlives its process; a restarted one starts looking with it.
-//!
 //! - *Clients that have seen more* (`ZooKeeperServer.processConnectRequest`): a client connects with
 //!   the last zxid a reply carried to it (`lastZxidSeen`); a server that has applied less closes the
 //!   connection unanswered, and the client tries the next server. Every reply carries the answering
