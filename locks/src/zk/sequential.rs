@@ -32,8 +32,8 @@
 //! lasted the session timeout and opens a new one ([`ZkSession::injecting_expiry`]), and step 1's create
 //! runs each retry on the handle's session of the moment: 4.0 adopts its GUID's node even from the old
 //! session, whose expiry then takes the lock away unseen (CURATOR-498); 4.2 deletes that node and creates
-//! another. A create given up after a connection loss has its node looked for and deleted in the
-//! background (CURATOR-45).
+//! another. With every Curator flavour, a protected create given up after a connection loss has its
+//! node looked for and deleted in the background (CURATOR-45).
 //!
 //! Expected (catalog): one notification per release (no herd). A holder paused past its session
 //! timeout still believes it holds the lock (Curator Tech Note 10). Unprotected, a lost create reply
@@ -251,6 +251,12 @@ impl Sequential {
                 Err(ClientError::ConnectionLoss) => may_exist = true,
                 Err(e) => return Err(Outcome::Fail(words(e))),
             }
+        }
+        // Given up after a connection loss, the node may exist: Curator finds it by its GUID and
+        // deletes it in the background (CURATOR-45), or it would block the queue for as long as its
+        // session lives.
+        if self.protected && self.flavour == Flavour::Curator {
+            self.find_and_delete(dir, guid);
         }
         Err(Outcome::Unknown("create: connection loss".into()))
     }
