@@ -61,10 +61,12 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
     ),
     ParamSpec {
         name: "version",
-        kind: ParamKind::Choice(&["3.5.13", "3.5.12"]),
-        default: ParamValue::Choice("3.5.13"),
-        doc: "a cluster's etcd release where they differ: up to 3.5.12 a leader stuck after losing its \
-              leadership goes on renewing leases (etcd#15247)",
+        kind: ParamKind::Choice(&["3.5.28", "3.5.13", "3.5.12"]),
+        default: ParamValue::Choice("3.5.28"),
+        doc: "a cluster's etcd release where they differ: up to 3.5.27 an acknowledgement of an old \
+              heartbeat can confirm a read index asked again after it, a stale read on a leader that was \
+              paused (etcd#20418); up to 3.5.12 a leader stuck after losing its leadership also goes on \
+              renewing leases (etcd#15247)",
     },
 ];
 
@@ -118,7 +120,8 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
     if n > 1 {
         let version = match params.choice("version") {
             "3.5.12" => cluster::Version::V3_5_12,
-            _ => cluster::Version::V3_5_13,
+            "3.5.13" => cluster::Version::V3_5_13,
+            _ => cluster::Version::V3_5_28,
         };
         return deploy_cluster(world, n, version);
     }

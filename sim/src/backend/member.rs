@@ -15,7 +15,7 @@ use crate::history::{NodeIx, Recorder};
 use crate::net::{Connection, Input, Payload, ReplyTo, Rpc};
 use crate::world::{MemberFault, MemberFaultFn};
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,6 +92,18 @@ pub trait Member: Send + 'static {
 
     /// Take a fault only a member can ([`MemberFault`]), or say why this member cannot.
     fn member_fault(&mut self, fault: MemberFault) -> Result<(), String>;
+
+    /// The real server reads each connection on a thread of its own (etcd's gRPC and rafthttp
+    /// goroutines): what piled up while its process was paused is taken in each connection's order,
+    /// the connections' in whatever order the threads run ([`Member::backlog_order`]). `false` (the
+    /// default): in the order it arrived.
+    const READS_ON_THREADS: bool = false;
+
+    /// With [`Member::READS_ON_THREADS`], the order to take a backlog in: indexes into `connections`,
+    /// the connection each input came on, in the order they arrived.
+    fn backlog_order(&mut self, connections: &[Connection]) -> Vec<usize> {
+        (0..connections.len()).collect()
+    }
 }
 
 /// How the members of a cluster, on `nodes`, take the faults only members can
@@ -110,16 +122,26 @@ pub async fn serve_member<M: Member>(state: Arc<Mutex<M>>, rpc: &Rpc, clock: &Cl
     let mut out = MemberOut::<M::Reply, M::Peer>::default();
     state.lock().expect("member lock").start(Now::of(clock), &mut out);
     send(&mut out, &mut pending, rpc, recorder);
+    // A backlog taken at once, in the member's order.
+    let mut backlog = VecDeque::new();
     loop {
         let wake = state.lock().expect("member lock").next_wake_ms();
         let input = match wake {
             Some(at) if at <= clock.monotonic_ms() => None,
+            _ if !backlog.is_empty() => backlog.pop_front(),
             Some(at) => tokio::select! {
                 biased;
                 input = rpc.next_input_any() => Some(input),
                 () = clock.sleep(Duration::from_millis((at - clock.monotonic_ms()).max(1) as u64)) => None,
             },
             None => Some(rpc.next_input_any().await),
+        };
+        let input = match input {
+            Some(first) if M::READS_ON_THREADS && backlog.is_empty() => {
+                backlog = arrived(first, rpc, &state);
+                backlog.pop_front()
+            }
+            input => input,
         };
         let mut s = state.lock().expect("member lock");
         let now = Now::of(clock);
@@ -142,6 +164,26 @@ pub async fn serve_member<M: Member>(state: Arc<Mutex<M>>, rpc: &Rpc, clock: &Cl
         drop(s);
         send(&mut out, &mut pending, rpc, recorder);
     }
+}
+
+/// `first` and what else has arrived by now, in the order the member takes them
+/// ([`Member::backlog_order`]); with a connection's close among them, as they came.
+fn arrived<M: Member>(first: Input<Payload>, rpc: &Rpc, state: &Mutex<M>) -> VecDeque<Input<Payload>> {
+    let mut inputs = vec![first];
+    while let Some(input) = rpc.arrived_input() {
+        inputs.push(input);
+    }
+    let connections: Option<Vec<Connection>> = inputs
+        .iter()
+        .map(|input| match input {
+            Input::Request(reply_to, _) => Some(reply_to.connection()),
+            Input::Closed { .. } => None,
+        })
+        .collect();
+    let Some(connections) = connections.filter(|c| c.len() > 1) else { return inputs.into() };
+    let order = state.lock().expect("member lock").backlog_order(&connections);
+    let mut slots: Vec<Option<Input<Payload>>> = inputs.into_iter().map(Some).collect();
+    order.into_iter().map(|i| slots[i].take().expect("an order takes each input once")).collect()
 }
 
 /// Say what the member asked to be said.

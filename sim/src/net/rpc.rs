@@ -268,26 +268,31 @@ impl Rpc {
     /// [`Rpc::next_input`] for a node that reads messages of several types (an ensemble member: its
     /// clients' requests and its peers' messages), each still boxed.
     pub async fn next_input_any(&self) -> Input<Payload> {
-        std::future::poll_fn(|cx| {
-            let mut s = self.net.state();
-            let s = &mut *s;
-            let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
-            let now = sim_now_ns();
-            if let Some(i) =
-                (0..inbox.closed.len()).filter(|i| inbox.closed[*i].0 <= now).min_by_key(|i| inbox.closed[*i])
-            {
-                let (arrived_ns, peer, life, socket) = inbox.closed.remove(i);
-                return Poll::Ready(Input::Closed { peer, life, socket: socket.map(Socket), arrived_ns });
-            }
-            match inbox.take_request(self.me, now, &s.sockets) {
-                Some((reply_to, body)) => Poll::Ready(Input::Request(reply_to, body)),
-                None => {
-                    inbox.reader.set(cx.waker());
-                    Poll::Pending
-                }
+        std::future::poll_fn(|cx| match self.arrived_input() {
+            Some(input) => Poll::Ready(input),
+            None => {
+                let mut s = self.net.state();
+                let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
+                inbox.reader.set(cx.waker());
+                Poll::Pending
             }
         })
         .await
+    }
+
+    /// The next input that has arrived by now, if any, without waiting: with
+    /// [`Rpc::next_input_any`], what has piled up for a process that was paused.
+    pub fn arrived_input(&self) -> Option<Input<Payload>> {
+        let mut s = self.net.state();
+        let s = &mut *s;
+        let inbox = s.inboxes.get_mut(&self.me).expect("a running node has its inbox");
+        let now = sim_now_ns();
+        if let Some(i) = (0..inbox.closed.len()).filter(|i| inbox.closed[*i].0 <= now).min_by_key(|i| inbox.closed[*i])
+        {
+            let (arrived_ns, peer, life, socket) = inbox.closed.remove(i);
+            return Some(Input::Closed { peer, life, socket: socket.map(Socket), arrived_ns });
+        }
+        inbox.take_request(self.me, now, &s.sockets).map(|(reply_to, body)| Input::Request(reply_to, body))
     }
 
     /// Answer a request (nothing is sent for one-way messages).

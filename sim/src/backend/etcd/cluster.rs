@@ -69,6 +69,11 @@ pub const TICK_MS: i64 = 100;
 const ELECTION_TICKS: u32 = 10;
 /// The lessor's look for expired leases (`lessor.runLoop`).
 const LESSOR_LOOK_MS: i64 = 500;
+/// `readIndexRetryTime`: a member's read loop asks its leader again for the read index it waits for,
+/// with the same request id.
+const READ_RETRY_MS: i64 = 500;
+/// `ReqTimeout` (5 s plus two election timeouts): the read loop gives a read index up.
+const REQ_TIMEOUT_MS: i64 = 5_000 + 2 * ELECTION_TICKS as i64 * TICK_MS;
 /// rafthttp's `ConnReadTimeout`: a peer stream that carried nothing for this long is closed, and what
 /// a longer cut held on it is lost ([`crate::net::Net::set_read_timeout`]).
 const PEER_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -139,14 +144,13 @@ pub enum EtcdPeer {
         origin: Origin,
         request: EtcdRequest,
     },
-    /// A member asks the leader for a read index.
+    /// Member `asker`'s read loop asks the leader for a read index, by its request id.
     ReadIndex {
-        origin: Origin,
-        request: EtcdRequest,
+        asker: usize,
+        id: u64,
     },
     ReadIndexAnswer {
-        origin: Origin,
-        request: EtcdRequest,
+        id: u64,
         index: usize,
     },
     /// A keep-alive or a time-to-live lookup, forwarded to the leader's lessor.
@@ -168,15 +172,35 @@ enum Role {
     Leader,
 }
 
-/// A read (or a keep-alive) the leader is confirming: acknowledged by whom, and the index a read may be
-/// served at.
+/// A read index the leader is confirming (raft's `readOnly`): the context its heartbeats carry,
+/// acknowledged by whom, the index it gives, and which member's read loop asked, by which request id.
 #[derive(Debug)]
 struct PendingRead {
     ctx: u64,
     index: usize,
     acks: BTreeSet<usize>,
-    origin: Origin,
-    request: EtcdRequest,
+    asker: usize,
+    id: u64,
+}
+
+/// A read index this member's read loop waits for (`linearizableReadLoop`, `requestCurrentIndex`): its
+/// request id, since when, when it asks again, and what it is for.
+#[derive(Debug)]
+struct Asking {
+    id: u64,
+    since_ms: i64,
+    retry_ms: i64,
+    then: Then,
+}
+
+/// What a read index is for.
+#[derive(Debug)]
+enum Then {
+    /// A client's linearizable read, served once this member has applied the index.
+    Read(Origin, EtcdRequest),
+    /// On the leader, a keep-alive its lessor answers once it has confirmed it leads
+    /// (`ensureLeadership`, 3.5.13 and later).
+    Renew(Origin, EtcdRequest),
 }
 
 /// One etcd member.
@@ -213,15 +237,21 @@ pub struct EtcdMember {
     primary: bool,
     /// Leases whose revoke the primary lessor has proposed.
     revoking: BTreeSet<LeaseId>,
-    /// Reads and lessor requests waiting for a leader to be known.
+    /// Lessor requests waiting for a leader to be known, or for the leader's promotion.
     waiting: Vec<(Origin, EtcdRequest)>,
-    /// The leader's reads being confirmed.
+    /// The leader's read indexes being confirmed, in the order they came.
     reads: Vec<PendingRead>,
-    next_read: u64,
+    /// Read indexes asked of the leader before it committed an entry of its term (raft's
+    /// `pendingReadIndexMessages`): by whom, by which id.
+    held_reads: Vec<(usize, u64)>,
+    /// The last position given to a read index (from 3.5.28 the context of the leader's heartbeats).
+    positions: u64,
+    /// Read indexes this member's read loop waits for.
+    asking: Vec<Asking>,
+    next_id: u64,
     /// Reads waiting for this member to apply their index.
     applying: Vec<(usize, Origin, EtcdRequest)>,
-    /// etcd 3.5.13 or later: see [`EtcdMember::confirms_before_renewing`].
-    renew_confirms_leadership: bool,
+    version: Version,
     /// The consensus loop is stalled (the `stall` fault): peers' messages and the requests that need the
     /// loop wait in `held`, and Raft's ticks are lost.
     stalled: bool,
@@ -239,7 +269,7 @@ enum Held {
 }
 
 impl EtcdMember {
-    fn new(me: usize, members: Vec<NodeIx>, renew_confirms_leadership: bool) -> EtcdMember {
+    fn new(me: usize, members: Vec<NodeIx>, version: Version) -> EtcdMember {
         let n = members.len();
         EtcdMember {
             me,
@@ -267,9 +297,12 @@ impl EtcdMember {
             revoking: BTreeSet::new(),
             waiting: Vec::new(),
             reads: Vec::new(),
-            next_read: 0,
+            held_reads: Vec::new(),
+            positions: 0,
+            asking: Vec::new(),
+            next_id: 0,
             applying: Vec::new(),
-            renew_confirms_leadership,
+            version,
             stalled: false,
             held: Vec::new(),
             lag_ms: 0,
@@ -323,14 +356,20 @@ impl EtcdMember {
             self.voted_for = None;
         }
         let was_leading = self.role == Role::Leader;
+        let new_leader = leader.is_some() && leader != self.leader;
         self.role = Role::Follower;
         self.leader = leader;
         self.reset_timeout();
         if was_leading {
-            // `lessor.Demote`; reads and forwarded requests in flight are dropped, their clients time out.
+            // `lessor.Demote`; read indexes and forwarded requests in flight are dropped (raft's
+            // `reset` makes a new `readOnly`).
             self.primary = false;
             self.revoking.clear();
             self.reads.clear();
+            self.held_reads.clear();
+        }
+        if new_leader {
+            self.leader_changed(out);
         }
         if leader.is_some() {
             self.forward_waiting(out);
@@ -375,6 +414,7 @@ impl EtcdMember {
         self.next_index = vec![self.last_index() + 1; self.members.len()];
         self.match_index = vec![0; self.members.len()];
         self.append(Cmd::Empty, out);
+        self.leader_changed(out);
         self.forward_waiting(out);
     }
 
@@ -452,6 +492,9 @@ impl EtcdMember {
                         let now = self.now_ms;
                         self.state.leases.renew_all(now + i64::from(ELECTION_TICKS) * TICK_MS);
                         self.forward_waiting(out);
+                        for (asker, id) in std::mem::take(&mut self.held_reads) {
+                            self.read_index(asker, id, out);
+                        }
                     }
                 }
                 Cmd::Expire(lease) => {
@@ -497,14 +540,17 @@ fn for_the_lessor(request: &EtcdRequest) -> bool {
 }
 
 impl EtcdMember {
-    /// Take a client's request where it goes: the leader's log, its lessor, or a read index — or wait
-    /// for a leader.
+    /// Take a client's request where it goes: a read index for a read, else the leader's log or its
+    /// lessor — or wait for a leader.
     fn route(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
-        let read = matches!(request, EtcdRequest::Op(Op::Range(_)));
+        if matches!(request, EtcdRequest::Op(Op::Range(_))) {
+            self.ask(Then::Read(origin, request), out);
+            return;
+        }
+        let lessor = for_the_lessor(&request);
         let Some(leader) = self.leader else {
-            if read || for_the_lessor(&request) {
-                // `linearizableReadLoop` asks again every 500 ms, `LeaseRenew` waits for a leader
-                // (`waitLeader`): both until the request's deadline.
+            if lessor {
+                // `LeaseRenew` waits for a leader (`waitLeader`), until the request's deadline.
                 self.waiting.push((origin, request));
             } else if origin.member == self.me {
                 // Raft drops a proposal with no leader to take it (`stepFollower`, `stepCandidate`),
@@ -516,29 +562,15 @@ impl EtcdMember {
             return;
         };
         if leader != self.me {
-            let msg = if for_the_lessor(&request) {
-                EtcdPeer::Lessor { origin, request }
-            } else if read {
-                EtcdPeer::ReadIndex { origin, request }
-            } else {
-                EtcdPeer::Propose { origin, request }
-            };
+            let msg = if lessor { EtcdPeer::Lessor { origin, request } } else { EtcdPeer::Propose { origin, request } };
             self.tell(out, leader, msg);
-        } else if !self.primary && (read || for_the_lessor(&request)) {
-            // Reads wait for the term's first commit, the lessor for its promotion: both come when the
-            // leader applies its empty entry.
+        } else if lessor && !self.primary {
+            // The lessor answers once the leader has applied its term's first entry (its promotion).
             self.waiting.push((origin, request));
-        } else if for_the_lessor(&request) && !self.confirms_before_renewing(&request) {
+        } else if lessor && self.confirms_before_renewing(&request) {
+            self.ask(Then::Renew(origin, request), out);
+        } else if lessor {
             self.answer_from_lessor(origin, request, out);
-        } else if read || for_the_lessor(&request) {
-            self.next_read += 1;
-            let ctx = self.next_read;
-            let acks = BTreeSet::from([self.me]);
-            self.reads.push(PendingRead { ctx, index: self.commit, acks, origin, request });
-            for p in self.peers() {
-                self.send_append(p, ctx, out);
-            }
-            self.release_reads(out);
         } else {
             self.append(Cmd::Client { origin, request }, out);
         }
@@ -550,12 +582,138 @@ impl EtcdMember {
         }
     }
 
+    /// The read loop asks for a read index, by a request id unique to this member and life
+    /// (`reqIDGen`), and will ask again every [`READ_RETRY_MS`] with the same id until an index comes.
+    fn ask(&mut self, then: Then, out: &mut MOut) {
+        self.next_id += 1;
+        let id = ((self.me as u64 + 1) << 48) | (u64::from(self.life) << 32) | self.next_id;
+        let now = self.now_ms;
+        self.asking.push(Asking { id, since_ms: now, retry_ms: now + READ_RETRY_MS, then });
+        self.send_read_index(id, out);
+    }
+
+    /// `MsgReadIndex` to the leader, or to this member's own Raft if it leads; with no leader known,
+    /// Raft drops it ("no leader at term; dropping index reading msg") and the read loop asks again.
+    fn send_read_index(&mut self, id: u64, out: &mut MOut) {
+        match self.leader {
+            Some(leader) if leader == self.me => self.read_index(self.me, id, out),
+            Some(leader) => self.tell(out, leader, EtcdPeer::ReadIndex { asker: self.me, id }),
+            None => {}
+        }
+    }
+
+    /// A leader change ends the read loop's round (`ErrLeaderChanged`), and clientv3 asks again at
+    /// once (a `Range` is retried on `Unavailable`): every read index waited for is asked of the new
+    /// leader under a new request id.
+    fn leader_changed(&mut self, out: &mut MOut) {
+        let asking = std::mem::take(&mut self.asking);
+        for Asking { since_ms, then, .. } in asking {
+            self.ask(then, out);
+            self.asking.last_mut().expect("just asked").since_ms = since_ms;
+        }
+    }
+
+    /// The read loop asks again for the read indexes it still waits for, and gives up those it has
+    /// waited [`REQ_TIMEOUT_MS`] for (their clients have given up by then).
+    fn ask_again(&mut self, out: &mut MOut) {
+        let now = self.now_ms;
+        self.asking.retain(|a| now - a.since_ms < REQ_TIMEOUT_MS);
+        let mut due = Vec::new();
+        for a in self.asking.iter_mut().filter(|a| a.retry_ms <= now) {
+            a.retry_ms = now + READ_RETRY_MS;
+            due.push(a.id);
+        }
+        for id in due {
+            self.send_read_index(id, out);
+        }
+    }
+
+    /// The leader takes a read index request (`sendMsgReadIndexResponse`, `ReadOnlySafe`): it notes its
+    /// commit index and confirms it still leads by a heartbeat round. A follower passes the request on
+    /// to its leader.
+    ///
+    /// Up to 3.5.27 raft's `readOnly` keys a read by its request id: the heartbeats carry the id, a
+    /// request whose id is already pending is dropped, and an acknowledgement releases the read with
+    /// its id and every read queued before it. A read loop's retry of a read released meanwhile is
+    /// queued anew at the commit index of the moment, and an acknowledgement of the old round still
+    /// on its way releases it and the reads before it without a new round: on a leader that was
+    /// paused while the others elected another, at an index the cluster has long passed — a stale
+    /// linearizable read (etcd#20418). From 3.5.28 (and 3.4.42, 3.6.9; etcd-io/raft#397) the leader
+    /// gives each read a position of its own, and a heartbeat's acknowledgement confirms only the reads
+    /// queued before that heartbeat was sent.
+    fn read_index(&mut self, asker: usize, id: u64, out: &mut MOut) {
+        match self.leader {
+            Some(leader) if leader == self.me => {}
+            Some(leader) if asker != self.me => return self.tell(out, leader, EtcdPeer::ReadIndex { asker, id }),
+            _ => return,
+        }
+        if !self.primary {
+            // Held until the leader has committed an entry of its term.
+            self.held_reads.push((asker, id));
+            return;
+        }
+        let ctx = if self.version.fixes_20418() {
+            self.positions += 1;
+            self.positions
+        } else if self.reads.iter().any(|r| r.ctx == id) {
+            return;
+        } else {
+            id
+        };
+        self.reads.push(PendingRead { ctx, index: self.commit, acks: BTreeSet::new(), asker, id });
+        for p in self.peers() {
+            self.send_append(p, ctx, out);
+        }
+        self.acknowledged(self.me, ctx, out);
+    }
+
+    /// Member `from` acknowledged a heartbeat carrying `ctx`: release the read indexes a quorum has
+    /// now confirmed, to their askers.
+    fn acknowledged(&mut self, from: usize, ctx: u64, out: &mut MOut) {
+        let quorum = self.quorum();
+        let confirmed = if self.version.fixes_20418() {
+            // Positions: an acknowledgement confirms every read queued before its heartbeat.
+            for r in self.reads.iter_mut().filter(|r| r.ctx <= ctx) {
+                r.acks.insert(from);
+            }
+            self.reads.iter().take_while(|r| r.acks.len() >= quorum).count()
+        } else {
+            // `readOnly.recvAck` and `advance`: the read with this id, and every read before it.
+            let Some(k) = self.reads.iter().position(|r| r.ctx == ctx) else { return };
+            self.reads[k].acks.insert(from);
+            if self.reads[k].acks.len() >= quorum {
+                k + 1
+            } else {
+                0
+            }
+        };
+        for PendingRead { index, asker, id, .. } in self.reads.drain(..confirmed).collect::<Vec<_>>() {
+            if asker == self.me {
+                self.answered(id, index, out);
+            } else {
+                self.tell(out, asker, EtcdPeer::ReadIndexAnswer { id, index });
+            }
+        }
+    }
+
+    /// The read index `id` asked for came: serve what it was for. An answer the read loop no longer
+    /// waits for (answered already, or asked again under another id) is ignored.
+    fn answered(&mut self, id: u64, index: usize, out: &mut MOut) {
+        let Some(k) = self.asking.iter().position(|a| a.id == id) else { return };
+        match self.asking.remove(k).then {
+            Then::Read(origin, request) => self.read_at(index, origin, request, out),
+            // `ensureLeadership`: the lessor answers if this member still leads.
+            Then::Renew(origin, request) if self.role == Role::Leader => self.answer_from_lessor(origin, request, out),
+            Then::Renew(..) => {}
+        }
+    }
+
     /// Whether the leader confirms it still leads before it answers `request` from its lessor: etcd
     /// 3.5.13 and 3.4.31 do for a keep-alive (`LeaseRenew`'s `ensureLeadership`, a `ReadIndex` round),
     /// the fix of etcd#15247; before them a leader stuck after losing its leadership went on renewing
     /// leases the new leader was about to expire.
     fn confirms_before_renewing(&self, request: &EtcdRequest) -> bool {
-        self.renew_confirms_leadership && matches!(request, EtcdRequest::LeaseKeepAlive { .. })
+        self.version.fixes_15247() && matches!(request, EtcdRequest::LeaseKeepAlive { .. })
     }
 
     /// The leader's lessor answers `request` (a keep-alive renews in memory, not through the log).
@@ -566,24 +724,6 @@ impl EtcdMember {
             out.reply(origin.id, reply);
         } else {
             self.tell(out, origin.member, EtcdPeer::LessorAnswer { origin, reply });
-        }
-    }
-
-    /// Reads (and keep-alives that wait for it) a quorum has confirmed this member still leads for: to
-    /// their asker.
-    fn release_reads(&mut self, out: &mut MOut) {
-        let quorum = self.quorum();
-        let (ready, pending): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.reads).into_iter().partition(|r| r.acks.len() >= quorum);
-        self.reads = pending;
-        for PendingRead { index, origin, request, .. } in ready {
-            if for_the_lessor(&request) {
-                self.answer_from_lessor(origin, request, out);
-            } else if origin.member == self.me {
-                self.read_at(index, origin, request, out);
-            } else {
-                self.tell(out, origin.member, EtcdPeer::ReadIndexAnswer { origin, request, index });
-            }
         }
     }
 
@@ -697,10 +837,7 @@ impl EtcdMember {
             self.send_append(from, 0, out);
         }
         if read > 0 {
-            for r in self.reads.iter_mut().filter(|r| r.ctx <= read) {
-                r.acks.insert(from);
-            }
-            self.release_reads(out);
+            self.acknowledged(from, read, out);
         }
     }
 }
@@ -732,6 +869,8 @@ impl Member for EtcdMember {
         self.revoking.clear();
         self.waiting.clear();
         self.reads.clear();
+        self.held_reads.clear();
+        self.asking.clear();
         self.applying.clear();
         // What it had not applied yet it applies from its log once it learns the commit again.
         self.behind.clear();
@@ -814,14 +953,11 @@ impl Member for EtcdMember {
             EtcdPeer::AppendAnswer { term, ok, matched, read } => {
                 self.on_append_answer(from, term, ok, matched, read, out)
             }
-            EtcdPeer::Propose { origin, request }
-            | EtcdPeer::ReadIndex { origin, request }
-            | EtcdPeer::Lessor { origin, request } => self.route(origin, request, out),
-            EtcdPeer::ReadIndexAnswer { origin, request, index } => {
-                if origin.life == self.life {
-                    self.read_at(index, origin, request, out);
-                }
+            EtcdPeer::Propose { origin, request } | EtcdPeer::Lessor { origin, request } => {
+                self.route(origin, request, out)
             }
+            EtcdPeer::ReadIndex { asker, id } => self.read_index(asker, id, out),
+            EtcdPeer::ReadIndexAnswer { id, index } => self.answered(id, index, out),
             EtcdPeer::LessorAnswer { origin, reply } => {
                 if origin.life == self.life {
                     out.reply(origin.id, reply);
@@ -855,9 +991,16 @@ impl Member for EtcdMember {
         if self.behind.front().is_some_and(|(at, _)| *at <= now.mono_ms) {
             self.apply_committed(out);
         }
-        while self.next_tick_ms <= now.mono_ms {
-            self.next_tick_ms += TICK_MS;
+        if self.next_tick_ms <= now.mono_ms {
+            // Go's `time.Ticker` keeps one tick for a reader that is late and drops the rest: a
+            // member paused for seconds takes one tick when it resumes, not one for each it slept.
+            while self.next_tick_ms <= now.mono_ms {
+                self.next_tick_ms += TICK_MS;
+            }
             self.tick(out);
+        }
+        if self.asking.iter().any(|a| a.retry_ms <= now.mono_ms) {
+            self.ask_again(out);
         }
         if self.next_look_ms <= now.mono_ms {
             // `runLoop` sleeps 500 ms after each look: a paused member looks late, once.
@@ -867,8 +1010,14 @@ impl Member for EtcdMember {
     }
 
     fn next_wake_ms(&self) -> Option<i64> {
+        let timers = self.next_tick_ms.min(self.next_look_ms);
+        if self.stalled {
+            // Applying and the read loop's retries wait for the loop (a retry blocks on `ReadIndex`).
+            return Some(timers);
+        }
         let behind = self.behind.front().map_or(i64::MAX, |(at, _)| *at);
-        Some(self.next_tick_ms.min(self.next_look_ms).min(behind))
+        let retry = self.asking.iter().map(|a| a.retry_ms).min().unwrap_or(i64::MAX);
+        Some(timers.min(behind).min(retry))
     }
 
     /// `stall`: its consensus loop stops, or (released) takes up what it held at its next tick. `lag`:
@@ -880,20 +1029,59 @@ impl Member for EtcdMember {
         }
         Ok(())
     }
+
+    /// etcd reads each client's gRPC connection and each peer's stream on goroutines of their own, all
+    /// feeding one Raft loop: after a pause, which connection's backlog goes first is up to the Go
+    /// scheduler. Every interleaving that keeps each connection's order is equally likely here.
+    const READS_ON_THREADS: bool = true;
+
+    fn backlog_order(&mut self, connections: &[Connection]) -> Vec<usize> {
+        let mut queues: Vec<(Connection, VecDeque<usize>)> = Vec::new();
+        for (i, c) in connections.iter().enumerate() {
+            match queues.iter_mut().find(|(q, _)| q == c) {
+                Some((_, queue)) => queue.push_back(i),
+                None => queues.push((*c, VecDeque::from([i]))),
+            }
+        }
+        let rng = self.rng.as_mut().expect("a member's generator is set when it starts");
+        let mut order = Vec::with_capacity(connections.len());
+        for left in (1..=connections.len()).rev() {
+            // A connection with k of the `left` inputs still to take goes next with odds k/left.
+            let mut pick = rng.gen_range(0..left);
+            let (_, queue) = queues
+                .iter_mut()
+                .find(|(_, q)| {
+                    let found = pick < q.len();
+                    pick = pick.saturating_sub(q.len());
+                    found
+                })
+                .expect("the queues hold what is left");
+            order.push(queue.pop_front().expect("a queue picked is not empty"));
+        }
+        order
+    }
 }
 
 /// Which etcd release a cluster behaves as, where releases differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
-    /// 3.5.13 and later (and 3.4.31): a leader confirms it leads before it renews a lease.
+    /// 3.5.28 and later (and 3.4.42, 3.6.9): a read index is confirmed only by heartbeats sent after
+    /// it was asked (etcd-io/raft#397, the fix of etcd#20418).
+    V3_5_28,
+    /// 3.5.13 to 3.5.27 (and 3.4.31 to 3.4.41): a leader confirms it leads before it renews a lease,
+    /// but a read index is confirmed by any acknowledgement carrying its request id (etcd#20418).
     V3_5_13,
-    /// Up to 3.5.12 (and 3.4.30): a leader renews a lease on its own word (etcd#15247).
+    /// Up to 3.5.12 (and 3.4.30): a leader also renews a lease on its own word (etcd#15247).
     V3_5_12,
 }
 
 impl Version {
     fn fixes_15247(self) -> bool {
-        self == Version::V3_5_13
+        self != Version::V3_5_12
+    }
+
+    fn fixes_20418(self) -> bool {
+        self == Version::V3_5_28
     }
 }
 
@@ -902,7 +1090,7 @@ pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Ve
     let first = world.next_index().0;
     let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
     let states: Vec<Arc<Mutex<EtcdMember>>> =
-        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone(), version.fixes_15247())))).collect();
+        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone(), version)))).collect();
     for (i, state) in states.iter().enumerate() {
         let state = state.clone();
         let program: Program = Arc::new(move |env| {

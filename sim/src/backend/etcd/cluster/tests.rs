@@ -254,3 +254,63 @@ fn a_lagging_member_answers_reads_late_and_never_stale() {
     let waited: i64 = log[3].parse().unwrap();
     assert!((2000..2500).contains(&waited), "for the lag: {log:?}");
 }
+
+/// Member 0 of three driven by hand: elected by member 1's vote, its first entry and a put of `k`
+/// committed with member 1.
+fn leader_by_hand(version: Version) -> (EtcdMember, MOut) {
+    let (l, f1) = (NodeIx(0), NodeIx(1));
+    let mut m = EtcdMember::new(0, vec![l, f1, NodeIx(2)], version);
+    m.rng = Some(stream(1, Stream::EtcdRaft, 0));
+    let mut out = MOut::default();
+    m.start(Now::at(0), &mut out);
+    m.campaign(false, &mut out);
+    m.peer(Now::at(0), f1, EtcdPeer::VoteAnswer { term: 1, granted: true }, &mut out);
+    assert!(m.leads());
+    let client = Origin { member: 0, life: m.life, id: RequestId::new(1), client: NodeIx(3) };
+    m.route(client, put("k", 0), &mut out);
+    m.peer(Now::at(0), f1, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 2, read: 0 }, &mut out);
+    assert_eq!((m.commit, m.applied), (2, 2), "both entries committed and applied");
+    (m, out)
+}
+
+/// The context of the read index round the leader's last heartbeat to `member` carries.
+fn heartbeat_ctx(out: &MOut, member: NodeIx) -> u64 {
+    let sent = out.peers.iter().rev().find_map(|(to, msg)| match msg {
+        EtcdPeer::Append(a) if *to == member => Some(a.read),
+        _ => None,
+    });
+    sent.expect("a heartbeat to the member")
+}
+
+/// etcd#20418, the leader's side, message by message as a paused leader takes up its backlog: member
+/// 1's read index (id 7) is confirmed by member 1's acknowledgement; a client's read comes to the
+/// leader; member 1's read loop asks again for id 7; member 2's acknowledgement of the first round
+/// comes last. Up to 3.5.27 it confirms the retry and the client's read queued before it, without a
+/// heartbeat sent after either; from 3.5.28 it confirms neither.
+#[test]
+fn a_late_acknowledgement_confirms_a_read_asked_after_it_until_3_5_28() {
+    let (f1, f2) = (NodeIx(1), NodeIx(2));
+    for (version, stale) in [(Version::V3_5_13, true), (Version::V3_5_28, false)] {
+        let (mut m, mut out) = leader_by_hand(version);
+        m.peer(Now::at(10), f1, EtcdPeer::ReadIndex { asker: 1, id: 7 }, &mut out);
+        let round = heartbeat_ctx(&out, f2);
+        out.peers.clear();
+        m.peer(Now::at(20), f1, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 2, read: round }, &mut out);
+        let answers: Vec<_> =
+            out.peers.drain(..).filter(|(_, msg)| matches!(msg, EtcdPeer::ReadIndexAnswer { .. })).collect();
+        assert!(
+            matches!(answers[..], [(to, EtcdPeer::ReadIndexAnswer { id: 7, index: 2 })] if to == f1),
+            "{version:?}: member 1's read index confirmed at the commit index"
+        );
+        let client = Origin { member: 0, life: m.life, id: RequestId::new(2), client: NodeIx(3) };
+        m.route(client, get("k"), &mut out);
+        m.peer(Now::at(30), f1, EtcdPeer::ReadIndex { asker: 1, id: 7 }, &mut out);
+        out.replies.clear();
+        out.peers.clear();
+        m.peer(Now::at(40), f2, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 2, read: round }, &mut out);
+        let served: Vec<_> = out.replies.iter().map(|(id, _)| *id).collect();
+        let retried = out.peers.iter().any(|(_, msg)| matches!(msg, EtcdPeer::ReadIndexAnswer { id: 7, .. }));
+        assert_eq!(served == [RequestId::new(2)], stale, "{version:?}: the client's read served: {served:?}");
+        assert_eq!(retried, stale, "{version:?}: the retry of read 7 confirmed");
+    }
+}
