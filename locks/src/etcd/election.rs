@@ -15,8 +15,8 @@
 //! Expected (catalog): one wake-up per resignation; a leader paused past its TTL comes back still leading
 //! beside the next (`double-holder`), fenced by its revision.
 
-use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Failed, Session};
-use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
+use super::{connect_as, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Failed, Session};
+use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON, TTL};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, KeyValue, Op, OpResult, Range, Target};
@@ -28,7 +28,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     family: &super::FAMILY,
     summary: "clientv3 concurrency.Election: campaign (queue by create_revision), lead, resign",
     source: "etcd client/v3/concurrency Election (3.5)",
-    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON],
+    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON],
     offers_token: true,
     offers_shared: false,
     guard: crate::Guard::Lock,
@@ -52,7 +52,7 @@ struct Candidate {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let etcd = connect(&ctx, servers, params.duration("call_timeout"));
+    let etcd = connect_as(&ctx, servers, params);
     let name = ctx.name();
     Box::new(Candidate { ctx, params: params.clone(), etcd, session: None, name, leading: None })
 }

@@ -81,7 +81,7 @@ pub static FAMILY: Family = Family {
 };
 
 /// etcd (Debian 12 `etcd-server`, 3.4; or a 3.5 binary from PyPI): one member, or a cluster of
-/// `[backend] servers` members (each client talks to one at a time); its store and leases
+/// `[backend] servers` members (each client spreads its calls over them); its store and leases
 /// outlive a crash (the WAL).
 pub static REAL: RealServer = RealServer {
     name: "etcd",
@@ -300,6 +300,13 @@ pub const ACQUIRE_TIMEOUT: ParamSpec =
     ParamSpec::duration("acquire_timeout", 30_000, "give up waiting after this long (the request context)");
 pub const CALL_TIMEOUT: ParamSpec =
     ParamSpec::duration("call_timeout", 5_000, "deadline of each call; a call that passes it may have been applied");
+pub const ENDPOINTS: ParamSpec = ParamSpec {
+    name: "endpoints",
+    kind: ParamKind::Choice(&["all", "one"]),
+    default: ParamValue::Choice("all"),
+    doc: "the cluster's members the client is given: all (clientv3 spreads its calls over them) or one, \
+          drawn from the seed (a client given one endpoint, or an address in front of the cluster)",
+};
 pub const LOST_ON: ParamSpec = ParamSpec {
     name: "lost_on",
     kind: ParamKind::Choice(&["never", "keepalive"]),
@@ -316,20 +323,28 @@ pub fn whole_seconds(recipe: &Params, _: &Params) -> Result<(), String> {
     Ok(())
 }
 
-/// A client of this world's etcd from `ctx`'s node (or, in real mode, of the real server), whose calls
-/// wait up to `call_timeout`.
+/// A client of this world's etcd from `ctx`'s node (or, in real mode, of the real server), given every
+/// member, whose calls wait up to `call_timeout`.
 pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn {
+    open(ctx, servers, call_timeout, false)
+}
+
+/// [`connect`] as a recipe's parameters say: its [`CALL_TIMEOUT`] and [`ENDPOINTS`].
+pub fn connect_as(ctx: &Ctx, servers: &Servers, params: &Params) -> EtcdConn {
+    open(ctx, servers, params.duration("call_timeout"), params.choice("endpoints") == "one")
+}
+
+fn open(ctx: &Ctx, servers: &Servers, call_timeout: Duration, one: bool) -> EtcdConn {
     if let Servers::Real(real) = servers {
-        let endpoints = real.of(&REAL);
-        return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), endpoints, call_timeout));
+        let endpoints: Vec<String> = real.of(&REAL).split(',').map(str::to_string).collect();
+        let (first, given) = given(ctx, &endpoints, one);
+        return EtcdConn::Real(real::RealEtcd::new(ctx.clone(), given.into(), first, call_timeout));
     }
     let etcd = EtcdServers::from(servers);
     let router = ctx.node_wide(|| {
         let connection = ctx.random_u64();
-        // Each client node starts on a member of its own (one member: no draw).
-        let n = etcd.servers.len();
-        let first = if n > 1 { (ctx.random_u64() % n as u64) as usize } else { 0 };
-        Router::new(connection, etcd.servers.as_slice().into(), first)
+        let (first, given) = given(ctx, &etcd.servers, one);
+        Router::new(connection, given.into(), first)
     });
     let env = ClientEnv {
         rpc: ctx.rpc().clone(),
@@ -339,6 +354,18 @@ pub fn connect(ctx: &Ctx, servers: &Servers, call_timeout: Duration) -> EtcdConn
         router,
     };
     EtcdConn::Sim(EtcdClient::new(env, call_timeout))
+}
+
+/// The endpoints a client node is given of a cluster's (`one`: one of them), and the one its calls
+/// start on: drawn from the seed, so that each client node starts on a member of its own (one
+/// member: no draw).
+fn given<T: Clone>(ctx: &Ctx, endpoints: &[T], one: bool) -> (usize, Vec<T>) {
+    let n = endpoints.len();
+    let first = if n > 1 { (ctx.random_u64() % n as u64) as usize } else { 0 };
+    match one {
+        true => (0, vec![endpoints[first].clone()]),
+        false => (first, endpoints.to_vec()),
+    }
 }
 
 /// A lease kept alive: clientv3's `concurrency.Session`. The end of its keep-alive is recorded in the

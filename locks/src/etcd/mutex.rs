@@ -21,8 +21,8 @@
 //! Expected (catalog): one wake-up per release; FIFO by create_revision. A waiter paused past its TTL
 //! while queued becomes a second holder with `recheck = false`, and not with the fix.
 
-use super::{connect, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Session};
-use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
+use super::{connect_as, live_session, lost_while_held, wait_deletes, whole_seconds, EtcdApi, Session};
+use super::{ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON, TTL};
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, Op, OpResult, Range, Target};
@@ -42,7 +42,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     family: &super::FAMILY,
     summary: "clientv3 concurrency.Mutex: keys queued by create_revision, wait for the one just ahead",
     source: "etcd client/v3/concurrency Mutex (3.5; recheck = false is every 3.4.x)",
-    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, RECHECK],
+    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON, RECHECK],
     offers_token: true,
     offers_shared: false,
     guard: crate::Guard::Lock,
@@ -72,7 +72,7 @@ struct Mutex {
 }
 
 fn build(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let etcd = connect(&ctx, servers, params.duration("call_timeout"));
+    let etcd = connect_as(&ctx, servers, params);
     Box::new(Mutex { ctx, params: params.clone(), etcd, session: None, held: None })
 }
 

@@ -15,12 +15,11 @@
 //!   answer, stopped by an answer with TTL 0 or by a TTL without one, on the process's monotonic clock.
 
 use super::{gateway, http};
-use locksim_sim::backend::etcd::client::{KeepAlive, Lessor, Watcher};
+use locksim_sim::backend::etcd::client::{Balancer, KeepAlive, Lessor, Watcher};
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, LeaseId, WatchResponse};
 use locksim_sim::ctx::{Background, Ctx};
 use locksim_sim::net::CallError;
 use serde_json::Value;
-use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::rc::Rc;
@@ -29,16 +28,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// A client of a real etcd's gateway: one member's, or a cluster's, talking to one member at a time.
+/// A client of a real etcd's gateway: one member's, or a cluster's, its calls spread over the members
+/// as the simulated client spreads them ([`Balancer`]).
 #[derive(Clone)]
 pub struct RealEtcd {
     ctx: Ctx,
     /// `host:port` of each member's client port (its proxy).
     endpoints: Rc<[String]>,
-    /// The member it talks to now: one drawn at the start in a cluster, then the next whenever a
-    /// connection to it cannot be opened, as the simulated client's `Router` moves (clientv3's balancer
-    /// leaves an endpoint it cannot reach).
-    current: Rc<Cell<usize>>,
+    /// Which member each call goes to: the turn and the streams start at one drawn in a cluster, and
+    /// a member whose connection cannot be opened is left.
+    balancer: Rc<Balancer>,
     timeout: Duration,
 }
 
@@ -47,23 +46,21 @@ pub struct RealEtcd {
 const WATCH_RETRY: Duration = Duration::from_millis(100);
 
 impl RealEtcd {
-    /// A client of the members at `endpoints` (`host:port,host:port…`), whose calls wait up to `timeout`.
-    pub fn new(ctx: Ctx, endpoints: &str, timeout: Duration) -> RealEtcd {
-        let endpoints: Rc<[String]> = endpoints.split(',').map(str::to_string).collect();
-        // One member: no draw.
-        let first = match endpoints.len() {
-            1 => 0,
-            n => (ctx.random_u64() % n as u64) as usize,
-        };
-        RealEtcd { ctx, endpoints, current: Rc::new(Cell::new(first)), timeout }
+    /// A client of the members at `endpoints` (each `host:port`), its calls starting on `first`, each
+    /// waiting up to `timeout`.
+    pub fn new(ctx: Ctx, endpoints: Rc<[String]>, first: usize, timeout: Duration) -> RealEtcd {
+        let balancer = Rc::new(Balancer::new(endpoints.len(), first));
+        RealEtcd { ctx, endpoints, balancer, timeout }
     }
 
-    /// POST to the current member; one that cannot be reached is left for the next.
-    async fn post(&self, path: &str, body: &Value) -> Result<Response, CallError> {
-        let at = self.current.get();
+    /// POST to the streams' member (`streamed`: a watch or a keep-alive), else to the member whose turn
+    /// it is; one that cannot be reached is left.
+    async fn post(&self, path: &str, body: &Value, streamed: bool) -> Result<Response, CallError> {
+        let now_ms = self.ctx.monotonic_ms();
+        let at = if streamed { self.balancer.stream() } else { self.balancer.unary(now_ms) };
         let response = Response::post(&self.endpoints[at], path, body).await;
         if let Err(CallError::Reset) = response {
-            self.current.set((at + 1) % self.endpoints.len());
+            self.balancer.failed(at, self.ctx.monotonic_ms());
         }
         response
     }
@@ -72,7 +69,8 @@ impl RealEtcd {
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let (path, body) = gateway::encode(&request).expect("watches ride RealEtcd::watch");
         let answer = tokio::time::timeout(self.timeout, async {
-            let mut response = self.post(path, &body).await?;
+            let streamed = matches!(request, EtcdRequest::LeaseKeepAlive { .. });
+            let mut response = self.post(path, &body, streamed).await?;
             let text = response.body().await.map_err(|_| CallError::Timeout)?;
             match (response.status, serde_json::from_str::<Value>(&text)) {
                 (200, Ok(v)) => Ok(gateway::decode(&request, &v)),
@@ -100,7 +98,7 @@ impl RealEtcd {
     /// Open a watch stream; the revision of its `created` message.
     async fn open_watch(&self, key: &str, prefix: bool, start_revision: i64) -> Result<(Response, i64), CallError> {
         let body = gateway::watch_create(key, prefix, start_revision);
-        let mut stream = self.post("/v3/watch", &body).await?;
+        let mut stream = self.post("/v3/watch", &body, true).await?;
         if stream.status != 200 {
             return Err(CallError::Timeout);
         }

@@ -14,7 +14,9 @@
 //! Expected (catalog): a holder whose keep-alive is cut off (a pause or a partition longer than the
 //! TTL) loses the key while it still believes it holds the lock.
 
-use super::{connect, whole_seconds, EtcdApi, Failed, Session, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON, TTL};
+use super::{
+    connect_as, whole_seconds, EtcdApi, Failed, Session, ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON, TTL,
+};
 use crate::params::Params;
 use crate::{async_trait, Grant, Lock, Outcome, RecipeSpec, Servers};
 use locksim_sim::backend::etcd::{Cmp, Compare, EventType, Op, Range, Target};
@@ -27,7 +29,7 @@ pub const FAIL_FAST: RecipeSpec = RecipeSpec {
     family: &super::FAMILY,
     summary: "txn create_revision(lock) = 0 then put with a kept-alive lease; fail fast when taken",
     source: "the blog-post clientv3 Txn + Lease + KeepAlive lock",
-    params: &[TTL, CALL_TIMEOUT, LOST_ON],
+    params: &[TTL, CALL_TIMEOUT, ENDPOINTS, LOST_ON],
     offers_token: true,
     offers_shared: false,
     guard: crate::Guard::Lock,
@@ -41,7 +43,7 @@ pub const WAIT: RecipeSpec = RecipeSpec {
     id: "etcd.txn-lease-wait",
     summary: "the same lock, but a loser watches the key and retries on its deletion (every waiter wakes)",
     source: "the blog-post recipe's suggested improvement: watch and retry",
-    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, LOST_ON],
+    params: &[TTL, ACQUIRE_TIMEOUT, CALL_TIMEOUT, ENDPOINTS, LOST_ON],
     build: build_wait,
     ..FAIL_FAST
 };
@@ -57,12 +59,12 @@ struct TxnLease {
 }
 
 fn build_fail_fast(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let etcd = connect(&ctx, servers, params.duration("call_timeout"));
+    let etcd = connect_as(&ctx, servers, params);
     Box::new(TxnLease { ctx, params: params.clone(), etcd, wait: false, held: None })
 }
 
 fn build_wait(params: &Params, ctx: Ctx, servers: &Servers) -> Box<dyn Lock> {
-    let etcd = connect(&ctx, servers, params.duration("call_timeout"));
+    let etcd = connect_as(&ctx, servers, params);
     Box::new(TxnLease { ctx, params: params.clone(), etcd, wait: true, held: None })
 }
 

@@ -52,18 +52,67 @@ struct Watched {
     next_revision: i64,
 }
 
+/// Which of a cluster's endpoints a clientv3 3.5 call goes to (its gRPC `round_robin` balancer): unary
+/// calls take the endpoints in turn from one drawn at the start, passing over those whose connection
+/// failed in the last second (gRPC's reconnect backoff starts at 1 s); the streams — watches and lease
+/// keep-alives — ride one endpoint, and move to the next when a call on it fails. An endpoint that
+/// takes calls and answers none (a paused or cut-off member) is not passed over: its calls time out.
+/// The simulated client ([`Router`]) and real mode's share it.
+#[derive(Debug)]
+pub struct Balancer {
+    stream: Cell<usize>,
+    next: Cell<usize>,
+    failed_ms: RefCell<Vec<Option<i64>>>,
+}
+
+/// gRPC's first reconnect backoff (`BaseDelay`).
+const RECONNECT_MS: i64 = 1_000;
+
+impl Balancer {
+    /// `n` endpoints, the streams and the turn starting at `first`.
+    pub fn new(n: usize, first: usize) -> Balancer {
+        Balancer { stream: Cell::new(first), next: Cell::new(first), failed_ms: RefCell::new(vec![None; n]) }
+    }
+
+    /// The endpoint the streams ride.
+    pub fn stream(&self) -> usize {
+        self.stream.get()
+    }
+
+    /// The endpoint a unary call goes to at `now_ms`.
+    pub fn unary(&self, now_ms: i64) -> usize {
+        let failed = self.failed_ms.borrow();
+        let n = failed.len();
+        let ready = |k: &usize| failed[*k].is_none_or(|at| now_ms - at >= RECONNECT_MS);
+        let start = self.next.get();
+        let k = (start..start + n).map(|k| k % n).find(ready).unwrap_or(start % n);
+        self.next.set((k + 1) % n);
+        k
+    }
+
+    /// A call to endpoint `k` failed at `now_ms` (its connection reset or broke): unary calls pass it
+    /// over for a while, and the streams, if they rode it, move to the next. Whether they moved.
+    pub fn failed(&self, k: usize, now_ms: i64) -> bool {
+        let mut failed = self.failed_ms.borrow_mut();
+        failed[k] = Some(now_ms);
+        let moved = failed.len() > 1 && self.stream.get() == k;
+        if moved {
+            self.stream.set((k + 1) % failed.len());
+        }
+        moved
+    }
+}
+
 /// The node's connection to the server and its watch stream: hands each watch response to its watcher.
-/// With several endpoints (a cluster's members) the connection is to one of them; a reset or a broken
-/// connection moves it to the next, where the watches are resumed (gRPC's balancer leaves a connection
-/// that failed; clientv3 3.5 spreads unary calls over every ready endpoint, which this client does not:
-/// it stays on one while that one answers, or times out).
+/// With several endpoints (a cluster's members) the calls are spread as clientv3's balancer spreads
+/// them ([`Balancer`]); when the streams move to another endpoint the watches are resumed there.
 pub struct Router {
     endpoints: Rc<[NodeIx]>,
-    current: Cell<usize>,
+    balancer: Balancer,
     /// This life of the node's watch stream (the server drops an older one's watchers).
     connection: u64,
-    /// The life of the server the connection is open to (`None`: none open).
-    server_life: Cell<Option<u32>>,
+    /// The life of the server each endpoint's connection is open to (`None`: none open).
+    lives: RefCell<Vec<Option<u32>>>,
     /// A task is resuming the watches.
     resuming: Cell<bool>,
     /// Watches resumed on the current connection since the last reset.
@@ -78,10 +127,10 @@ impl Router {
     /// `endpoints[first]`, then the next of `endpoints` each time it fails.
     pub fn new(connection: u64, endpoints: Rc<[NodeIx]>, first: usize) -> Router {
         Router {
+            balancer: Balancer::new(endpoints.len(), first),
+            lives: RefCell::new(vec![None; endpoints.len()]),
             endpoints,
-            current: Cell::new(first),
             connection,
-            server_life: Cell::new(None),
             resuming: Cell::new(false),
             resumed: RefCell::default(),
             next_id: Cell::new(1),
@@ -90,9 +139,9 @@ impl Router {
         }
     }
 
-    /// The endpoint the connection is to.
+    /// The endpoint the streams ride.
     fn server(&self) -> NodeIx {
-        self.endpoints[self.current.get()]
+        self.endpoints[self.balancer.stream()]
     }
 
     fn start(self: &Rc<Self>, rpc: &Rpc) {
@@ -192,24 +241,31 @@ impl EtcdClient {
         EtcdClient { env, timeout }
     }
 
-    /// One unary call on the node's connection; a reset (the server restarted) reconnects — to the next
-    /// endpoint, if there are several — and resumes the watches, and the call fails unapplied; a broken
-    /// connection (a lost reply) does the same, the call's fate unknown.
+    /// One call: a watch's or a keep-alive's on the streams' endpoint, another on the endpoint whose
+    /// turn it is ([`Balancer`]). A reset (the server restarted) reconnects, and the call fails
+    /// unapplied; a broken connection (a lost reply) does the same, the call's fate unknown. When the
+    /// streams' connection fails they move to the next endpoint, if there are several, and the watches
+    /// are resumed.
     pub async fn request(&self, request: EtcdRequest) -> Result<EtcdReply, CallError> {
         let router = &self.env.router;
-        let server = router.server();
-        match self.env.rpc.call_on(server, None, router.server_life.get(), request, self.timeout).await {
+        let streamed = matches!(
+            request,
+            EtcdRequest::Watch { .. } | EtcdRequest::CancelWatch { .. } | EtcdRequest::LeaseKeepAlive { .. }
+        );
+        let now_ms = || self.env.clock.monotonic_ms();
+        let k = if streamed { router.balancer.stream() } else { router.balancer.unary(now_ms()) };
+        let life = router.lives.borrow()[k];
+        match self.env.rpc.call_on(router.endpoints[k], None, life, request, self.timeout).await {
             Ok((reply, life)) => {
-                router.server_life.set(Some(life));
+                router.lives.borrow_mut()[k] = Some(life);
                 Ok(reply)
             }
             Err(e @ (CallError::Reset | CallError::Broken)) => {
-                // To the next endpoint, unless a call that failed before this one has moved already.
-                let moved = router.endpoints.len() > 1 && router.server() == server;
-                if moved {
-                    router.current.set((router.current.get() + 1) % router.endpoints.len());
-                }
-                if router.server_life.replace(None).is_some() || moved {
+                let was_open = router.lives.borrow_mut()[k].take().is_some();
+                // Unless a call that failed before this one has moved the streams already.
+                let streams = k == router.balancer.stream();
+                let moved = router.balancer.failed(k, now_ms());
+                if streams && (was_open || moved) {
                     router.resumed.borrow_mut().clear();
                     madsim::task::spawn_local(router.clone().resume(self.clone()));
                 }
@@ -453,6 +509,23 @@ mod tests {
             other => unreachable!("{other:?}"),
         };
         router.resumes().into_iter().map(from).collect()
+    }
+
+    #[test]
+    fn unary_calls_take_the_members_in_turn_and_pass_over_a_failed_one_for_a_second() {
+        let b = Balancer::new(3, 1);
+        let turns: Vec<usize> = (0..4).map(|_| b.unary(0)).collect();
+        assert_eq!(turns, [1, 2, 0, 1], "round robin from the drawn member");
+        assert!(!b.failed(2, 100), "the streams ride member 1, not 2");
+        let turns: Vec<usize> = (0..3).map(|_| b.unary(500)).collect();
+        assert_eq!(turns, [0, 1, 0], "member 2 passed over while it reconnects");
+        let turns: Vec<usize> = (0..2).map(|_| b.unary(1_100)).collect();
+        assert_eq!(turns, [1, 2], "and taken again a second after it failed");
+        assert!(b.failed(1, 1_200), "the streams' member failed: they move");
+        assert_eq!(b.stream(), 2);
+        let one = Balancer::new(1, 0);
+        assert!(!one.failed(0, 0), "a single endpoint: the streams stay");
+        assert_eq!(one.unary(0), 0, "and every call goes to it, failed or not");
     }
 
     #[test]
