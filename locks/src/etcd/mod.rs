@@ -63,9 +63,9 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         name: "version",
         kind: ParamKind::Choice(&["3.5.28", "3.5.13", "3.5.12"]),
         default: ParamValue::Choice("3.5.28"),
-        doc: "a cluster's etcd release where they differ: up to 3.5.27 an acknowledgement of an old \
-              heartbeat can confirm a read index asked again after it, a stale read on a leader that was \
-              paused (etcd#20418); up to 3.5.12 a leader stuck after losing its leadership also goes on \
+        doc: "a cluster's etcd release where they differ: up to 3.5.27 a read index is asked again under \
+              the same id, and an acknowledgement of an old heartbeat can confirm it: a stale read on a \
+              leader that was paused (etcd#20418); up to 3.5.12 a leader stuck after losing its leadership also goes on \
               renewing leases (etcd#15247)",
     },
 ];

@@ -172,22 +172,22 @@ enum Role {
     Leader,
 }
 
-/// A read index the leader is confirming (raft's `readOnly`): the context its heartbeats carry,
-/// acknowledged by whom, the index it gives, and which member's read loop asked, by which request id.
+/// A read index the leader is confirming (raft's `readOnly`): the index it gives, acknowledged by whom,
+/// and which member's read loop asked, by which request id (the context its heartbeats carry).
 #[derive(Debug)]
 struct PendingRead {
-    ctx: u64,
     index: usize,
     acks: BTreeSet<usize>,
     asker: usize,
     id: u64,
 }
 
-/// A read index this member's read loop waits for (`linearizableReadLoop`, `requestCurrentIndex`): its
-/// request id, since when, when it asks again, and what it is for.
+/// A read index this member's read loop waits for (`linearizableReadLoop`, `requestCurrentIndex`): the
+/// request ids it was asked under (the newest last; an answer to any of them will do), since when,
+/// when it asks again, and what it is for.
 #[derive(Debug)]
 struct Asking {
-    id: u64,
+    ids: Vec<u64>,
     since_ms: i64,
     retry_ms: i64,
     then: Then,
@@ -244,8 +244,6 @@ pub struct EtcdMember {
     /// Read indexes asked of the leader before it committed an entry of its term (raft's
     /// `pendingReadIndexMessages`): by whom, by which id.
     held_reads: Vec<(usize, u64)>,
-    /// The last position given to a read index (from 3.5.28 the context of the leader's heartbeats).
-    positions: u64,
     /// Read indexes this member's read loop waits for.
     asking: Vec<Asking>,
     next_id: u64,
@@ -298,7 +296,6 @@ impl EtcdMember {
             waiting: Vec::new(),
             reads: Vec::new(),
             held_reads: Vec::new(),
-            positions: 0,
             asking: Vec::new(),
             next_id: 0,
             applying: Vec::new(),
@@ -582,13 +579,18 @@ impl EtcdMember {
         }
     }
 
-    /// The read loop asks for a read index, by a request id unique to this member and life
-    /// (`reqIDGen`), and will ask again every [`READ_RETRY_MS`] with the same id until an index comes.
-    fn ask(&mut self, then: Then, out: &mut MOut) {
+    /// A request id unique to this member and life (`reqIDGen`).
+    fn new_id(&mut self) -> u64 {
         self.next_id += 1;
-        let id = ((self.me as u64 + 1) << 48) | (u64::from(self.life) << 32) | self.next_id;
+        ((self.me as u64 + 1) << 48) | (u64::from(self.life) << 32) | self.next_id
+    }
+
+    /// The read loop asks for a read index under a new request id, and will ask again every
+    /// [`READ_RETRY_MS`] until an index comes ([`EtcdMember::ask_again`]).
+    fn ask(&mut self, then: Then, out: &mut MOut) {
+        let id = self.new_id();
         let now = self.now_ms;
-        self.asking.push(Asking { id, since_ms: now, retry_ms: now + READ_RETRY_MS, then });
+        self.asking.push(Asking { ids: vec![id], since_ms: now, retry_ms: now + READ_RETRY_MS, then });
         self.send_read_index(id, out);
     }
 
@@ -614,14 +616,24 @@ impl EtcdMember {
     }
 
     /// The read loop asks again for the read indexes it still waits for, and gives up those it has
-    /// waited [`REQ_TIMEOUT_MS`] for (their clients have given up by then).
+    /// waited [`REQ_TIMEOUT_MS`] for (their clients have given up by then). Up to 3.5.27 it asks
+    /// again under the same request id; from 3.5.28 under a new one, and takes an answer to any of
+    /// them ("Don't reuse same ReadIndex", the fix of etcd#20418).
     fn ask_again(&mut self, out: &mut MOut) {
         let now = self.now_ms;
         self.asking.retain(|a| now - a.since_ms < REQ_TIMEOUT_MS);
+        let new_ids = self.version.fixes_20418();
         let mut due = Vec::new();
-        for a in self.asking.iter_mut().filter(|a| a.retry_ms <= now) {
-            a.retry_ms = now + READ_RETRY_MS;
-            due.push(a.id);
+        for k in 0..self.asking.len() {
+            if self.asking[k].retry_ms <= now {
+                let id = if new_ids { self.new_id() } else { *self.asking[k].ids.last().expect("asked once") };
+                let a = &mut self.asking[k];
+                a.retry_ms = now + READ_RETRY_MS;
+                if new_ids {
+                    a.ids.push(id);
+                }
+                due.push(id);
+            }
         }
         for id in due {
             self.send_read_index(id, out);
@@ -632,15 +644,16 @@ impl EtcdMember {
     /// commit index and confirms it still leads by a heartbeat round. A follower passes the request on
     /// to its leader.
     ///
-    /// Up to 3.5.27 raft's `readOnly` keys a read by its request id: the heartbeats carry the id, a
+    /// etcd 3.5's raft (`readOnly`) keys a read by its request id: the heartbeats carry the id, a
     /// request whose id is already pending is dropped, and an acknowledgement releases the read with
-    /// its id and every read queued before it. A read loop's retry of a read released meanwhile is
-    /// queued anew at the commit index of the moment, and an acknowledgement of the old round still
-    /// on its way releases it and the reads before it without a new round: on a leader that was
-    /// paused while the others elected another, at an index the cluster has long passed — a stale
-    /// linearizable read (etcd#20418). From 3.5.28 (and 3.4.42, 3.6.9; etcd-io/raft#397) the leader
-    /// gives each read a position of its own, and a heartbeat's acknowledgement confirms only the reads
-    /// queued before that heartbeat was sent.
+    /// its id and every read queued before it. Up to 3.5.27 a read loop asks again under the same id:
+    /// a retry of a read released meanwhile is queued anew at the commit index of the moment, and an
+    /// acknowledgement of the old round still on its way releases it and the reads before it without
+    /// a new round — on a leader that was paused while the others elected another, at an index the
+    /// cluster has long passed: a stale linearizable read (etcd#20418). From 3.5.28 (and 3.4.42,
+    /// 3.6.9) each retry has a new id ([`EtcdMember::ask_again`]), so an old acknowledgement finds
+    /// nothing pending under its id. (etcd-io/raft#397 later gave raft's reads positions of their own
+    /// instead; no 3.5 release has it.)
     fn read_index(&mut self, asker: usize, id: u64, out: &mut MOut) {
         match self.leader {
             Some(leader) if leader == self.me => {}
@@ -652,41 +665,23 @@ impl EtcdMember {
             self.held_reads.push((asker, id));
             return;
         }
-        let ctx = if self.version.fixes_20418() {
-            self.positions += 1;
-            self.positions
-        } else if self.reads.iter().any(|r| r.ctx == id) {
+        if self.reads.iter().any(|r| r.id == id) {
             return;
-        } else {
-            id
-        };
-        self.reads.push(PendingRead { ctx, index: self.commit, acks: BTreeSet::new(), asker, id });
-        for p in self.peers() {
-            self.send_append(p, ctx, out);
         }
-        self.acknowledged(self.me, ctx, out);
+        self.reads.push(PendingRead { index: self.commit, acks: BTreeSet::new(), asker, id });
+        for p in self.peers() {
+            self.send_append(p, id, out);
+        }
+        self.acknowledged(self.me, id, out);
     }
 
-    /// Member `from` acknowledged a heartbeat carrying `ctx`: release the read indexes a quorum has
-    /// now confirmed, to their askers.
+    /// Member `from` acknowledged a heartbeat carrying request id `ctx` (`readOnly.recvAck`): once a
+    /// quorum has, release the read with that id and every read queued before it (`advance`), to
+    /// their askers.
     fn acknowledged(&mut self, from: usize, ctx: u64, out: &mut MOut) {
-        let quorum = self.quorum();
-        let confirmed = if self.version.fixes_20418() {
-            // Positions: an acknowledgement confirms every read queued before its heartbeat.
-            for r in self.reads.iter_mut().filter(|r| r.ctx <= ctx) {
-                r.acks.insert(from);
-            }
-            self.reads.iter().take_while(|r| r.acks.len() >= quorum).count()
-        } else {
-            // `readOnly.recvAck` and `advance`: the read with this id, and every read before it.
-            let Some(k) = self.reads.iter().position(|r| r.ctx == ctx) else { return };
-            self.reads[k].acks.insert(from);
-            if self.reads[k].acks.len() >= quorum {
-                k + 1
-            } else {
-                0
-            }
-        };
+        let Some(k) = self.reads.iter().position(|r| r.id == ctx) else { return };
+        self.reads[k].acks.insert(from);
+        let confirmed = if self.reads[k].acks.len() >= self.quorum() { k + 1 } else { 0 };
         for PendingRead { index, asker, id, .. } in self.reads.drain(..confirmed).collect::<Vec<_>>() {
             if asker == self.me {
                 self.answered(id, index, out);
@@ -699,7 +694,7 @@ impl EtcdMember {
     /// The read index `id` asked for came: serve what it was for. An answer the read loop no longer
     /// waits for (answered already, or asked again under another id) is ignored.
     fn answered(&mut self, id: u64, index: usize, out: &mut MOut) {
-        let Some(k) = self.asking.iter().position(|a| a.id == id) else { return };
+        let Some(k) = self.asking.iter().position(|a| a.ids.contains(&id)) else { return };
         match self.asking.remove(k).then {
             Then::Read(origin, request) => self.read_at(index, origin, request, out),
             // `ensureLeadership`: the lessor answers if this member still leads.
@@ -765,7 +760,7 @@ impl EtcdMember {
                 }
                 self.recent_active = BTreeSet::from([self.me]);
             }
-            let read = self.reads.last().map_or(0, |r| r.ctx);
+            let read = self.reads.last().map_or(0, |r| r.id);
             for p in self.peers() {
                 self.send_append(p, read, out);
             }
@@ -1065,8 +1060,8 @@ impl Member for EtcdMember {
 /// Which etcd release a cluster behaves as, where releases differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
-    /// 3.5.28 and later (and 3.4.42, 3.6.9): a read index is confirmed only by heartbeats sent after
-    /// it was asked (etcd-io/raft#397, the fix of etcd#20418).
+    /// 3.5.28 and later (and 3.4.42, 3.6.9): a read loop asks again for a read index under a new
+    /// request id, so a late acknowledgement cannot confirm the retry (the fix of etcd#20418).
     V3_5_28,
     /// 3.5.13 to 3.5.27 (and 3.4.31 to 3.4.41): a leader confirms it leads before it renews a lease,
     /// but a read index is confirmed by any acknowledgement carrying its request id (etcd#20418).

@@ -273,7 +273,7 @@ fn leader_by_hand(version: Version) -> (EtcdMember, MOut) {
     (m, out)
 }
 
-/// The context of the read index round the leader's last heartbeat to `member` carries.
+/// The request id of the read index round the leader's last heartbeat to `member` carries.
 fn heartbeat_ctx(out: &MOut, member: NodeIx) -> u64 {
     let sent = out.peers.iter().rev().find_map(|(to, msg)| match msg {
         EtcdPeer::Append(a) if *to == member => Some(a.read),
@@ -284,16 +284,18 @@ fn heartbeat_ctx(out: &MOut, member: NodeIx) -> u64 {
 
 /// etcd#20418, the leader's side, message by message as a paused leader takes up its backlog: member
 /// 1's read index (id 7) is confirmed by member 1's acknowledgement; a client's read comes to the
-/// leader; member 1's read loop asks again for id 7; member 2's acknowledgement of the first round
-/// comes last. Up to 3.5.27 it confirms the retry and the client's read queued before it, without a
-/// heartbeat sent after either; from 3.5.28 it confirms neither.
+/// leader; member 1's read loop asks again — up to 3.5.27 under id 7, from 3.5.28 under a new id 8;
+/// member 2's acknowledgement of the first round comes last. Under the same id it confirms the retry
+/// and the client's read queued before it, without a heartbeat sent after either; under a new id it
+/// confirms nothing.
 #[test]
-fn a_late_acknowledgement_confirms_a_read_asked_after_it_until_3_5_28() {
+fn a_late_acknowledgement_confirms_a_read_asked_again_under_its_id_until_3_5_28() {
     let (f1, f2) = (NodeIx(1), NodeIx(2));
-    for (version, stale) in [(Version::V3_5_13, true), (Version::V3_5_28, false)] {
+    for (version, retry_id, stale) in [(Version::V3_5_13, 7, true), (Version::V3_5_28, 8, false)] {
         let (mut m, mut out) = leader_by_hand(version);
         m.peer(Now::at(10), f1, EtcdPeer::ReadIndex { asker: 1, id: 7 }, &mut out);
         let round = heartbeat_ctx(&out, f2);
+        assert_eq!(round, 7, "the heartbeats carry the request id");
         out.peers.clear();
         m.peer(Now::at(20), f1, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 2, read: round }, &mut out);
         let answers: Vec<_> =
@@ -304,13 +306,47 @@ fn a_late_acknowledgement_confirms_a_read_asked_after_it_until_3_5_28() {
         );
         let client = Origin { member: 0, life: m.life, id: RequestId::new(2), client: NodeIx(3) };
         m.route(client, get("k"), &mut out);
-        m.peer(Now::at(30), f1, EtcdPeer::ReadIndex { asker: 1, id: 7 }, &mut out);
+        m.peer(Now::at(30), f1, EtcdPeer::ReadIndex { asker: 1, id: retry_id }, &mut out);
         out.replies.clear();
         out.peers.clear();
         m.peer(Now::at(40), f2, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 2, read: round }, &mut out);
         let served: Vec<_> = out.replies.iter().map(|(id, _)| *id).collect();
-        let retried = out.peers.iter().any(|(_, msg)| matches!(msg, EtcdPeer::ReadIndexAnswer { id: 7, .. }));
+        let retried = out.peers.iter().any(|(_, msg)| matches!(msg, EtcdPeer::ReadIndexAnswer { .. }));
         assert_eq!(served == [RequestId::new(2)], stale, "{version:?}: the client's read served: {served:?}");
-        assert_eq!(retried, stale, "{version:?}: the retry of read 7 confirmed");
+        assert_eq!(retried, stale, "{version:?}: the retry confirmed");
+    }
+}
+
+/// The asker's side: member 1 (a follower of member 0) asks for a read index and, unanswered for
+/// 500 ms, asks again — up to 3.5.27 under the same request id, from 3.5.28 under a new one — and
+/// serves its client's read on an answer to either id.
+#[test]
+fn a_read_loop_asks_again_under_a_new_id_from_3_5_28() {
+    let l = NodeIx(0);
+    for (version, same) in [(Version::V3_5_13, true), (Version::V3_5_28, false)] {
+        let mut m = EtcdMember::new(1, vec![l, NodeIx(1), NodeIx(2)], version);
+        m.rng = Some(stream(1, Stream::EtcdRaft, 1));
+        let mut out = MOut::default();
+        m.start(Now::at(0), &mut out);
+        m.leader = Some(0);
+        let asked = |out: &mut MOut| -> Vec<u64> {
+            let ids = out.peers.iter().filter_map(|(to, msg)| match msg {
+                EtcdPeer::ReadIndex { asker: 1, id } if *to == l => Some(*id),
+                _ => None,
+            });
+            let ids = ids.collect();
+            out.peers.clear();
+            ids
+        };
+        let client = Origin { member: 1, life: m.life, id: RequestId::new(1), client: NodeIx(3) };
+        m.route(client, get("k"), &mut out);
+        let first = asked(&mut out);
+        m.now_ms = READ_RETRY_MS;
+        m.ask_again(&mut out);
+        let again = asked(&mut out);
+        assert_eq!((first.len(), again.len()), (1, 1), "{version:?}: one request each time");
+        assert_eq!(first == again, same, "{version:?}: {first:?} then {again:?}");
+        m.peer(Now::at(READ_RETRY_MS + 5), l, EtcdPeer::ReadIndexAnswer { id: first[0], index: 0 }, &mut out);
+        assert_eq!(out.replies.len(), 1, "{version:?}: an answer to the first id serves the read");
     }
 }
