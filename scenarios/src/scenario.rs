@@ -799,6 +799,11 @@ fn trigger(
                  servers elect no leader: set [backend] servers = 3 (docs/ensembles.md)";
         return Err(s.error(on_v.span(), m));
     }
+    if event == TriggerEvent::ReadIndex && topo.stallable.is_empty() {
+        let m = "on: \"read-index\" comes from an etcd cluster's leader, and this scenario has none: use the \
+                 etcd family with [backend] servers = 3 (docs/ensembles.md)";
+        return Err(s.error(on_v.span(), m));
+    }
     let nth = match &nth_v {
         None => 1,
         Some(v) => match v.get_ref() {

@@ -50,13 +50,18 @@ fn bad_triggers_are_refused_with_their_line() {
         (
             "on = \"grant\"",
             "t.toml:10:6: on: unknown event \"grant\"; expected one of: acquire, acquire-ok, enter, release, lock-lost, \
-             lease-expired, leader-change, redis-set-nx-expire, lease-renew, redlock-majority, zk-queue-create, \
+             lease-expired, leader-change, read-index, redis-set-nx-expire, lease-renew, redlock-majority, zk-queue-create, \
              etcd-mutex-checked",
         ),
         (
             "on = \"leader-change\"",
             "t.toml:10:6: on: \"leader-change\" comes from a ZooKeeper ensemble or an etcd cluster, and this \
              scenario's servers elect no leader: set [backend] servers = 3 (docs/ensembles.md)",
+        ),
+        (
+            "on = \"read-index\"",
+            "t.toml:10:6: on: \"read-index\" comes from an etcd cluster's leader, and this scenario has none: use \
+             the etcd family with [backend] servers = 3 (docs/ensembles.md)",
         ),
         ("on = \"enter\"\nnth = 0", "t.toml:11:7: nth: expected a whole number from 1 to 1000000"),
         ("on = \"enter\"\nclient = \"client-7\"", "t.toml:11:10: client: no client \"client-7\" in this scenario"),
@@ -342,6 +347,15 @@ fn every_recipe_passes_exactly_the_points_it_declares() {
     }
 }
 
+/// When each fault started, and whom it hit.
+fn fault_starts(h: &locksim_sim::history::History) -> Vec<(u64, String)> {
+    let starts = h.events.iter().filter_map(|e| match &e.kind {
+        EventKind::FaultStart { target, .. } => Some((e.t, target.clone())),
+        _ => None,
+    });
+    starts.collect()
+}
+
 /// A scenario of its own text (a cluster or an ensemble), parsed.
 fn parsed(text: &str) -> Scenario {
     Scenario::parse("t.toml", text, &Registry::builtin()).unwrap_or_else(|e| panic!("{e}"))
@@ -359,20 +373,32 @@ fn a_fault_on_leader_change_hits_the_new_leader_as_it_wins() {
     );
     for seed in 0..5 {
         let h = run_seed(&s, seed).unwrap().history;
-        let starts: Vec<(u64, String)> = h
-            .events
-            .iter()
-            .filter_map(|e| match &e.kind {
-                EventKind::FaultStart { target, .. } => Some((e.t, target.clone())),
-                _ => None,
-            })
-            .collect();
+        let starts = fault_starts(&h);
         let [(crashed_at, crashed), (paused_at, paused)] = &starts[..] else { panic!("seed {seed}: {starts:?}") };
         assert!(paused.starts_with("etcd-") && paused != crashed, "seed {seed}: a survivor won: {starts:?}");
         // A new election takes an election timeout (1–2 s, counted from the last heartbeat, up to a tick
         // before the crash) and a vote.
         let after_ms = (paused_at - crashed_at) / 1_000_000;
         assert!((900..3000).contains(&after_ms), "seed {seed}: {after_ms} ms after the crash");
+    }
+}
+
+/// `read-index` fires at the leader as it takes a read index: with 3 s leases, a keep-alive reaches the
+/// leader's lessor, which confirms it leads by a read index (3.5.13 and later), at least every second.
+#[test]
+fn a_fault_on_read_index_hits_the_leader_within_a_keep_alive() {
+    let s = parsed(
+        "name = \"t\"\n[recipe]\nid = \"etcd.mutex\"\nttl = \"3s\"\n[backend]\nservers = 3\n\
+         [workload]\nkind = \"counter\"\nclients = 2\nduration = \"10s\"\n\
+         [[faults.schedule]]\nat = \"5s\"\non = \"read-index\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"200ms\"\n\
+         [check]\ndeadlock = false\n",
+    );
+    for seed in 0..5 {
+        let h = run_seed(&s, seed).unwrap().history;
+        let starts = fault_starts(&h);
+        let [(at, paused)] = &starts[..] else { panic!("seed {seed}: {starts:?}") };
+        assert!(paused.starts_with("etcd-"), "seed {seed}: {paused}");
+        assert!((5_000..6_000).contains(&(at / 1_000_000)), "seed {seed}: at {at} ns");
     }
 }
 

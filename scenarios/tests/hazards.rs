@@ -105,3 +105,16 @@ fn results_without_hazards_still_load() {
     let old: locksim_scenarios::sweep::ScenarioResult = serde_json::from_value(json).unwrap();
     assert!(old.hazard_counts.is_empty() && old.results[0].hazards.is_empty());
 }
+
+/// etcd#20418 both ways: a leader paused as it confirms a read index answers stale reads when it
+/// resumes up to 3.5.27, and never from 3.5.28; and no other etcd cluster fault — cuts, crashes,
+/// pauses of members and clients, stalls — ever makes a read stale, in either release.
+#[test]
+fn a_paused_leader_answers_stale_reads_until_3_5_28_and_nothing_else_does() {
+    let stale = |stem: &str, seeds| run(&catalog(stem), seeds).seeds_with_hazard.get(&Hazard::StaleRead).copied();
+    assert!(stale("etcd-cluster-paused-leader-stale-reads", 0..60).is_some_and(|n| n >= 3));
+    assert_eq!(stale("etcd-cluster-paused-leader-stale-reads-fixed", 0..60), None);
+    for stem in ["etcd-cluster-nemesis", "etcd-cluster-stuck-leader-renews-fixed", "etcd-cluster-minority-waiter"] {
+        assert_eq!(stale(stem, 0..40), None, "{stem}");
+    }
+}

@@ -47,10 +47,14 @@ pub enum Hazard {
     /// A client crashed (or was restarted) while it believed it held the lock: the lock is orphaned
     /// until its lease or session ends, or for good (`world.rs`).
     HolderCrashed,
+    /// An etcd member served a linearizable read from a store older than what the cluster had committed
+    /// when the member took the read (`backend/etcd/cluster.rs`, `serve_read`): a stale read, as
+    /// etcd#20418's.
+    StaleRead,
 }
 
 impl Hazard {
-    pub const ALL: [Hazard; 9] = [
+    pub const ALL: [Hazard; 10] = [
         Hazard::LeaseExpiredWhileHeld,
         Hazard::StaleHolderResumed,
         Hazard::GrantToExpiredSession,
@@ -60,6 +64,7 @@ impl Hazard {
         Hazard::LockKeyLostInFailover,
         Hazard::ClockJumpDuringHold,
         Hazard::HolderCrashed,
+        Hazard::StaleRead,
     ];
 
     /// The kebab-case id suites and results use.
@@ -74,6 +79,7 @@ impl Hazard {
             Hazard::LockKeyLostInFailover => "lock-key-lost-in-failover",
             Hazard::ClockJumpDuringHold => "clock-jump-during-hold",
             Hazard::HolderCrashed => "holder-crashed",
+            Hazard::StaleRead => "stale-read",
         }
     }
 
@@ -104,6 +110,10 @@ impl Hazard {
                 "a clock jump hit a client holding the lock, or a server while a client held it"
             }
             Hazard::HolderCrashed => "a client crashed or restarted while it believed it held the lock",
+            Hazard::StaleRead => {
+                "an etcd member answered a linearizable read from a store older than the cluster had committed when \
+                 it took the read"
+            }
         }
     }
 }

@@ -94,16 +94,31 @@ pub trait Member: Send + 'static {
     fn member_fault(&mut self, fault: MemberFault) -> Result<(), String>;
 
     /// The real server reads each connection on a thread of its own (etcd's gRPC and rafthttp
-    /// goroutines): what piled up while its process was paused is taken in each connection's order,
-    /// the connections' in whatever order the threads run ([`Member::backlog_order`]). `false` (the
-    /// default): in the order it arrived.
+    /// goroutines), and its timers wake threads of their own too (etcd's read loop, ticker and
+    /// lessor): what piled up while its process was paused is taken in each connection's order, the
+    /// connections' and the due timers' in whatever order the threads run ([`Member::backlog_order`]).
+    /// `false` (the default): in the order it arrived, the timers once the first input is taken.
     const READS_ON_THREADS: bool = false;
 
-    /// With [`Member::READS_ON_THREADS`], the order to take a backlog in: indexes into `connections`,
-    /// the connection each input came on, in the order they arrived.
-    fn backlog_order(&mut self, connections: &[Connection]) -> Vec<usize> {
-        (0..connections.len()).collect()
+    /// With [`Member::READS_ON_THREADS`], the order to take a backlog in: indexes into `sources`,
+    /// where each input came from, in the order they arrived (the due timers last).
+    fn backlog_order(&mut self, sources: &[Source]) -> Vec<usize> {
+        (0..sources.len()).collect()
     }
+}
+
+/// Where an input of a backlog comes from: a connection, or the member's own timers that came due
+/// while it was paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Connection(Connection),
+    Timers,
+}
+
+/// One step of a member: an input, or its due timers ([`Member::wake`]).
+enum Step {
+    Input(Input<Payload>),
+    Wake,
 }
 
 /// How the members of a cluster, on `nodes`, take the faults only members can
@@ -122,35 +137,38 @@ pub async fn serve_member<M: Member>(state: Arc<Mutex<M>>, rpc: &Rpc, clock: &Cl
     let mut out = MemberOut::<M::Reply, M::Peer>::default();
     state.lock().expect("member lock").start(Now::of(clock), &mut out);
     send(&mut out, &mut pending, rpc, recorder);
-    // A backlog taken at once, in the member's order.
-    let mut backlog = VecDeque::new();
+    // A backlog taken at once, in the member's order; its due timers are a step of it, if they are.
+    let mut backlog: VecDeque<Step> = VecDeque::new();
     loop {
         let wake = state.lock().expect("member lock").next_wake_ms();
-        let input = match wake {
-            Some(at) if at <= clock.monotonic_ms() => None,
-            _ if !backlog.is_empty() => backlog.pop_front(),
+        let timers_queued = backlog.iter().any(|step| matches!(step, Step::Wake));
+        let step = match wake {
+            _ if timers_queued => backlog.pop_front().expect("queued"),
+            Some(at) if at <= clock.monotonic_ms() => Step::Wake,
+            _ if !backlog.is_empty() => backlog.pop_front().expect("not empty"),
             Some(at) => tokio::select! {
                 biased;
-                input = rpc.next_input_any() => Some(input),
-                () = clock.sleep(Duration::from_millis((at - clock.monotonic_ms()).max(1) as u64)) => None,
+                input = rpc.next_input_any() => Step::Input(input),
+                () = clock.sleep(Duration::from_millis((at - clock.monotonic_ms()).max(1) as u64)) => Step::Wake,
             },
-            None => Some(rpc.next_input_any().await),
+            None => Step::Input(rpc.next_input_any().await),
         };
-        let input = match input {
-            Some(first) if M::READS_ON_THREADS && backlog.is_empty() => {
-                backlog = arrived(first, rpc, &state);
-                backlog.pop_front()
+        let step = match step {
+            Step::Input(first) if M::READS_ON_THREADS && backlog.is_empty() => {
+                let due = wake.is_some_and(|at| at <= clock.monotonic_ms());
+                backlog = arrived(first, due, rpc, &state);
+                backlog.pop_front().expect("the first input")
             }
-            input => input,
+            step => step,
         };
         let mut s = state.lock().expect("member lock");
         let now = Now::of(clock);
-        match input {
-            None => s.wake(now, &mut out),
-            Some(Input::Closed { peer, life, socket: None, .. }) => s.closed(now, peer, life, &mut out),
+        match step {
+            Step::Wake => s.wake(now, &mut out),
+            Step::Input(Input::Closed { peer, life, socket: None, .. }) => s.closed(now, peer, life, &mut out),
             // Only servers close connections of their own.
-            Some(Input::Closed { socket: Some(_), .. }) => continue,
-            Some(Input::Request(reply_to, body)) => match downcast::<M>(body) {
+            Step::Input(Input::Closed { socket: Some(_), .. }) => continue,
+            Step::Input(Input::Request(reply_to, body)) => match downcast::<M>(body) {
                 Ok(request) => {
                     next_id += 1;
                     let id = RequestId(next_id);
@@ -167,23 +185,28 @@ pub async fn serve_member<M: Member>(state: Arc<Mutex<M>>, rpc: &Rpc, clock: &Cl
 }
 
 /// `first` and what else has arrived by now, in the order the member takes them
-/// ([`Member::backlog_order`]); with a connection's close among them, as they came.
-fn arrived<M: Member>(first: Input<Payload>, rpc: &Rpc, state: &Mutex<M>) -> VecDeque<Input<Payload>> {
+/// ([`Member::backlog_order`]), with its timers among them when they are `due` (a process resumed
+/// from a pause); with a connection's close among them, as they came, the timers after the first.
+fn arrived<M: Member>(first: Input<Payload>, due: bool, rpc: &Rpc, state: &Mutex<M>) -> VecDeque<Step> {
     let mut inputs = vec![first];
     while let Some(input) = rpc.arrived_input() {
         inputs.push(input);
     }
-    let connections: Option<Vec<Connection>> = inputs
+    let sources: Option<Vec<Source>> = inputs
         .iter()
         .map(|input| match input {
-            Input::Request(reply_to, _) => Some(reply_to.connection()),
+            Input::Request(reply_to, _) => Some(Source::Connection(reply_to.connection())),
             Input::Closed { .. } => None,
         })
+        .chain(due.then_some(Some(Source::Timers)))
         .collect();
-    let Some(connections) = connections.filter(|c| c.len() > 1) else { return inputs.into() };
-    let order = state.lock().expect("member lock").backlog_order(&connections);
-    let mut slots: Vec<Option<Input<Payload>>> = inputs.into_iter().map(Some).collect();
-    order.into_iter().map(|i| slots[i].take().expect("an order takes each input once")).collect()
+    let mut steps: Vec<Option<Step>> = inputs.into_iter().map(|input| Some(Step::Input(input))).collect();
+    let Some(sources) = sources.filter(|c| c.len() > 1) else { return steps.into_iter().flatten().collect() };
+    if due {
+        steps.push(Some(Step::Wake));
+    }
+    let order = state.lock().expect("member lock").backlog_order(&sources);
+    order.into_iter().map(|i| steps[i].take().expect("an order takes each input once")).collect()
 }
 
 /// Say what the member asked to be said.

@@ -17,6 +17,7 @@ use crate::clock::sim_now_ns;
 use crate::clock::Clock;
 use crate::ctx::Background;
 use crate::fault::{Point, TriggerEvent};
+use crate::hazard::Hazard;
 use crate::history::{EventKind, NodeIx, Recorder};
 use crate::net::{Connection, Input, ReplyTo, Rpc, Socket};
 use std::any::Any;
@@ -45,9 +46,12 @@ pub struct Out {
     pub leases: Vec<(NodeIx, u64, bool)>,
     /// Client connections the server closes, after its reply ([`Rpc::close_connection`]).
     pub closes: Vec<Connection>,
-    /// Members that just became their cluster's leader: a trigger ([`TriggerEvent::LeaderChange`]),
-    /// never an event in the history.
-    pub elected: Vec<NodeIx>,
+    /// Server moments that start aimed faults, in order: a member that just became its cluster's leader
+    /// ([`TriggerEvent::LeaderChange`]), a leader that just took a read index
+    /// ([`TriggerEvent::ReadIndex`]). Triggers, never events in the history.
+    pub points: Vec<(NodeIx, TriggerEvent)>,
+    /// Hazards the server reached that are no client's lease (a stale read): marks beside the history.
+    pub marks: Vec<Hazard>,
 }
 
 impl Out {
@@ -76,14 +80,28 @@ impl Out {
         self.closes.push(connection);
     }
 
+    /// The server reached `hazard` (a mark beside the history, never an event in it).
+    pub fn mark(&mut self, hazard: Hazard) {
+        self.marks.push(hazard);
+    }
+
     /// `leader` has just become its cluster's leader (a trigger for aimed faults).
     pub fn elected(&mut self, leader: NodeIx) {
-        self.elected.push(leader);
+        self.points.push((leader, TriggerEvent::LeaderChange));
+    }
+
+    /// `leader` has just taken a read index and sent the heartbeats that confirm it (a trigger for
+    /// aimed faults).
+    pub fn read_index(&mut self, leader: NodeIx) {
+        self.points.push((leader, TriggerEvent::ReadIndex));
     }
 
     fn flush(&mut self, rpc: &Rpc, recorder: &Recorder) {
-        for leader in self.elected.drain(..) {
-            recorder.point(leader, TriggerEvent::LeaderChange);
+        for (node, point) in self.points.drain(..) {
+            recorder.point(node, point);
+        }
+        for hazard in self.marks.drain(..) {
+            recorder.mark(hazard);
         }
         for (node, lease, started) in self.leases.drain(..) {
             if started {

@@ -6,9 +6,10 @@
 //!
 //! A fault starts at its time (`at`) or, with a [`Trigger`] (`on = "acquire-ok"`), at the moment the history
 //! records the n-th matching client event after `at`, or the n-th time a client passes a point inside its
-//! recipe (a [`Point`] the recipe declares): an *aimed* fault. Two server-side moments are triggers as
-//! well: a server ending a client's lease (`lease-expired`; `lease-renew` is the client's side of it),
-//! and an ensemble or cluster getting a new leader (`leader-change`).
+//! recipe (a [`Point`] the recipe declares): an *aimed* fault. Three server-side moments are triggers
+//! as well: a server ending a client's lease (`lease-expired`; `lease-renew` is the client's side of
+//! it), an ensemble or cluster getting a new leader (`leader-change`), and an etcd leader taking a read
+//! index (`read-index`).
 //!
 //! What a fault *does* is its kind's: each kind is one declaration ([`Spec`], `kind.rs`; the kinds in
 //! `kinds.rs`), which the scenario reader, the nemesis, the shrinker, the checkers and the report read.
@@ -79,6 +80,9 @@ pub enum TriggerEvent {
     /// A ZooKeeper ensemble's new leader is established, or an etcd member won an election: the
     /// event's node is the new leader.
     LeaderChange,
+    /// An etcd cluster's leader took a read index — a linearizable read's or, from 3.5.13, a
+    /// keep-alive's — and sent the heartbeats that confirm it: the event's node is the leader.
+    ReadIndex,
     /// A point a recipe declares (`RecipeSpec::points` in locksim-locks) and passes with
     /// [`crate::ctx::Ctx::point`], or its family's client library does ([`crate::backend::LEASE_RENEW`]).
     Declared(&'static Point),
@@ -100,7 +104,7 @@ pub struct Point {
 impl TriggerEvent {
     /// The events a fault can be triggered by besides a recipe's points: the history's client events,
     /// then the servers'.
-    pub const ALL: [TriggerEvent; 7] = [
+    pub const ALL: [TriggerEvent; 8] = [
         TriggerEvent::Acquire,
         TriggerEvent::AcquireOk,
         TriggerEvent::Enter,
@@ -108,6 +112,7 @@ impl TriggerEvent {
         TriggerEvent::LockLost,
         TriggerEvent::LeaseExpired,
         TriggerEvent::LeaderChange,
+        TriggerEvent::ReadIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -119,6 +124,7 @@ impl TriggerEvent {
             TriggerEvent::LockLost => "lock-lost",
             TriggerEvent::LeaseExpired => "lease-expired",
             TriggerEvent::LeaderChange => "leader-change",
+            TriggerEvent::ReadIndex => "read-index",
             TriggerEvent::Declared(point) => point.name,
         }
     }
@@ -144,6 +150,10 @@ impl TriggerEvent {
             TriggerEvent::LeaderChange => {
                 "an ensemble or cluster has a new leader (ZooKeeper: established; etcd: won its election); the \
                  trigger is the new leader"
+            }
+            TriggerEvent::ReadIndex => {
+                "an etcd cluster's leader takes a read index (a linearizable read's, or from 3.5.13 a keep-alive's) \
+                 and sends the heartbeats that confirm it; the trigger is the leader"
             }
             TriggerEvent::Declared(point) => point.doc,
         }

@@ -53,13 +53,15 @@
 //! lacks), leadership transfer, lease checkpoints (off by default).
 
 use super::{EtcdReply, EtcdRequest, EtcdState, LeaseId, Op};
-use crate::backend::member::{member_faults, serve_member, Member, MemberOut, RequestId};
+use crate::backend::member::{member_faults, serve_member, Member, MemberOut, RequestId, Source};
 use crate::backend::{Now, Out};
+use crate::hazard::Hazard;
 use crate::history::NodeIx;
 use crate::net::Connection;
 use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
 use crate::world::{MemberFault, Program, World};
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -193,11 +195,20 @@ struct Asking {
     then: Then,
 }
 
+/// A client's linearizable read, and the cluster's highest commit index when this member took it:
+/// serving it from a store older than that is a stale read.
+#[derive(Debug)]
+struct Read {
+    origin: Origin,
+    request: EtcdRequest,
+    floor: usize,
+}
+
 /// What a read index is for.
 #[derive(Debug)]
 enum Then {
     /// A client's linearizable read, served once this member has applied the index.
-    Read(Origin, EtcdRequest),
+    Read(Read),
     /// On the leader, a keep-alive its lessor answers once it has confirmed it leads
     /// (`ensureLeadership`, 3.5.13 and later).
     Renew(Origin, EtcdRequest),
@@ -248,7 +259,10 @@ pub struct EtcdMember {
     asking: Vec<Asking>,
     next_id: u64,
     /// Reads waiting for this member to apply their index.
-    applying: Vec<(usize, Origin, EtcdRequest)>,
+    applying: Vec<(usize, Read)>,
+    /// The highest commit index any leader of the cluster has reached, shared by its members: the
+    /// world's record for the `stale-read` hazard, which no member reads to decide anything.
+    cluster_commit: Arc<AtomicUsize>,
     version: Version,
     /// The consensus loop is stalled (the `stall` fault): peers' messages and the requests that need the
     /// loop wait in `held`, and Raft's ticks are lost.
@@ -299,6 +313,7 @@ impl EtcdMember {
             asking: Vec::new(),
             next_id: 0,
             applying: Vec::new(),
+            cluster_commit: Arc::default(),
             version,
             stalled: false,
             held: Vec::new(),
@@ -444,6 +459,7 @@ impl EtcdMember {
         let index = matched[self.quorum() - 1];
         if index > self.commit && self.term_at(index) == self.term {
             self.commit = index;
+            self.cluster_commit.fetch_max(index, Ordering::Relaxed);
             // The followers hear of the commit at once, not at the next heartbeat (`stepLeader`:
             // `if r.maybeCommit() { r.bcastAppend() }`).
             for p in self.peers() {
@@ -517,8 +533,8 @@ impl EtcdMember {
         let (ready, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.applying).into_iter().partition(|r| r.0 <= applied);
         self.applying = later;
-        for (_, origin, request) in ready {
-            self.serve_read(origin, request, out);
+        for (_, read) in ready {
+            self.serve_read(read, out);
         }
     }
 }
@@ -541,7 +557,8 @@ impl EtcdMember {
     /// lessor — or wait for a leader.
     fn route(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
         if matches!(request, EtcdRequest::Op(Op::Range(_))) {
-            self.ask(Then::Read(origin, request), out);
+            let floor = self.cluster_commit.load(Ordering::Relaxed);
+            self.ask(Then::Read(Read { origin, request, floor }), out);
             return;
         }
         let lessor = for_the_lessor(&request);
@@ -672,6 +689,7 @@ impl EtcdMember {
         for p in self.peers() {
             self.send_append(p, id, out);
         }
+        out.out.read_index(self.members[self.me]);
         self.acknowledged(self.me, id, out);
     }
 
@@ -696,7 +714,7 @@ impl EtcdMember {
     fn answered(&mut self, id: u64, index: usize, out: &mut MOut) {
         let Some(k) = self.asking.iter().position(|a| a.ids.contains(&id)) else { return };
         match self.asking.remove(k).then {
-            Then::Read(origin, request) => self.read_at(index, origin, request, out),
+            Then::Read(read) => self.read_at(index, read, out),
             // `ensureLeadership`: the lessor answers if this member still leads.
             Then::Renew(origin, request) if self.role == Role::Leader => self.answer_from_lessor(origin, request, out),
             Then::Renew(..) => {}
@@ -723,15 +741,26 @@ impl EtcdMember {
     }
 
     /// Serve a read once this member has applied `index`.
-    fn read_at(&mut self, index: usize, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+    fn read_at(&mut self, index: usize, read: Read, out: &mut MOut) {
         if self.applied >= index {
-            self.serve_read(origin, request, out);
+            self.serve_read(read, out);
         } else {
-            self.applying.push((index, origin, request));
+            self.applying.push((index, read));
         }
     }
 
-    fn serve_read(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+    /// Serve a read from this member's store; one older than the cluster had committed when the
+    /// member took the read is marked (`stale-read`). A correct read index is never below that: the
+    /// leader that confirms it has committed everything committed before.
+    fn serve_read(&mut self, read: Read, out: &mut MOut) {
+        if self.applied < read.floor {
+            out.out.mark(Hazard::StaleRead);
+        }
+        self.serve(read.origin, read.request, out);
+    }
+
+    /// Answer `request` from this member's store (a read, a watch).
+    fn serve(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
         let reply = self.state.request(self.now_ms, origin.client, request, &mut out.out);
         out.reply(origin.id, reply.unwrap_or_else(EtcdReply::Error));
     }
@@ -880,7 +909,7 @@ impl Member for EtcdMember {
         let origin = Origin { member: self.me, life: self.life, id, client: via.peer };
         match request {
             // Watches are the store's, not the loop's.
-            EtcdRequest::Watch { .. } | EtcdRequest::CancelWatch { .. } => self.serve_read(origin, request, out),
+            EtcdRequest::Watch { .. } | EtcdRequest::CancelWatch { .. } => self.serve(origin, request, out),
             // A stalled leader still thinks it leads, and its lessor is still primary: before 3.5.13
             // it renews a lease without asking anyone (etcd#15247).
             EtcdRequest::LeaseKeepAlive { .. }
@@ -1026,32 +1055,32 @@ impl Member for EtcdMember {
     }
 
     /// etcd reads each client's gRPC connection and each peer's stream on goroutines of their own, all
-    /// feeding one Raft loop: after a pause, which connection's backlog goes first is up to the Go
-    /// scheduler. Every interleaving that keeps each connection's order is equally likely here.
+    /// feeding one Raft loop, and its read loop, ticker and lessor run on goroutines of their own: after
+    /// a pause, which connection's backlog goes first, and when the due timers fire among them, is up
+    /// to the Go scheduler. They reach Raft through one channel (`raft.node`'s `recvc`), whose blocked
+    /// senders queue in turn: each goroutine hands in one input, then waits behind the others for
+    /// its next. So the model takes the backlog in rounds, one input from each source a round, in an
+    /// order drawn afresh each round. (So a read loop's retry can reach Raft between two
+    /// acknowledgements of its earlier round: etcd#20418.)
     const READS_ON_THREADS: bool = true;
 
-    fn backlog_order(&mut self, connections: &[Connection]) -> Vec<usize> {
-        let mut queues: Vec<(Connection, VecDeque<usize>)> = Vec::new();
-        for (i, c) in connections.iter().enumerate() {
+    fn backlog_order(&mut self, sources: &[Source]) -> Vec<usize> {
+        let mut queues: Vec<(Source, VecDeque<usize>)> = Vec::new();
+        for (i, c) in sources.iter().enumerate() {
             match queues.iter_mut().find(|(q, _)| q == c) {
                 Some((_, queue)) => queue.push_back(i),
                 None => queues.push((*c, VecDeque::from([i]))),
             }
         }
         let rng = self.rng.as_mut().expect("a member's generator is set when it starts");
-        let mut order = Vec::with_capacity(connections.len());
-        for left in (1..=connections.len()).rev() {
-            // A connection with k of the `left` inputs still to take goes next with odds k/left.
-            let mut pick = rng.gen_range(0..left);
-            let (_, queue) = queues
-                .iter_mut()
-                .find(|(_, q)| {
-                    let found = pick < q.len();
-                    pick = pick.saturating_sub(q.len());
-                    found
-                })
-                .expect("the queues hold what is left");
-            order.push(queue.pop_front().expect("a queue picked is not empty"));
+        let mut order = Vec::with_capacity(sources.len());
+        while order.len() < sources.len() {
+            // A round: each source with an input left hands one in, in an order drawn afresh.
+            let mut turn: Vec<usize> = (0..queues.len()).filter(|q| !queues[*q].1.is_empty()).collect();
+            for k in (1..turn.len()).rev() {
+                turn.swap(k, rng.gen_range(0..=k));
+            }
+            order.extend(turn.into_iter().map(|q| queues[q].1.pop_front().expect("a source with an input left")));
         }
         order
     }
@@ -1084,8 +1113,14 @@ impl Version {
 pub fn deploy(world: &mut World, n: usize, version: Version) -> (Vec<NodeIx>, Vec<Arc<Mutex<EtcdMember>>>) {
     let first = world.next_index().0;
     let members: Vec<NodeIx> = (0..n as u32).map(|i| NodeIx(first + i)).collect();
-    let states: Vec<Arc<Mutex<EtcdMember>>> =
-        (0..n).map(|i| Arc::new(Mutex::new(EtcdMember::new(i, members.clone(), version)))).collect();
+    let cluster_commit = Arc::new(AtomicUsize::new(0));
+    let states: Vec<Arc<Mutex<EtcdMember>>> = (0..n)
+        .map(|i| {
+            let mut member = EtcdMember::new(i, members.clone(), version);
+            member.cluster_commit = cluster_commit.clone();
+            Arc::new(Mutex::new(member))
+        })
+        .collect();
     for (i, state) in states.iter().enumerate() {
         let state = state.clone();
         let program: Program = Arc::new(move |env| {

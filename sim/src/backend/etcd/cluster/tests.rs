@@ -350,3 +350,27 @@ fn a_read_loop_asks_again_under_a_new_id_from_3_5_28() {
         assert_eq!(out.replies.len(), 1, "{version:?}: an answer to the first id serves the read");
     }
 }
+
+/// A backlog is taken in rounds, one input from each source a round, the sources' order drawn afresh
+/// each round: each connection keeps its order, and the due timers come among the first round's.
+#[test]
+fn a_paused_members_backlog_is_taken_one_input_per_source_a_round() {
+    let conn = |peer: u32| Source::Connection(Connection::on(NodeIx(peer), 0));
+    // Three inputs from peer 1, one from peer 2, the timers, two from a client.
+    let sources = [conn(1), conn(1), conn(2), Source::Timers, conn(1), conn(5), conn(5)];
+    let mut firsts = BTreeSet::new();
+    for seed in 0..40 {
+        let mut m = EtcdMember::new(0, vec![NodeIx(0), NodeIx(1), NodeIx(2)], Version::V3_5_28);
+        m.rng = Some(stream(seed, Stream::EtcdRaft, 0));
+        let order = m.backlog_order(&sources);
+        let rounds: Vec<BTreeSet<usize>> = [&order[..4], &order[4..6], &order[6..]]
+            .iter()
+            .map(|round| round.iter().map(|i| [1, 1, 2, 0, 1, 5, 5][*i]).collect())
+            .collect();
+        assert_eq!(rounds, [BTreeSet::from([0, 1, 2, 5]), BTreeSet::from([1, 5]), BTreeSet::from([1])], "{order:?}");
+        let of = |peer: Source| order.iter().copied().filter(|i| sources[*i] == peer).collect::<Vec<_>>();
+        assert_eq!((of(conn(1)), of(conn(5))), (vec![0, 1, 4], vec![5, 6]), "each connection in its order");
+        firsts.insert(order[0]);
+    }
+    assert_eq!(firsts, BTreeSet::from([0, 2, 3, 5]), "any source may go first");
+}
