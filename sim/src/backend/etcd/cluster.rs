@@ -250,6 +250,10 @@ pub struct EtcdMember {
     revoking: BTreeSet<LeaseId>,
     /// Lessor requests waiting for a leader to be known, or for the leader's promotion.
     waiting: Vec<(Origin, EtcdRequest)>,
+    /// Keep-alives of leases this primary lessor finds expired and has not revoked yet: `lessor.Renew`
+    /// waits for the revoke (then the lease is not found) or for a demotion (then `LeaseRenew` takes
+    /// `ErrNotPrimary` and forwards the keep-alive to the next leader).
+    renewing: Vec<(LeaseId, Origin, EtcdRequest)>,
     /// The leader's read indexes being confirmed, in the order they came.
     reads: Vec<PendingRead>,
     /// Read indexes asked of the leader before it committed an entry of its term (raft's
@@ -308,6 +312,7 @@ impl EtcdMember {
             primary: false,
             revoking: BTreeSet::new(),
             waiting: Vec::new(),
+            renewing: Vec::new(),
             reads: Vec::new(),
             held_reads: Vec::new(),
             asking: Vec::new(),
@@ -379,6 +384,8 @@ impl EtcdMember {
             self.revoking.clear();
             self.reads.clear();
             self.held_reads.clear();
+            let renewing = std::mem::take(&mut self.renewing);
+            self.waiting.extend(renewing.into_iter().map(|(_, origin, request)| (origin, request)));
         }
         if new_leader {
             self.leader_changed(out);
@@ -514,6 +521,11 @@ impl EtcdMember {
                     let mut scratch = Out::default();
                     self.state.revoke(lease, &mut scratch);
                     keep_watch_events(scratch, &mut out.out);
+                    let (revoked, others) = std::mem::take(&mut self.renewing).into_iter().partition(|r| r.0 == lease);
+                    self.renewing = others;
+                    for (_, origin, request) in revoked {
+                        self.answer_from_lessor(origin, request, out);
+                    }
                 }
                 Cmd::Client { origin, request } => {
                     let mine = origin.member == self.me && origin.life == self.life;
@@ -729,8 +741,17 @@ impl EtcdMember {
         self.version.fixes_15247() && matches!(request, EtcdRequest::LeaseKeepAlive { .. })
     }
 
-    /// The leader's lessor answers `request` (a keep-alive renews in memory, not through the log).
+    /// The leader's lessor answers `request` (a keep-alive renews in memory, not through the log). A
+    /// keep-alive of a lease it finds expired waits for the lease's revoke or the lessor's demotion
+    /// (`lessor.Renew`, 3.4 and 3.5): a deposed leader that resumes from a pause does not tell a
+    /// client its lease is gone while the new leader still keeps it.
     fn answer_from_lessor(&mut self, origin: Origin, request: EtcdRequest, out: &mut MOut) {
+        if let EtcdRequest::LeaseKeepAlive { id } = request {
+            if self.state.leases.get(id).is_some_and(|l| l.expiry_ms <= self.now_ms) {
+                self.renewing.push((id, origin, request));
+                return;
+            }
+        }
         let reply = self.state.request(self.now_ms, origin.client, request, &mut Out::default());
         let reply = reply.unwrap_or_else(EtcdReply::Error);
         if origin.member == self.me {
@@ -892,6 +913,7 @@ impl Member for EtcdMember {
         self.votes.clear();
         self.revoking.clear();
         self.waiting.clear();
+        self.renewing.clear();
         self.reads.clear();
         self.held_reads.clear();
         self.asking.clear();

@@ -33,8 +33,10 @@ impl Leases {
     }
 
     /// Renew to a full TTL from now; the TTL, or `None` if the lease is gone — or has expired and only
-    /// waits for the periodic revoke: etcd's `lessor.Renew` answers `ErrLeaseNotFound` once
-    /// `l.expired()`, so a late keep-alive never revives a lease whose keys are about to go.
+    /// waits for the periodic revoke: once `l.expired()`, etcd's `lessor.Renew` waits for the revoke
+    /// and answers `ErrLeaseNotFound`, so a late keep-alive never revives a lease whose keys are about
+    /// to go. (A single server answers at once, its revoke being sure; a cluster's leader holds the
+    /// keep-alive until the revoke or its demotion: `cluster.rs`, `answer_from_lessor`.)
     pub fn renew(&mut self, id: LeaseId, now_ms: i64) -> Option<i64> {
         let lease = self.leases.get_mut(&id)?;
         if lease.expiry_ms <= now_ms {

@@ -374,3 +374,33 @@ fn a_paused_members_backlog_is_taken_one_input_per_source_a_round() {
     }
     assert_eq!(firsts, BTreeSet::from([0, 2, 3, 5]), "any source may go first");
 }
+
+/// `lessor.Renew` on a lease the leader finds expired waits: for the revoke, and then the lease is
+/// not found; or for the leader's demotion, and then the keep-alive goes to the next leader, which may
+/// still keep the lease (a deposed leader resumed from a pause must not end its clients' sessions).
+#[test]
+fn a_keep_alive_of_an_expired_lease_waits_for_its_revoke_or_goes_to_the_next_leader() {
+    let f1 = NodeIx(1);
+    for demoted in [false, true] {
+        let (mut m, mut out) = leader_by_hand(Version::V3_5_12);
+        let (lease, _) = m.state.leases.grant(2, 0);
+        out.replies.clear();
+        out.peers.clear();
+        m.now_ms = 5_000;
+        let client = Origin { member: 0, life: m.life, id: RequestId::new(7), client: NodeIx(3) };
+        m.route(client, EtcdRequest::LeaseKeepAlive { id: lease }, &mut out);
+        assert!(out.replies.is_empty(), "demoted {demoted}: no answer while the lease waits for its revoke");
+        if demoted {
+            m.become_follower(2, Some(1), &mut out);
+            let forwarded = out.peers.iter().any(|(to, msg)| {
+                *to == f1 && matches!(msg, EtcdPeer::Lessor { request: EtcdRequest::LeaseKeepAlive { .. }, .. })
+            });
+            assert!(forwarded && out.replies.is_empty(), "the keep-alive goes to the next leader: {:?}", out.peers);
+        } else {
+            m.look(&mut out);
+            m.peer(Now::at(5_000), f1, EtcdPeer::AppendAnswer { term: 1, ok: true, matched: 3, read: 0 }, &mut out);
+            let answered = out.replies.iter().map(|(id, reply)| (*id, format!("{reply:?}"))).collect::<Vec<_>>();
+            assert_eq!(answered, [(RequestId::new(7), format!("{:?}", EtcdReply::KeepAlive { id: lease, ttl_s: 0 }))]);
+        }
+    }
+}
