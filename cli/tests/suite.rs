@@ -233,6 +233,11 @@ fn a_hazard_listed_twice_or_one_the_scenario_can_never_reach_is_bad_input_at_its
             "hazards.toml:4:12: hazards: redis-del-gc-pause can never reach holder-crashed: it needs a crash, \
              host-crash or restart fault, and the scenario has none",
         ),
+        (
+            "\"stale-read\"",
+            "hazards.toml:4:12: hazards: redis-del-gc-pause can never reach stale-read: it is marked by the etcd \
+             family only, and redis.set-nx-px is redis",
+        ),
         ("\"lock-key-lost-in-failover\"", "it needs a failover fault"),
         ("\"clock-jump-during-hold\"", "it needs a clock-jump fault"),
     ];

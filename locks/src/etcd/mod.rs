@@ -77,7 +77,8 @@ pub static FAMILY: Family = Family {
     topology,
     deploy,
     real: Some(&REAL),
-    marks: |h| crate::LEASE_HAZARDS.contains(&h),
+    // A cluster's members mark `stale-read` (`cluster.rs`).
+    marks: |h| crate::LEASE_HAZARDS.contains(&h) || h == locksim_sim::hazard::Hazard::StaleRead,
 };
 
 /// etcd (Debian 12 `etcd-server`, 3.4; or a 3.5 binary from PyPI): one member, or a cluster of
