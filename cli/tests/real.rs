@@ -167,14 +167,16 @@ fn a_zookeeper_scenario_aims_faults_at_zk_0() {
     );
 }
 
-/// A real cluster takes the faults its proxies and signals can make: a ZooKeeper member cut from its
-/// leader, but no clog between members; no cut between etcd members (they dial each other directly),
-/// and no stall anywhere. Refused before anything starts, naming why.
+/// A real cluster takes the faults its proxies and signals can make: a member cut from its leader, but
+/// no clog between members, and no stall anywhere. Refused before anything starts, naming why.
 #[test]
 fn real_mode_refuses_what_a_real_cluster_cannot_do() {
     let cases = [
-        ("etcd.mutex", "kind = \"partition\"\ntarget = \"leader\"", "these members reach each other directly"),
-        ("etcd.mutex", "kind = \"partition\"\ntarget = \"etcd-0\"\npeers = [\"etcd-1\"]", "reach each other directly"),
+        (
+            "etcd.mutex",
+            "kind = \"clog\"\ntarget = \"etcd-0\"\npeers = [\"etcd-1\"]",
+            "clogs a member's links to clients only",
+        ),
         ("etcd.mutex", "kind = \"stall\"\ntarget = \"leader\"\nduration = \"1s\"", "cannot stall a member's consensus"),
         (
             "zk.sequential",

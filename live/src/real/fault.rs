@@ -26,7 +26,7 @@
 //! replies), holding the bytes until the first TCP retransmission after the heal; `delay` adds
 //! latency to every chunk to and from the target; `drop-reply` on the server loses its replies at
 //! `rate`, which on TCP breaks the connection: the client is reset after its request was applied.
-//! In a ZooKeeper ensemble the members' links to each other go through proxies too
+//! In a cluster the members' links to each other go through proxies too
 //! ([`crate::servers::Cluster`]): a `partition` of a member with `peers` naming members (or roles) holds
 //! the bytes between them both ways while their clients still reach both, and one with no `peers`
 //! cuts the member from its clients and its peers alike.
@@ -38,8 +38,7 @@
 //! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
 //! - `stall`: SIGSTOP stops a member's client side with its consensus loop; `lag` (and ZooKeeper's
 //!   `[backend] apply_lag`): a real server applies as fast as it can;
-//! - a partition between etcd members: they reach each other directly (see [`crate::servers::Cluster`]);
-//!   and a `clog` between members;
+//! - a `clog` between members: a peer connection, opened by either member, carries both ways' messages;
 //! - `host-crash`: a dead host is silent, but a process here runs on this machine's kernel, which
 //!   closes its sockets when it dies, and the loopback proxy's kernel would still answer the peer's
 //!   keep-alive probes and retransmissions: no signal or proxy makes a host fall silent;
@@ -64,7 +63,7 @@ use std::sync::MutexGuard;
 pub struct Servers {
     /// Their nodes and roles.
     pub topology: Topology,
-    /// Whether a fault can cut one member off from another ([`crate::servers::Launcher::peer_proxies`]).
+    /// Whether a fault can cut one member off from another ([`crate::servers::Launcher::peer_links`]).
     pub peer_cuts: bool,
 }
 

@@ -72,7 +72,7 @@ pub mod proxy;
 pub mod resource;
 pub mod workload;
 
-use crate::servers::{Cluster, Launcher, Server};
+use crate::servers::{Cluster, Launcher, PeerLinks, Server};
 use history::Recorder;
 use locksim_locks::{Guard, RealServer, REAL_SERVERS};
 use locksim_scenarios::run::{describe, resolve_schedule, SeedResult};
@@ -249,7 +249,7 @@ pub fn check_supported(scenario: &Scenario) -> anyhow::Result<Clients<'_>> {
         if scenario.recipe.guard == Guard::Lock {
             let server = builtin_server(scenario)?;
             let topology = (scenario.recipe.family.topology)(&scenario.backend_params);
-            let peer_cuts = Launcher::of(server).peer_proxies && topology.servers.len() > 1;
+            let peer_cuts = Launcher::of(server).peer_links != PeerLinks::Direct && topology.servers.len() > 1;
             fault::refuse_unsupported(scenario, &fault::Servers { topology, peer_cuts })?;
             return Ok(Clients::Builtin(server));
         }

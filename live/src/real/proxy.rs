@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 /// How often a waiting thread looks whether the run (or its connection) is over.
 pub const POLL: Duration = Duration::from_millis(50);
-/// Connections one proxy keeps at once; past it a new one is reset (a client that leaks connections).
+/// Connections one proxy keeps at once per link; past it a new one is reset (a client that leaks connections).
 const CONNECTIONS_MAX: usize = 64;
 /// Chunks in flight one way on one connection; a full queue stops the reader (TCP flow control).
 const CHUNKS_MAX: usize = 256;
@@ -161,35 +161,58 @@ impl Link {
     }
 }
 
-/// A proxy in front of the server for one client; dropping it ends every connection and thread.
+/// A proxy in front of the server for one client (or one link per source, [`Proxy::by_source`]);
+/// dropping it ends every connection and thread.
 pub struct Proxy {
     addr: SocketAddr,
-    link: Arc<Link>,
+    links: Vec<Arc<Link>>,
     accept: Option<JoinHandle<()>>,
+}
+
+/// Which of a proxy's links a connection it accepted takes: its source's, `None` for a stranger.
+pub type Source = Arc<dyn Fn(&TcpStream) -> Option<usize> + Send + Sync>;
+
+/// Where a proxy sends the connections it accepts.
+#[derive(Clone)]
+enum Route {
+    /// Nowhere: every connection is reset.
+    Refuse,
+    /// To `server`, over the proxy's one link.
+    To(SocketAddr),
+    /// To `server`, over the link of the connection's source; a stranger's connection is reset.
+    BySource(SocketAddr, Source),
 }
 
 impl Proxy {
     /// Listen on a free loopback port and forward every connection to `server`; `rng` draws the lost
     /// replies.
     pub fn start(server: SocketAddr, rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
-        Proxy::listen(Some(server), rng)
+        Proxy::listen(Route::To(server), vec![rng])
     }
 
     /// Listen on a free loopback port and reset every connection: a dial that must not go through.
     pub fn refusing(rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
-        Proxy::listen(None, rng)
+        Proxy::listen(Route::Refuse, vec![rng])
     }
 
-    fn listen(server: Option<SocketAddr>, rng: ChaCha8Rng) -> anyhow::Result<Proxy> {
+    /// Listen on a free loopback port and forward every connection to `server` over a link of its
+    /// source's, as `source` tells it (one link per rng of `rngs`): a server that many peers reach at
+    /// one address, each of whose paths a fault may cut alone. A connection whose source is unknown is
+    /// reset, so that no cut is ever gone round.
+    pub fn by_source(server: SocketAddr, rngs: Vec<ChaCha8Rng>, source: Source) -> anyhow::Result<Proxy> {
+        Proxy::listen(Route::BySource(server, source), rngs)
+    }
+
+    fn listen(route: Route, rngs: Vec<ChaCha8Rng>) -> anyhow::Result<Proxy> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let link = Arc::new(Link::new(rng));
-        let shared = link.clone();
+        let links: Vec<Arc<Link>> = rngs.into_iter().map(|rng| Arc::new(Link::new(rng))).collect();
+        let shared = links.clone();
         let accept = std::thread::Builder::new()
             .name(format!("proxy-{}", addr.port()))
-            .spawn(move || accept_loop(&listener, server, &shared))?;
-        Ok(Proxy { addr, link, accept: Some(accept) })
+            .spawn(move || accept_loop(&listener, &route, &shared))?;
+        Ok(Proxy { addr, links, accept: Some(accept) })
     }
 
     /// Where the client connects.
@@ -197,40 +220,60 @@ impl Proxy {
         self.addr
     }
 
+    /// Its link (the first source's, for a proxy [`Proxy::by_source`]).
     pub fn link(&self) -> &Link {
-        &self.link
+        &self.links[0]
+    }
+
+    /// The link of connections from `source` ([`Proxy::by_source`]).
+    pub fn link_from(&self, source: usize) -> &Link {
+        &self.links[source]
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.link.stop();
+        self.links.iter().for_each(|l| l.stop());
         if let Some(accept) = self.accept.take() {
             let _ = accept.join();
         }
     }
 }
 
-/// Accept connections until the link stops, each served on a thread of its own (or reset at once, with
-/// no `server`); then join them.
-fn accept_loop(listener: &TcpListener, server: Option<SocketAddr>, link: &Arc<Link>) {
+/// Accept connections until the links stop, each served on a thread of its own (or reset at once, by a
+/// refusing proxy); then join them.
+fn accept_loop(listener: &TcpListener, route: &Route, links: &[Arc<Link>]) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
-    while !link.stopped() {
+    while !links[0].stopped() {
         if !readable(listener.as_raw_fd()) {
             continue;
         }
         let Ok((client, _)) = listener.accept() else { continue };
         conns.retain(|c| !c.is_finished());
-        let Some(server) = server else {
-            reset(&client);
-            continue;
+        let server = match route {
+            Route::Refuse => {
+                reset(&client);
+                continue;
+            }
+            Route::To(server) | Route::BySource(server, _) => *server,
         };
-        if conns.len() >= CONNECTIONS_MAX || client.set_nonblocking(false).is_err() {
+        if conns.len() >= CONNECTIONS_MAX * links.len() || client.set_nonblocking(false).is_err() {
             reset(&client);
             continue;
         }
-        let link = link.clone();
-        match std::thread::Builder::new().name("proxy-conn".into()).spawn(move || serve(client, server, &link)) {
+        let (route, links) = (route.clone(), links.to_vec());
+        let serving = move || {
+            // The source is looked up here, not in the accept loop: it reads /proc.
+            let link = match &route {
+                Route::BySource(_, source) => match source(&client).and_then(|i| links.get(i)) {
+                    Some(link) => link,
+                    None => return reset(&client),
+                },
+                _ => &links[0],
+            };
+            serve(client, server, link)
+        };
+        match std::thread::Builder::new().name("proxy-conn".into()).spawn(serving) {
             Ok(handle) => conns.push(handle),
             // The client's end is dropped with the closure: it sees the connection end.
             Err(_) => continue,
@@ -405,6 +448,12 @@ mod tests {
 
     /// An echo server on loopback (one thread per connection), and a proxy in front of it.
     fn echo_and_proxy() -> (Proxy, SocketAddr) {
+        let addr = echo_server();
+        (Proxy::start(addr, stream(0, Stream::Network, 0)).unwrap(), addr)
+    }
+
+    /// An echo server on loopback, one thread per connection.
+    fn echo_server() -> SocketAddr {
         let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -420,7 +469,7 @@ mod tests {
                 });
             }
         });
-        (Proxy::start(addr, stream(0, Stream::Network, 0)).unwrap(), addr)
+        addr
     }
 
     fn connect(proxy: &Proxy) -> TcpStream {
@@ -553,6 +602,33 @@ mod tests {
         let proxy = Proxy::start(port, stream(0, Stream::Network, 0)).unwrap();
         let mut conn = connect(&proxy);
         let err = conn.read(&mut [0u8; 1]).expect_err("reset");
+        assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    }
+
+    #[test]
+    fn a_proxy_by_source_cuts_one_sources_path_and_resets_strangers() {
+        // The source is the first byte a connection sends (a peer's process, in a cluster).
+        let source: Source = Arc::new(|conn: &TcpStream| {
+            let mut first = [0u8; 1];
+            conn.peek(&mut first).ok()?;
+            char::from(first[0]).to_digit(10).map(|d| d as usize)
+        });
+        let rngs = (0..2).map(|i| stream(0, Stream::Network, i)).collect();
+        let proxy = Proxy::by_source(echo_server(), rngs, source).unwrap();
+        proxy.link_from(1).cut(Dir::Up, true);
+        let (mut zero, mut one) = (connect(&proxy), connect(&proxy));
+        assert_eq!(echo(&mut zero, b"0 passes").0, b"0 passes");
+        one.write_all(b"1 is held").unwrap();
+        one.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
+        assert!(one.read(&mut [0u8; 1]).is_err(), "source 1's path is cut");
+        proxy.link_from(1).cut(Dir::Up, false);
+        one.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut back = [0u8; 9];
+        one.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"1 is held");
+        let mut stranger = connect(&proxy);
+        stranger.write_all(b"x").unwrap();
+        let err = stranger.read(&mut [0u8; 1]).expect_err("reset");
         assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
     }
 }

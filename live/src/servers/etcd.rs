@@ -1,7 +1,7 @@
 //! etcd (Debian 12 `etcd-server`, 3.4; `LOCKSIM_ETCD` may name a 3.5 binary from PyPI): one member, or a
 //! member of a cluster ([`super::Cluster`]).
 
-use super::{binary, Crash, Launcher, Ports};
+use super::{binary, Crash, Launcher, PeerLinks, Ports};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -16,28 +16,30 @@ pub static LAUNCHER: Launcher = Launcher {
     crash: Crash::Kill,
     set_up: Launcher::as_started,
     leads: Some(leads),
-    peer_proxies: false,
+    peer_links: PeerLinks::PerMember,
 };
 
-/// A cluster of one member, its peer URL on the peer port; or member `etcd-N` of a cluster, whose
-/// initial cluster lists every member's peer URL. With Raft's pre-vote, as etcd 3.5 runs by default and
+/// A cluster of one member, its peer URL on the peer port; or member `etcd-N` of a cluster, which
+/// listens for its peers on its peer port and announces its proxy's ([`super::Cluster`]), and whose
+/// initial cluster lists every member's proxy. With Raft's pre-vote, as etcd 3.5 runs by default and
 /// the model has it (3.4 defaults to none: a member back from a crash that times out before it hears
 /// the leader calls an election and deposes it).
 fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
     let url = |port: u16| format!("http://127.0.0.1:{port}");
     let (client, peer) = (url(ports.client), url(ports.peer));
-    let (name, cluster) = match &ports.member {
-        None => ("locksim".to_string(), format!("locksim={peer}")),
+    let (name, announced, cluster) = match &ports.member {
+        None => ("locksim".to_string(), peer.clone(), format!("locksim={peer}")),
         Some(member) => {
             let urls = member.view.iter().enumerate().map(|(j, (port, _))| format!("etcd-{j}={}", url(*port)));
-            (format!("etcd-{}", member.index), urls.collect::<Vec<_>>().join(","))
+            let announced = url(member.view[member.index].0);
+            (format!("etcd-{}", member.index), announced, urls.collect::<Vec<_>>().join(","))
         }
     };
     let mut cmd = Command::new(binary("etcd", &["/usr/bin/etcd"])?);
     cmd.args(["--name", &name, "--data-dir"])
         .arg(dir.join("data"))
         .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &announced])
         .args(["--initial-cluster", &cluster, "--initial-cluster-token", "locksim", "--pre-vote"]);
     Ok(cmd)
 }

@@ -53,9 +53,22 @@ pub struct Launcher {
     pub set_up: fn(addr: SocketAddr, backend: &Params) -> anyhow::Result<()>,
     /// For a server that runs as a cluster ([`Cluster`]): whether the member at `addr` leads it now.
     pub leads: Option<fn(addr: SocketAddr) -> bool>,
-    /// Whether a cluster's members reach each other through proxies ([`Cluster`]), so that a fault can
-    /// cut one member off from another while their clients still reach both.
-    pub peer_proxies: bool,
+    /// How a cluster's members reach each other ([`Cluster`]).
+    pub peer_links: PeerLinks,
+}
+
+/// How a cluster's members reach each other: through proxies, so that a fault can cut one member off
+/// from another while their clients still reach both, or directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerLinks {
+    /// Directly (a server that runs alone).
+    Direct,
+    /// Through a proxy per pair of members: each member's configuration names an address of its own for
+    /// each other member (ZooKeeper).
+    PerPair,
+    /// Through a proxy per member, which tells each connection's source by its process: every member
+    /// must name each member at one address alike (etcd).
+    PerMember,
 }
 
 /// The ports a server listens on, and for a cluster's member how it reaches the others.
@@ -76,8 +89,9 @@ pub struct Ports {
 pub struct Member {
     /// Its place in the cluster: `zk-1` is 1.
     pub index: usize,
-    /// Where it reaches each member (its own entry: its own ports): the peer and the election port
-    /// there, which are a proxy's when the launcher has [`Launcher::peer_proxies`].
+    /// Where it reaches each member: the peer and the election port there, which are a proxy's when
+    /// the launcher's [`Launcher::peer_links`] go through proxies (its own entry: its own ports, or
+    /// with a proxy per member, its own proxy's).
     pub view: Vec<(u16, u16)>,
     /// The cluster's `[backend]` (a ZooKeeper ensemble's tickTime, syncLimit and initLimit).
     pub backend: Params,
@@ -178,6 +192,11 @@ impl Server {
         }
         let ports = Ports { client: addr.port(), peer: 0, election: 0, member: None };
         Ok(Server { launcher, addr: Addr(addr), ports, own: None })
+    }
+
+    /// Its temporary directory (its working directory), for a server locksim started.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        self.own.as_ref().map(|o| o.dir.path())
     }
 
     pub fn launcher(&self) -> &'static Launcher {

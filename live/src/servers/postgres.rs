@@ -1,6 +1,6 @@
 //! PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own made by `initdb`.
 
-use super::{binary, Crash, Launcher, Ports};
+use super::{binary, Crash, Launcher, PeerLinks, Ports};
 use locksim_locks::params::Params;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -17,7 +17,7 @@ pub static LAUNCHER: Launcher = Launcher {
     crash: Crash::ImmediateShutdown,
     set_up,
     leads: None,
-    peer_proxies: false,
+    peer_links: PeerLinks::Direct,
 };
 
 /// PostgreSQL: a cluster made by `initdb` in `dir/data` on the first start (trust authentication,

@@ -1,6 +1,6 @@
 //! Redis 7.0 (Debian 12 `redis-server`), one master.
 
-use super::{binary, Crash, Launcher, Ports};
+use super::{binary, Crash, Launcher, PeerLinks, Ports};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -15,7 +15,7 @@ pub static LAUNCHER: Launcher = Launcher {
     crash: Crash::Kill,
     set_up: Launcher::as_started,
     leads: None,
-    peer_proxies: false,
+    peer_links: PeerLinks::Direct,
 };
 
 /// Persistence by AOF: Redis write()s the AOF before it replies, so a killed process loses no

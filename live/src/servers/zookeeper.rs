@@ -1,7 +1,7 @@
 //! ZooKeeper 3.8 (Debian 12 `zookeeper`): standalone, with tickTime [`TICK_MS`], or a member of an
 //! ensemble ([`super::Cluster`]) with the ensemble's `[backend]` timing.
 
-use super::{binary, Crash, Launcher, Member, Ports};
+use super::{binary, Crash, Launcher, Member, PeerLinks, Ports};
 use crate::wire::jute::{Body, Conn, CLOSE_SESSION, CREATE2, DELETE, EXISTS, GET_CHILDREN2, PING};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -19,7 +19,7 @@ pub static LAUNCHER: Launcher = Launcher {
     crash: Crash::Kill,
     set_up: Launcher::as_started,
     leads: Some(leads),
-    peer_proxies: true,
+    peer_links: PeerLinks::PerPair,
 };
 
 /// The tickTime of the `zoo.cfg` this launcher writes, as the ZooKeeper family declares it.
