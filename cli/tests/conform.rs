@@ -9,7 +9,7 @@ use locksim_live::conform::etcd::Etcd;
 use locksim_live::conform::redis::Redis;
 use locksim_live::conform::sql::{self, Sql};
 use locksim_live::conform::zk::Zk;
-use locksim_live::conform::{check, compare, script_for, Action, Family, Outcome, Recover, Step};
+use locksim_live::conform::{check, compare, replay_alone, script_for, Action, Family, Outcome, Recover, Step};
 use locksim_live::servers::ZK_TICK_MS as TICK_MS;
 use locksim_live::servers::{self, Launcher, Server};
 use locksim_sim::backend::etcd::{EtcdRequest, EtcdState, Op as KvOp};
@@ -62,7 +62,7 @@ fn caught<F: Family + Default>(
             false => compare(broken, server, &script_for::<F>(server, seed)),
         };
         match outcome.unwrap() {
-            Outcome::Mismatch { steps, step, model, real } => {
+            Outcome::Mismatch { steps, step, model, real, .. } => {
                 Some((seed, steps.iter().map(ToString::to_string).collect(), step, model, real))
             }
             _ => None,
@@ -249,6 +249,31 @@ fn a_select_for_update_that_locks_nothing_is_caught() {
     let before = &shown[..=step];
     assert!(before.iter().any(|s| s.contains("FOR UPDATE")), "seed {seed}: a FOR UPDATE came first: {shown:#?}");
     assert_ne!(model, real);
+}
+
+/// A real answer that comes a slot after the model's in both plays is a finding only if it comes late
+/// again when its script is played alone (`conform` replays it so: a busy machine is not late alone).
+/// A wait the model lacks is such a finding, and stays one.
+#[test]
+fn a_wait_the_model_lacks_is_late_again_when_played_alone() {
+    let _turn = turn();
+    let Some(mut server) = server(&servers::POSTGRES) else { return };
+    let broken = Sql { model: || Box::new(Planted { model: sql::fresh(), bend: for_update_locks_nothing }) };
+    let steps = vec![
+        client(100, 0, Stmt::Begin),
+        client(200, 0, for_update("k0")),
+        client(300, 1, Stmt::Begin),
+        // Real PostgreSQL answers it at client-0's commit; the broken model at once.
+        client(400, 1, for_update("k0")),
+        client(1000, 0, Stmt::Commit),
+        client(1100, 1, Stmt::Commit),
+    ];
+    let late = |outcome: &Outcome<sql::Op>| matches!(outcome, Outcome::Mismatch { step: 3, late: true, .. });
+    let first = compare(&broken, &mut server, &steps).unwrap();
+    assert!(late(&first), "{first:?}");
+    drop(server);
+    let again = replay_alone(&broken, &steps).unwrap();
+    assert!(late(&again), "{again:?}");
 }
 
 fn client(at_ms: u64, client: usize, stmt: Stmt) -> Step<sql::Op> {

@@ -15,7 +15,8 @@
 //! When an answer comes is compared too, where it says something a loaded machine cannot: a real answer
 //! a slot or more *before* the model's (the model made a request wait that the server did not), or a
 //! slot or more *after* it at the same step in both plays (the server made it wait and the model did
-//! not; a busy machine is rarely late twice at one step by a whole slot).
+//! not; a busy machine is rarely late twice at one step by a whole slot — and when other scripts were
+//! played beside it, [`replay_alone`] plays it once more with nothing beside it).
 
 pub mod client;
 pub mod ensemble;
@@ -142,6 +143,10 @@ pub enum Outcome<Op> {
         step: usize,
         model: String,
         real: String,
+        /// The real answer came a slot or more after the model's, in both plays: the server made the
+        /// request wait and the model did not — or a machine loaded past the rule of thumb made both
+        /// plays late. [`replay_alone`] tells them apart.
+        late: bool,
     },
     /// The real run could not keep to the script's times (the reason), twice.
     Inconclusive(String),
@@ -174,24 +179,24 @@ pub fn compare<F: Family>(family: &F, server: &mut Server, steps: &[Step<F::Op>]
     let model = family.model(steps);
     let clients: Vec<usize> =
         steps.iter().enumerate().filter(|(_, s)| matches!(s.action, Action::Client { .. })).map(|(i, _)| i).collect();
-    let differ = |k: usize, real: &Real, timed: bool| {
+    let differ = |k: usize, real: &Real, timed: bool, late: bool| {
         let (m, r) = (&model[k], real);
         let (model, real) = match timed {
             true => (format!("{} (at {} ms)", m.text, m.at_ms), format!("{} (at {} ms)", r.text, r.at_ms)),
             false => (m.text.clone(), r.text.clone()),
         };
-        Outcome::Mismatch { steps: steps.to_vec(), step: clients[k], model, real }
+        Outcome::Mismatch { steps: steps.to_vec(), step: clients[k], model, real, late }
     };
     let mut plays = Vec::new();
     for _ in 0..2 {
         let played = play::<F>(server, steps, &model)?;
         // Nothing makes a real answer early but the model.
         if let Some(k) = (0..model.len()).find(|k| played.answers[*k].at_ms + SLOT_MS <= model[*k].at_ms) {
-            return Ok(differ(k, &played.answers[k], true));
+            return Ok(differ(k, &played.answers[k], true, false));
         }
         if played.late.is_none() {
             return Ok(match (0..model.len()).find(|k| model[*k].text != played.answers[*k].text) {
-                Some(k) => differ(k, &played.answers[k], false),
+                Some(k) => differ(k, &played.answers[k], false, false),
                 None => Outcome::Agree,
             });
         }
@@ -199,9 +204,16 @@ pub fn compare<F: Family>(family: &F, server: &mut Server, steps: &[Step<F::Op>]
     }
     let waited = |p: &Played, k: usize| p.answers[k].at_ms >= model[k].at_ms + SLOT_MS;
     if let Some(k) = (0..model.len()).find(|k| plays.iter().all(|p| waited(p, *k))) {
-        return Ok(differ(k, &plays[1].answers[k], true));
+        return Ok(differ(k, &plays[1].answers[k], true, true));
     }
     Ok(Outcome::Inconclusive(plays.pop().and_then(|p| p.late).unwrap_or_default()))
+}
+
+/// Play `steps` again on a fresh server of its own, nothing else played meanwhile: for an
+/// [`Outcome::Mismatch`] found `late` while other scripts ran beside it. A server that makes the
+/// request wait is late again alone; a machine that was too busy to answer in time is not.
+pub fn replay_alone<F: Family>(family: &F, steps: &[Step<F::Op>]) -> anyhow::Result<Outcome<F::Op>> {
+    compare(family, &mut Server::start(F::server())?, steps)
 }
 
 /// Replays a shrink may make: each takes the script's real time (seconds), so a long script stops
