@@ -130,8 +130,10 @@ fn real_mode_refuses_before_starting_a_fault_it_cannot_do_naming_it() {
         ("kind = \"host-crash\"\ntarget = \"redis-0\"\nduration = \"1s\"", "--real cannot crash a host"),
         ("kind = \"pause\"\ntarget = \"resource\"\nduration = \"1s\"", "--real cannot fault the resource"),
         (
-            "on = \"acquire-ok\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"",
-            "fault `at 1s on acquire-ok pause trigger for 1s`: --real cannot start a fault on a history event",
+            "on = \"lease-expired\"\nkind = \"pause\"\ntarget = \"trigger\"\nduration = \"1s\"",
+            "fault `at 1s on lease-expired pause trigger for 1s`: --real starts aimed faults on the clients' events \
+             (acquire, acquire-ok, enter, release, lock-lost), which locksim records; `lease-expired` happens inside \
+             a server",
         ),
     ];
     for (fault, said) in cases {
@@ -408,6 +410,46 @@ fn builtin_sql_recipes_on_real_postgresql_are_caught_where_the_simulator_catches
         ),
         ("builtin-sql-unique-insert-crash", "sql.unique-insert", "expected unsafe [deadlock]"),
     ]);
+}
+
+/// A fault aimed at a client's event starts in a real run when the event is recorded, and is in force
+/// before the client's next step: a pause aimed at each grant (`on = "acquire-ok"`, `target =
+/// "trigger"`) stops the new holder before it enters, so every run has a holder paused past its key's
+/// TTL, and in the history the holder's `acquire-ok` is followed by the pause, not by its `enter`.
+#[test]
+fn a_fault_aimed_at_a_grant_stops_the_new_holder_before_it_enters() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let shipped =
+        std::fs::read_to_string(root().join("scenarios/real/builtin-redis-set-nx-px-del-pause.toml")).unwrap();
+    let aimed = shipped.replace("target = \"holder\"", "on = \"acquire-ok\"\ntarget = \"trigger\"");
+    assert_ne!(aimed, shipped);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("aimed.toml");
+    std::fs::write(&path, aimed).unwrap();
+    let histories = dir.path().join("histories");
+    let out = locksim(
+        &["run", path.to_str().unwrap(), "--real", "--runs", "2", "--history-dir"]
+            .into_iter()
+            .chain([histories.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("2 real runs, 2 unsafe"), "{text}");
+    assert!(text.contains("faults: fired in every seed (2)"), "{text}");
+    for seed in 0..2 {
+        let history =
+            std::fs::read_to_string(histories.join(format!("builtin-redis-set-nx-px-del-pause-seed-{seed}.jsonl")))
+                .unwrap();
+        let events: Vec<serde_json::Value> = history.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let start = events.iter().position(|e| e["kind"] == "fault-start").expect("the pause started");
+        let holder = &events[start]["node"];
+        let before: Vec<&str> =
+            events[..start].iter().filter(|e| e["node"] == *holder).map(|e| e["kind"].as_str().unwrap()).collect();
+        assert_eq!(before.last(), Some(&"acquire-ok"), "seed {seed}: {holder}'s events before the pause: {before:?}");
+    }
 }
 
 /// Each shipped real scenario of a built-in recipe, `(scenario, recipe, expectation)`, run for real twice

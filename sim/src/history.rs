@@ -349,20 +349,30 @@ impl RecorderState {
     /// A trigger fires on the node the event's client runs on: faults hit nodes, not workers.
     fn fire_triggers(&mut self, t: u64, node: NodeIx, event: TriggerEvent) {
         let node = self.host(node);
-        let mut fired = false;
-        for a in &mut self.armed {
+        let fired = Armed::fire(&mut self.armed, t, node, event);
+        if !fired.is_empty() {
+            self.fired.extend(fired);
+            self.fire.notify_one();
+        }
+    }
+}
+
+impl Armed {
+    /// `node`'s `event` at `t` counts towards each trigger of `armed` it matches; the triggers it fires
+    /// (their n-th matching event), in `armed`'s order, are taken out of it. The simulator's recorder
+    /// and real mode's fire triggers alike.
+    pub fn fire(armed: &mut Vec<Armed>, t: u64, node: NodeIx, event: TriggerEvent) -> Vec<Fired> {
+        let mut fired = Vec::new();
+        for a in armed.iter_mut() {
             if a.event == event && t >= a.from_ns && a.node.is_none_or(|n| n == node) {
                 a.left -= 1;
                 if a.left == 0 {
-                    self.fired.push(Fired { id: a.id, node });
-                    fired = true;
+                    fired.push(Fired { id: a.id, node });
                 }
             }
         }
-        if fired {
-            self.armed.retain(|a| a.left > 0);
-            self.fire.notify_one();
-        }
+        armed.retain(|a| a.left > 0);
+        fired
     }
 }
 

@@ -47,17 +47,22 @@
 //!   locksim's, and clients do not talk to each other), so `peers = ["redis-0"]` is written out; a
 //!   server's, from anyone but clients (and, in a ZooKeeper ensemble, members);
 //! - `drop-reply` on a client (it sends no replies), and `[faults.random]`;
-//! - aimed faults (`on = "<event>"`): starting one the moment an event is recorded needs the recorder to
-//!   wake the fault threads, which real mode does not do yet.
+//! - faults aimed (`on`) at a server's event (`lease-expired`, `leader-change`, `read-index`) or at a
+//!   point inside a recipe: locksim sees neither in a real run.
+//!
+//! **Aimed faults** on the clients' events (`on = "release"`) start when the recorder records the
+//! event ([`super::history::Recorder`]): before the request it announces leaves locksim, as in the
+//! simulator, or `after` it.
 
 use super::proxy::{Dir, Link, Side};
 use super::{Run, Slot};
 use crate::servers::Server;
 use locksim_scenarios::Scenario;
-use locksim_sim::fault::{Action, Fault, Target, Topology};
-use locksim_sim::history::{EventKind, NodeIx};
+use locksim_sim::fault::{fmt_duration, Action, Fault, Target, Topology, TriggerEvent};
+use locksim_sim::history::{Armed, EventKind, NodeIx};
 use locksim_sim::rng::Rng;
 use std::sync::MutexGuard;
+use std::time::Duration;
 
 /// The servers of a real run, as its faults name them.
 pub struct Servers {
@@ -88,12 +93,16 @@ pub fn refuse_unsupported(scenario: &Scenario, servers: &Servers) -> anyhow::Res
         anyhow::bail!("{}: [faults.random] does not run with --real yet; write the faults out", scenario.path);
     }
     for f in &scenario.schedule {
-        if let Some(on) = &f.on {
+        // The clients' events are recorded by locksim's own client threads (`super::workload`).
+        if let Some(on) = f.on.as_ref().filter(|on| !on.event.is_client()) {
             let what = locksim_scenarios::run::describe(f);
+            let clients: Vec<&str> = TriggerEvent::ALL.iter().filter(|e| e.is_client()).map(|e| e.name()).collect();
             anyhow::bail!(
-                "{}: fault `{what}`: --real cannot start a fault on a history event (on = \"{}\") yet; give it \
-                 `at` instead",
+                "{}: fault `{what}`: --real starts aimed faults on the clients' events ({}), which locksim records; \
+                 `{}` happens inside a server or a recipe, which locksim does not see in a real run: give the \
+                 fault `at` instead",
                 scenario.path,
+                clients.join(", "),
                 on.event.name()
             );
         }
@@ -166,16 +175,55 @@ fn refusal(f: &Fault, servers: &Servers) -> Option<String> {
     })
 }
 
-/// Apply fault `id` of the run at its time (on its own thread); returns when it has ended. An error
-/// (the server would not stop, or start again) is a harness error.
+/// The triggers of the schedule's aimed faults, for [`super::history::Recorder::arm`].
+pub fn armed(run: &Run, schedule: &[Fault]) -> Vec<Armed> {
+    let armed = schedule.iter().enumerate().filter_map(|(i, f)| {
+        let on = f.on.as_ref()?;
+        Some(Armed {
+            id: i as u32,
+            from_ns: f.at.as_nanos() as u64,
+            event: on.event,
+            node: on.client.as_ref().and_then(|c| run.node(c)),
+            left: on.nth,
+        })
+    });
+    armed.collect()
+}
+
+/// Apply fault `id` of the run at its time, or when its trigger fires (on its own thread); returns when
+/// it has ended. An error (the server would not stop, or start again) is a harness error.
 pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
-    if !run.sleep_until(fault.at) {
-        return Ok(());
-    }
     let kind = fault.action.kind();
     let skip =
         |node: NodeIx, reason: String| run.recorder.record(node, EventKind::FaultSkipped { id, fault: kind, reason });
-    let node = match resolve(run, id, &fault.target) {
+    // When it starts, and the node whose event fired it (an aimed fault's).
+    let (at, trigger) = match &fault.on {
+        None if run.sleep_until(fault.at) => (fault.at, None),
+        None => return Ok(()),
+        Some(on) => {
+            let Some((node, t)) = run.recorder.wait_fired(id, || run.over()) else {
+                // The simulator's words for a trigger that never fired.
+                skip(
+                    NodeIx(0),
+                    match fault.at.is_zero() {
+                        true => format!("{on} never happened"),
+                        false => format!("{on} never happened after {}", fmt_duration(fault.at)),
+                    },
+                );
+                return Ok(());
+            };
+            if !on.after.is_zero() {
+                // Nothing holds the event's node meanwhile.
+                run.recorder.started(id);
+                if !run.sleep_until(t + on.after) {
+                    skip(NodeIx(0), format!("{on} came as the run ended"));
+                    return Ok(());
+                }
+            }
+            (t + on.after, Some(node))
+        }
+    };
+    let node = match resolve(run, id, &fault.target, trigger) {
         Ok(node) => node,
         Err(reason) => {
             skip(NodeIx(0), reason);
@@ -191,10 +239,11 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
     };
     let target = run.nodes[node.0 as usize].clone();
     let start = EventKind::FaultStart { id, fault: kind, target: target.clone(), detail: fault.action.detail() };
-    let end = fault.action.duration().map(|d| fault.at + d);
+    let end = fault.action.duration().map(|d| at + d);
     if let Some(net) = network {
         run.recorder.record(node, start);
         net.set(run, true);
+        run.recorder.started(id);
         if end.is_some_and(|at| run.sleep_until(at)) {
             net.set(run, false);
             run.recorder.record(node, EventKind::FaultEnd { id });
@@ -203,7 +252,7 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(member) = run.server_index(node) {
-        return server_fault(run, member, id, fault, start);
+        return server_fault(run, member, id, fault, at, start);
     }
     let slot = &run.slots[run.client_index(node)];
     match fault.action {
@@ -212,7 +261,8 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
                 skip(node, format!("{target} is down"));
                 return Ok(());
             };
-            if !run.sleep_until(fault.at + duration) {
+            run.recorder.started(id);
+            if !run.sleep_until(at + duration) {
                 // The run ended first: the process is killed with the others, as the simulator ends
                 // the world with the node still paused.
                 return Ok(());
@@ -225,7 +275,7 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
             run.recorder.record(node, EventKind::FaultEnd { id });
         }
         Action::Crash { restart_after, host: false } => {
-            let restart_at = restart_after.map(|d| fault.at + d);
+            let restart_at = restart_after.map(|d| at + d);
             {
                 let mut s = slot.lock().expect("slot lock");
                 let Some(pid) = s.pid.filter(|_| s.down.is_none()) else {
@@ -239,6 +289,7 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
                 // Under the slot's lock: the workload reaps the process only after taking it.
                 send(pid, libc::SIGKILL);
             }
+            run.recorder.started(id);
             if let Some(at) = restart_at {
                 if run.sleep_until(at) {
                     // The workload starts the new process once it sees `down` lifted.
@@ -253,8 +304,15 @@ pub fn apply(run: &Run, id: u32, fault: &Fault) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `pause` or `crash` of server `member` (its node has the same index), through [`Server`].
-fn server_fault(run: &Run, member: usize, id: u32, fault: &Fault, start: EventKind) -> anyhow::Result<()> {
+/// `pause` or `crash` of server `member` (its node has the same index), through [`Server`], from `at`.
+fn server_fault(
+    run: &Run,
+    member: usize,
+    id: u32,
+    fault: &Fault,
+    at: Duration,
+    start: EventKind,
+) -> anyhow::Result<()> {
     let kind = fault.action.kind();
     let node = NodeIx(member as u32);
     let name = run.nodes[member].clone();
@@ -270,7 +328,8 @@ fn server_fault(run: &Run, member: usize, id: u32, fault: &Fault, start: EventKi
         Action::Pause { duration } => {
             server.stop()?;
             drop(server);
-            if !run.sleep_until(fault.at + duration) {
+            run.recorder.started(id);
+            if !run.sleep_until(at + duration) {
                 // The run ended first: the server is continued and killed as it stops.
                 return Ok(());
             }
@@ -283,7 +342,8 @@ fn server_fault(run: &Run, member: usize, id: u32, fault: &Fault, start: EventKi
         Action::Crash { restart_after, host: false } => {
             server.crash()?;
             drop(server);
-            let Some(at) = restart_after.map(|d| fault.at + d) else { return Ok(()) };
+            run.recorder.started(id);
+            let Some(at) = restart_after.map(|d| at + d) else { return Ok(()) };
             if !run.sleep_until(at) {
                 return Ok(());
             }
@@ -383,11 +443,12 @@ fn signal_live(run: &Run, slot: &std::sync::Mutex<Slot>, node: NodeIx, start: Ev
     Some(pid)
 }
 
-fn resolve(run: &Run, id: u32, target: &Target) -> Result<NodeIx, String> {
+/// The node `target` names now; `trigger`: the node whose event fired an aimed fault.
+fn resolve(run: &Run, id: u32, target: &Target, trigger: Option<NodeIx>) -> Result<NodeIx, String> {
     let (candidates, nobody) = match target {
         Target::Node(name) => return resolve_name(run, id, name),
         Target::RandomClient => return Err("random-client was not resolved before the run".into()),
-        Target::Trigger => return Err("aimed faults (`on`) are refused before a real run".into()),
+        Target::Trigger => return trigger.ok_or_else(|| "`target = \"trigger\"` needs `on`".into()),
         Target::Holder => (run.recorder.holders(), "nobody held the lock"),
         Target::Waiter => (run.recorder.waiters(), "nobody was waiting for the lock"),
     };

@@ -375,6 +375,7 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         env,
         stop: AtomicBool::new(false),
     };
+    run.recorder.arm(fault::armed(&run, &faults));
     let outcomes: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
         let run = &run;
         let failing = |outcome: anyhow::Result<()>| {

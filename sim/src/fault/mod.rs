@@ -129,6 +129,19 @@ impl TriggerEvent {
         }
     }
 
+    /// A client's event, which the history records as it happens ([`crate::history::EventKind::trigger_event`]);
+    /// the others happen inside a server or a recipe.
+    pub fn is_client(self) -> bool {
+        matches!(
+            self,
+            TriggerEvent::Acquire
+                | TriggerEvent::AcquireOk
+                | TriggerEvent::Enter
+                | TriggerEvent::Release
+                | TriggerEvent::LockLost
+        )
+    }
+
     /// A history event by its name (a point is found among its recipe's: `RecipeSpec::points`).
     pub fn parse(name: &str) -> Option<TriggerEvent> {
         TriggerEvent::ALL.into_iter().find(|e| e.name() == name)
