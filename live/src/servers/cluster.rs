@@ -25,7 +25,7 @@
 use super::{free_ports, Launcher, Member, PeerLinks, Ports, Server};
 use crate::real::proxy::{Dir, Proxy, Source};
 use locksim_locks::params::Params;
-use locksim_sim::rng::{stream, Stream};
+use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +37,74 @@ pub struct Cluster {
     proxies: Vec<Proxy>,
     /// The paths from one member to another through them.
     paths: Vec<Path>,
+}
+
+/// How the members of a cluster about to start reach each other: each member's view of the others'
+/// ports ([`Member::view`]), and the proxies in between.
+struct Peers {
+    views: Vec<Vec<(u16, u16)>>,
+    proxies: Vec<Proxy>,
+    paths: Vec<Path>,
+}
+
+impl Peers {
+    /// Each member at its own ports (`own`: each member's client, peer and election port).
+    fn direct(own: &[[u16; 3]]) -> Peers {
+        let view: Vec<(u16, u16)> = own.iter().map(|[_, peer, election]| (*peer, *election)).collect();
+        Peers { views: vec![view; own.len()], proxies: Vec::new(), paths: Vec::new() }
+    }
+
+    /// A quorum and an election proxy from each member to each other member (ZooKeeper); `rng` draws
+    /// each path's.
+    fn per_pair(own: &[[u16; 3]], rng: impl Fn(usize, usize) -> ChaCha8Rng) -> anyhow::Result<Peers> {
+        let mut peers = Peers::direct(own);
+        for (from, view) in peers.views.iter_mut().enumerate() {
+            for to in (0..own.len()).filter(|to| *to != from) {
+                let quorum = Proxy::start(addr(own[to][1]), rng(from, to))?;
+                // The lower id's dial to a higher one is refused (see the module's comment).
+                let election = match from > to {
+                    true => Proxy::start(addr(own[to][2]), rng(from, to))?,
+                    false => Proxy::refusing(rng(from, to))?,
+                };
+                view[to] = (quorum.addr().port(), election.addr().port());
+                for proxy in [quorum, election] {
+                    peers.paths.push(Path { from, to, proxy: peers.proxies.len(), link: 0 });
+                    peers.proxies.push(proxy);
+                }
+            }
+        }
+        Ok(peers)
+    }
+
+    /// One proxy in front of each member's peer port, with a link per source member (etcd): a
+    /// connection's source is the member whose working directory (of `dirs`, filled as the members
+    /// start) the process at its other end has.
+    fn per_member(
+        own: &[[u16; 3]],
+        rng: impl Fn(usize, usize) -> ChaCha8Rng,
+        dirs: Arc<Mutex<Vec<PathBuf>>>,
+    ) -> anyhow::Result<Peers> {
+        let source: Source = Arc::new(move |conn| {
+            let dirs = dirs.lock().expect("directories lock").clone();
+            crate::process::connected_from(conn, |pid| {
+                let cwd = crate::process::cwd(pid)?;
+                dirs.iter().position(|d| *d == cwd)
+            })
+        });
+        let (n, mut proxies, mut paths) = (own.len(), Vec::new(), Vec::new());
+        for (to, [_, peer, _]) in own.iter().enumerate() {
+            let rngs = (0..n).map(|from| rng(from, to)).collect();
+            paths.extend((0..n).map(|from| Path { from, to, proxy: proxies.len(), link: from }));
+            proxies.push(Proxy::by_source(addr(*peer), rngs, source.clone())?);
+        }
+        let view: Vec<(u16, u16)> = proxies.iter().map(|p| (p.addr().port(), 0)).collect();
+        Ok(Peers { views: vec![view; n], proxies, paths })
+    }
+}
+
+/// A loopback port's address.
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// One way member `from` reaches member `to`: link `link` of proxy `proxy`.
@@ -70,54 +138,17 @@ impl Cluster {
 
     fn start_once(launcher: &'static Launcher, n: usize, backend: &Params, seed: u64) -> anyhow::Result<Cluster> {
         let own: Vec<[u16; 3]> = (0..n).map(|_| free_ports()).collect::<anyhow::Result<_>>()?;
-        let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         let rng = |from: usize, to: usize| stream(seed, Stream::Network, 1_000 + (from * n + to) as u64);
-        let (mut proxies, mut paths) = (Vec::new(), Vec::new());
         // The members' working directories, as each starts: how a proxy per member knows its peers.
         let dirs: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
-        let view: Box<dyn Fn(usize) -> Vec<(u16, u16)>> = match launcher.peer_links {
-            PeerLinks::Direct => Box::new(|_| own.iter().map(|[_, peer, election]| (*peer, *election)).collect()),
-            PeerLinks::PerPair => {
-                let mut ports: Vec<Vec<(u16, u16)>> =
-                    (0..n).map(|_| own.iter().map(|p| (p[1], p[2])).collect()).collect();
-                for (from, view) in ports.iter_mut().enumerate() {
-                    for to in (0..n).filter(|to| *to != from) {
-                        let quorum = Proxy::start(addr(own[to][1]), rng(from, to))?;
-                        // The lower id's dial to a higher one is refused (see the module's comment).
-                        let election = match from > to {
-                            true => Proxy::start(addr(own[to][2]), rng(from, to))?,
-                            false => Proxy::refusing(rng(from, to))?,
-                        };
-                        view[to] = (quorum.addr().port(), election.addr().port());
-                        for proxy in [quorum, election] {
-                            paths.push(Path { from, to, proxy: proxies.len(), link: 0 });
-                            proxies.push(proxy);
-                        }
-                    }
-                }
-                Box::new(move |i| ports[i].clone())
-            }
-            PeerLinks::PerMember => {
-                let known = dirs.clone();
-                let source: Source = Arc::new(move |conn| {
-                    let dirs = known.lock().expect("directories lock").clone();
-                    crate::process::connected_from(conn, |pid| {
-                        let cwd = crate::process::cwd(pid)?;
-                        dirs.iter().position(|d| *d == cwd)
-                    })
-                });
-                for (to, [_, peer, _]) in own.iter().enumerate() {
-                    let rngs = (0..n).map(|from| rng(from, to)).collect();
-                    paths.extend((0..n).map(|from| Path { from, to, proxy: proxies.len(), link: from }));
-                    proxies.push(Proxy::by_source(addr(*peer), rngs, source.clone())?);
-                }
-                let ports: Vec<(u16, u16)> = proxies.iter().map(|p| (p.addr().port(), 0)).collect();
-                Box::new(move |_| ports.clone())
-            }
+        let peers = match launcher.peer_links {
+            PeerLinks::Direct => Peers::direct(&own),
+            PeerLinks::PerPair => Peers::per_pair(&own, rng)?,
+            PeerLinks::PerMember => Peers::per_member(&own, rng, dirs.clone())?,
         };
         let mut members = Vec::new();
         for (index, [client, peer, election]) in own.iter().copied().enumerate() {
-            let member = Member { index, view: view(index), backend: backend.clone() };
+            let member = Member { index, view: peers.views[index].clone(), backend: backend.clone() };
             let server = Server::launch(launcher, Ports { client, peer, election, member: Some(member) })?;
             if let Some(dir) = server.dir() {
                 dirs.lock().expect("directories lock").push(dir.canonicalize()?);
@@ -127,7 +158,8 @@ impl Cluster {
         for member in &mut members {
             member.wait_ready()?;
         }
-        Ok(Cluster { members: members.into_iter().map(Mutex::new).collect(), proxies, paths })
+        let members = members.into_iter().map(Mutex::new).collect();
+        Ok(Cluster { members, proxies: peers.proxies, paths: peers.paths })
     }
 
     /// How many members it has.
