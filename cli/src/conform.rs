@@ -117,6 +117,9 @@ struct Report {
     /// Seeds whose real answers were a slot late at one step in both plays, beside other seeds, and
     /// were played again alone: their outcome is the replay's.
     replayed_alone: Vec<u64>,
+    /// Seeds that agreed on everything compared, and the events the model alone drew from its seed
+    /// where the real server's own scheduling decides (counted as agreed).
+    drawn_alone: Vec<(u64, String)>,
     /// Played on a server locksim did not start: without restarts and stops.
     without_faults: bool,
     mismatches: Vec<Mismatch>,
@@ -241,6 +244,10 @@ fn timeline_report(mut report: Report, outcomes: BTreeMap<u64, client::Outcome>)
     for (seed, outcome) in outcomes {
         match outcome {
             client::Outcome::Agree => report.agreed += 1,
+            client::Outcome::DrawnAlone(what) => {
+                report.agreed += 1;
+                report.drawn_alone.push((seed, what));
+            }
             client::Outcome::Inconclusive(why) => report.inconclusive.push((seed, why)),
             client::Outcome::Mismatch { plan, model, real, why } => report.mismatches.push(Mismatch {
                 seed,
@@ -302,6 +309,7 @@ impl Report {
             agreed: 0,
             inconclusive: Vec::new(),
             replayed_alone: Vec::new(),
+            drawn_alone: Vec::new(),
             without_faults: args.server.is_some(),
             mismatches: Vec::new(),
             coverage,
@@ -329,6 +337,12 @@ fn said(r: &Report) -> String {
         out.push_str(&format!(
             "  seed {seed} played again alone: a step was answered a slot late in both plays beside other seeds \
              (a busy machine, or a server that waits where the model does not); the replay's outcome counts\n"
+        ));
+    }
+    for (seed, what) in &r.drawn_alone {
+        out.push_str(&format!(
+            "  seed {seed} agreed; the model alone drew {what} (an order its seed draws and a real member's \
+             scheduler decides: not compared)\n"
         ));
     }
     for (seed, why) in &r.inconclusive {

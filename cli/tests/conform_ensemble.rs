@@ -6,6 +6,7 @@ mod common;
 
 use common::{locksim, stderr, stdout};
 use locksim_live::conform::client::Outcome;
+use locksim_live::conform::ensemble::etcd::EtcdCluster;
 use locksim_live::conform::ensemble::zk::ZkEnsemble;
 use locksim_live::conform::ensemble::{check, plan, EnsembleFamily};
 use locksim_live::servers::{self, Launcher, Server};
@@ -69,7 +70,7 @@ fn a_follower_more_patient_than_sync_limit_is_caught() {
                 return;
             }
             Outcome::Inconclusive(why) => inconclusive.push(format!("seed {seed}: {why}")),
-            Outcome::Agree => panic!("seed {seed}: the planted bug went unseen"),
+            Outcome::Agree | Outcome::DrawnAlone(_) => panic!("seed {seed}: the planted bug went unseen"),
         }
     }
     panic!("no seed decided, so the planted bug was never tested: {inconclusive:#?}");
@@ -81,8 +82,14 @@ fn conform_etcd_cluster_agrees_with_a_real_cluster() {
     if !here(&servers::ETCD) {
         return;
     }
-    let o = locksim(&["conform", "etcd-cluster", "--seeds", "0..2", "--jobs", "2"]);
+    // Two seeds in a row that play both kinds of plan: the leader killed, the leader paused.
+    let paused = |s: u64| EtcdCluster::kind(&plan::<EtcdCluster>(s)) == "leader paused, every member read";
+    let first = (0..100).find(|s| paused(*s) != paused(s + 1)).expect("both kinds among the first seeds");
+    let seeds = format!("{first}..{}", first + 2);
+    let o = locksim(&["conform", "etcd-cluster", "--seeds", &seeds, "--jobs", "2"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("etcd-cluster: 2 seeds (seeds 0..2): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+    let said = format!("etcd-cluster: 2 seeds (seeds {seeds}): ");
+    assert!(out.contains(&said) && out.contains(" agreed, 0 mismatched"), "{out}");
+    assert!(out.contains("leader paused, every member read 1") && out.contains("leader killed 1"), "{out}");
 }

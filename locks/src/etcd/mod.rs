@@ -49,6 +49,13 @@ impl EtcdServers {
     pub fn from(servers: &Servers) -> &EtcdServers {
         servers.sim()
     }
+
+    /// The same world's servers with the `i`-th member alone as endpoint: a client that stays on one
+    /// member (ensemble conformance reads each member on its own).
+    pub fn pinned(servers: &Servers, i: usize) -> Servers {
+        let etcd = EtcdServers::from(servers);
+        Servers::new(EtcdServers { servers: vec![etcd.servers[i]], recorder: etcd.recorder.clone() })
+    }
 }
 
 /// `[backend]` keys of the etcd family.

@@ -209,7 +209,15 @@ impl Play {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Agree,
-    Mismatch { plan: String, model: Timeline, real: Timeline, why: String },
+    /// Agreed on everything compared; the model alone saw these events, which its seed draws and
+    /// the real server's own scheduling decides (`ensemble::EnsembleFamily::drawn`).
+    DrawnAlone(String),
+    Mismatch {
+        plan: String,
+        model: Timeline,
+        real: Timeline,
+        why: String,
+    },
     Inconclusive(String),
 }
 

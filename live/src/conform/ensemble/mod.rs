@@ -55,6 +55,13 @@ pub trait EnsembleFamily: Sync {
     fn real(&self, plan: &Self::Plan, cluster: &Cluster) -> anyhow::Result<Timeline>;
     /// How far from the model's time a real event `what` of `plan` may come.
     fn margin(plan: &Self::Plan, what: &str) -> Margin;
+    /// Whether `what` is an event the model draws from its seed where a real member's own scheduling
+    /// decides, which nothing outside the process can choose: the model seeing it alone is no
+    /// mismatch (the seed is counted as [`Outcome::DrawnAlone`]); the real one seeing it alone is.
+    /// None by default.
+    fn drawn(_plan: &Self::Plan, _what: &str) -> bool {
+        false
+    }
 }
 
 /// The plan of `seed` for family `F` (stream `Conformance`, index 2: server scripts use 0, client plans 1).
@@ -73,9 +80,11 @@ pub fn check<F: EnsembleFamily>(family: &F, seed: u64) -> anyhow::Result<Outcome
         let cluster = Cluster::start(F::launcher(), backend.int("servers") as usize, &backend, seed)?;
         match family.real(&plan, &cluster) {
             Ok(real) => {
-                return Ok(match differ(&model, &real, |what| F::margin(&plan, what)) {
-                    None => Outcome::Agree,
+                let (compared, alone) = without_drawn_alone::<F>(&plan, &model, &real);
+                return Ok(match differ(&compared, &real, |what| F::margin(&plan, what)) {
                     Some(why) => Outcome::Mismatch { plan: plan.to_string(), model, real, why },
+                    None if alone.is_empty() => Outcome::Agree,
+                    None => Outcome::DrawnAlone(alone.join("; ")),
                 });
             }
             Err(e) => match e.downcast::<Late>() {
@@ -85,6 +94,23 @@ pub fn check<F: EnsembleFamily>(family: &F, seed: u64) -> anyhow::Result<Outcome
         }
     }
     Ok(Outcome::Inconclusive(late))
+}
+
+/// The model's timeline without the [`EnsembleFamily::drawn`] events the real one lacks, and those
+/// events, each named with its time.
+fn without_drawn_alone<F: EnsembleFamily>(
+    plan: &F::Plan,
+    model: &Timeline,
+    real: &Timeline,
+) -> (Timeline, Vec<String>) {
+    let (mut compared, mut alone) = (Timeline::default(), Vec::new());
+    for e in &model.0 {
+        match F::drawn(plan, &e.what) && !real.saw(&e.what) {
+            true => alone.push(format!("`{}` at {} ms", e.what, e.at_ms)),
+            false => compared.push(e.at_ms, e.what.clone()),
+        }
+    }
+    (compared, alone)
 }
 
 /// One client of a plan, the same code on both sides.
@@ -137,6 +163,11 @@ impl Seen {
             Clock::Model => (sim_now_ns() / 1_000_000).saturating_sub(MODEL_START_MS),
             Clock::Real(play) => play.now_ms(),
         }
+    }
+
+    /// When `what` was first recorded, so far.
+    pub fn at(&self, what: &str) -> Option<u64> {
+        self.timeline.lock().expect("timeline lock").at(what)
     }
 
     /// Record `what` now.
@@ -241,4 +272,68 @@ pub fn real_play<P: Clone + Send + Sync + 'static>(
     drop(seen);
     Arc::into_inner(play).expect("the play's clients are gone").on_time()?;
     Ok(timeline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeline(events: &[(u64, &str)]) -> Timeline {
+        let mut t = Timeline::default();
+        events.iter().for_each(|(at, what)| t.push(*at, *what));
+        t
+    }
+
+    /// A family whose `drawn` event is `stale`.
+    struct Drawn;
+
+    impl EnsembleFamily for Drawn {
+        const NAME: &'static str = "drawn";
+        const ABOUT: &'static str = "";
+        type Plan = String;
+        fn launcher() -> &'static Launcher {
+            &crate::servers::ETCD
+        }
+        fn plan(_: &mut ChaCha8Rng) -> String {
+            String::new()
+        }
+        fn kind(_: &String) -> &'static str {
+            ""
+        }
+        fn backend(_: &String) -> Params {
+            unreachable!("not played")
+        }
+        fn model(&self, _: &String, _: u64) -> Timeline {
+            unreachable!("not played")
+        }
+        fn real(&self, _: &String, _: &Cluster) -> anyhow::Result<Timeline> {
+            unreachable!("not played")
+        }
+        fn margin(_: &String, _: &str) -> Margin {
+            Margin { early_ms: 10, late_ms: 10 }
+        }
+        fn drawn(_: &String, what: &str) -> bool {
+            what == "stale"
+        }
+    }
+
+    #[test]
+    fn a_drawn_event_the_model_alone_saw_is_set_aside_and_one_the_real_side_alone_saw_is_not() {
+        let plan = String::new();
+        let model = timeline(&[(100, "written"), (200, "stale"), (300, "fresh")]);
+        let fresh = timeline(&[(105, "written"), (295, "fresh")]);
+        let (compared, alone) = without_drawn_alone::<Drawn>(&plan, &model, &fresh);
+        assert_eq!(alone, ["`stale` at 200 ms"]);
+        assert_eq!(differ(&compared, &fresh, |w| Drawn::margin(&plan, w)), None);
+        // Seen on both sides, it is compared as any event.
+        let both = timeline(&[(105, "written"), (150, "stale"), (295, "fresh")]);
+        let (compared, alone) = without_drawn_alone::<Drawn>(&plan, &model, &both);
+        assert!(alone.is_empty());
+        assert!(differ(&compared, &both, |w| Drawn::margin(&plan, w)).unwrap().contains("`stale`"));
+        // The real side alone: a mismatch.
+        let model = timeline(&[(100, "written"), (300, "fresh")]);
+        let (compared, _) = without_drawn_alone::<Drawn>(&plan, &model, &both);
+        let why = differ(&compared, &both, |w| Drawn::margin(&plan, w)).unwrap();
+        assert_eq!(why, "the model never saw `stale` (the real client did, at 150 ms)");
+    }
 }
