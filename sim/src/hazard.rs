@@ -51,10 +51,14 @@ pub enum Hazard {
     /// when the member took the read (`backend/etcd/cluster.rs`, `serve_read`): a stale read, as
     /// etcd#20418's.
     StaleRead,
+    /// A connection pooler handed a backend holding a session advisory lock to another client than the
+    /// last one it served (pgbouncer's transaction pooling, `backend/sql/pool.rs`): that client's
+    /// statements run in the lock holder's session.
+    PooledSessionLock,
 }
 
 impl Hazard {
-    pub const ALL: [Hazard; 10] = [
+    pub const ALL: [Hazard; 11] = [
         Hazard::LeaseExpiredWhileHeld,
         Hazard::StaleHolderResumed,
         Hazard::GrantToExpiredSession,
@@ -65,6 +69,7 @@ impl Hazard {
         Hazard::ClockJumpDuringHold,
         Hazard::HolderCrashed,
         Hazard::StaleRead,
+        Hazard::PooledSessionLock,
     ];
 
     /// The kebab-case id suites and results use.
@@ -80,6 +85,7 @@ impl Hazard {
             Hazard::ClockJumpDuringHold => "clock-jump-during-hold",
             Hazard::HolderCrashed => "holder-crashed",
             Hazard::StaleRead => "stale-read",
+            Hazard::PooledSessionLock => "pooled-session-lock",
         }
     }
 
@@ -113,6 +119,10 @@ impl Hazard {
             Hazard::StaleRead => {
                 "an etcd member answered a linearizable read from a store older than the cluster had committed when \
                  it took the read"
+            }
+            Hazard::PooledSessionLock => {
+                "a connection pooler handed a backend holding a session advisory lock to another client (pgbouncer's \
+                 transaction pooling)"
             }
         }
     }

@@ -14,11 +14,13 @@ pub mod real;
 mod shedlock;
 mod unique_insert;
 
-use crate::params::{ParamSpec, Params};
+use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{async_trait, Family, Grant, Outcome, RealServer, RecipeSpec, Servers};
 use locksim_sim::backend::sql::client::{ClientEnv, ClientError, Connection, Router};
 use locksim_sim::backend::sql::text::Prepared;
-use locksim_sim::backend::sql::{Expr, Row, Settings, SqlError, SqlResult, SqlState, Stmt, ToValue, Value};
+use locksim_sim::backend::sql::{
+    Expr, PoolMode, Pooler, Row, Settings, SqlError, SqlResult, SqlState, Stmt, ToValue, Value,
+};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::history::NodeIx;
@@ -76,6 +78,15 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         0,
         "end a session idle inside a transaction this long (0: never, the default)",
     ),
+    ParamSpec {
+        name: "pooler",
+        kind: ParamKind::Choice(&["none", "session", "transaction"]),
+        default: ParamValue::Choice("none"),
+        doc: "pgbouncer in front of the server, and its pool_mode: \"session\" (a client keeps a backend until it \
+              disconnects; DISCARD ALL then) or \"transaction\" (a backend per transaction, session state such as \
+              advisory locks left on it for the next client); \"none\": clients connect to PostgreSQL",
+    },
+    ParamSpec::int("pool_size", (1, 1000), 20, "pgbouncer's default_pool_size: the most backends it opens"),
 ];
 
 pub static FAMILY: Family = Family {
@@ -85,7 +96,8 @@ pub static FAMILY: Family = Family {
     topology,
     deploy,
     real: Some(&REAL),
-    marks: |h| crate::LEASE_HAZARDS.contains(&h),
+    // The pooler marks `pooled-session-lock` (`sim/src/backend/sql/pool.rs`).
+    marks: |h| crate::LEASE_HAZARDS.contains(&h) || h == locksim_sim::hazard::Hazard::PooledSessionLock,
 };
 
 /// PostgreSQL 15 (Debian 12 `postgresql-15`), a cluster of its own; committed rows outlive a crash (the
@@ -96,7 +108,13 @@ pub static REAL: RealServer = RealServer {
     env: "LOCKSIM_POSTGRES",
     package: "postgresql-15",
     client_built: cfg!(feature = "real-clients"),
-    refuses: RealServer::refuses_nothing,
+    refuses: |backend| match backend.choice("pooler") {
+        "none" => Ok(()),
+        pooler => Err(format!(
+            "with [backend] pooler = \"{pooler}\": --real starts PostgreSQL alone, without pgbouncer in front of it \
+             (the pooler is simulated only, for now)"
+        )),
+    },
     keeps_data: |_| true,
     address: |addr| format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port()),
 };
@@ -117,6 +135,14 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         idle_in_transaction_session_timeout: params.duration("idle_in_transaction_session_timeout"),
     };
     let mut db = SqlState::new(settings);
+    let mode = match params.choice("pooler") {
+        "session" => Some(PoolMode::Session),
+        "transaction" => Some(PoolMode::Transaction),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        db = db.with_pooler(Pooler { mode, size: params.int("pool_size") as usize });
+    }
     db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
     db.create_table("locks", []);
     db.create_table("shedlock", []);

@@ -112,6 +112,13 @@ impl SqlState {
         self.respond(conn, seq, result, out);
         let session = self.sessions.get_mut(&conn).expect("finishing session");
         session.idle_since_ms = now.mono_ms;
+        // A backend idle again (`ReadyForQuery`, status `I`) goes back to the pooler.
+        if session.pooled && session.txn.is_none() {
+            if let Some(pool) = &mut self.pool {
+                pool.idle_again(conn);
+            }
+        }
+        let session = &self.sessions[&conn];
         if let Some(why) = session.closing {
             self.end_session(conn, why, out);
         }

@@ -72,13 +72,18 @@
 
 pub mod client;
 mod exec;
+mod pool;
 #[cfg(test)]
 mod tests;
 pub mod text;
 
+pub use pool::{PoolMode, Pooler};
+
 use super::{Backend, Now, Out};
+use crate::hazard::Hazard;
 use crate::history::{EventKind, NodeIx};
 use crate::net::Probe;
+use pool::{Left, Pool, Waiting};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -341,8 +346,12 @@ enum Lock {
 
 #[derive(Debug, Clone)]
 struct Session {
+    /// The client's node; for a pooler's backend, the node of the client it was last handed to.
     node: NodeIx,
     incarnation: u32,
+    /// A backend of the pooler ([`pool`]): its peer is the pooler, and its results go to the client
+    /// that holds it.
+    pooled: bool,
     /// The open transaction (`None`: none, or only an autocommit statement's while it runs).
     txn: Option<Txn>,
     /// The open transaction has failed: only its end is accepted.
@@ -434,6 +443,8 @@ pub struct SqlState {
     /// Waiting statements, oldest first.
     parked: Vec<Parked>,
     sessions: BTreeMap<ConnId, Session>,
+    /// pgbouncer in front of the server, if clients connect through it.
+    pool: Option<Pool>,
 }
 
 /// Why a session the client closed ended (no hazard: the client let go).
@@ -452,7 +463,14 @@ impl SqlState {
             locks: BTreeMap::new(),
             parked: Vec::new(),
             sessions: BTreeMap::new(),
+            pool: None,
         }
+    }
+
+    /// The same server with pgbouncer in front of it: every client connects through the pooler.
+    pub fn with_pooler(mut self, pooler: Pooler) -> SqlState {
+        self.pool = Some(Pool::new(pooler));
+        self
     }
 
     /// Create a table (the schema the recipes expect), with its first rows.
@@ -476,6 +494,11 @@ impl SqlState {
         self.sessions.clear();
         self.parked.clear();
         self.locks.clear();
+        // pgbouncer's backends died with the server; it closes the clients that held one, and the model
+        // closes every client (each connects again).
+        if let Some(pool) = &mut self.pool {
+            *pool = Pool::new(pool.settings);
+        }
         for s in self.sequences.values_mut() {
             *s = Sequence { value: s.flushed, logged: s.flushed, flushed: s.flushed, log_next: true };
         }
@@ -531,7 +554,8 @@ impl SqlState {
             self.settings.tcp_keepalives_count,
         );
         let mut dead = Vec::new();
-        for (conn, s) in self.sessions.iter_mut().filter(|(_, s)| s.closing.is_none()) {
+        // A pooler's backends talk to the pooler, on the server's host: never silent.
+        for (conn, s) in self.sessions.iter_mut().filter(|(_, s)| s.closing.is_none() && !s.pooled) {
             let answer = probe(s.node, s.incarnation);
             if let Some(at) = acked(s.node, s.incarnation).filter(|at| *at > s.heard_ms) {
                 s.heard_ms = at;
@@ -563,7 +587,7 @@ impl SqlState {
         if !dead.is_empty() {
             self.wake(now, out);
         }
-        let live = self.sessions.values().filter(|s| s.closing.is_none());
+        let live = self.sessions.values().filter(|s| s.closing.is_none() && !s.pooled);
         live.map(|s| (s.heard_ms + idle).max(s.next_probe_ms)).min()
     }
 
@@ -578,9 +602,16 @@ impl SqlState {
         }
     }
 
+    /// Send a statement's result on its connection: a backend's to the client that holds it.
     fn respond(&self, conn: ConnId, seq: u64, result: SqlResult, out: &mut Out) {
-        if let Some(s) = self.sessions.get(&conn) {
-            out.push(s.node, SqlResponse { conn, seq, result });
+        match self.sessions.get(&conn) {
+            Some(s) if s.pooled => {
+                if let Some((client, node)) = self.pool.as_ref().and_then(|p| p.client_of(conn)) {
+                    out.push(node, SqlResponse { conn: client, seq, result });
+                }
+            }
+            Some(s) => out.push(s.node, SqlResponse { conn, seq, result }),
+            None => {}
         }
     }
 
@@ -589,12 +620,90 @@ impl SqlState {
         let Some(s) = self.sessions.get(&conn) else { return };
         out.record(s.node, EventKind::Session { state: format!("database session ended: {why}") });
         if why != CLOSED_BY_CLIENT {
-            out.lease_ended(s.node, conn); // hazard: lease-expired-while-held (if it held)
+            // hazard: lease-expired-while-held (if it held): the session is the client's connection's,
+            // or the one the client's pooled connection holds now.
+            match s.pooled {
+                false => out.lease_ended(s.node, conn),
+                true => {
+                    if let Some((client, node)) = self.pool.as_ref().and_then(|p| p.client_of(conn)) {
+                        out.lease_ended(node, client);
+                    }
+                }
+            }
         }
         self.rollback(conn);
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.parked.retain(|p| p.run.conn != conn);
         self.sessions.remove(&conn);
+        if let Some(pool) = &mut self.pool {
+            pool.server_gone(conn);
+        }
+    }
+
+    /// A new session for `conn` from `node`'s life `incarnation`.
+    fn session(&self, node: NodeIx, incarnation: u32, pooled: bool, now: Now) -> Session {
+        Session {
+            node,
+            incarnation,
+            pooled,
+            txn: None,
+            aborted: false,
+            lock_timeout_ms: 0,
+            idle_timeout_ms: self.settings.idle_in_transaction_session_timeout.as_millis() as i64,
+            heard_ms: now.mono_ms,
+            idle_since_ms: now.mono_ms,
+            waiting: false,
+            closing: None,
+            xact_advisory: BTreeMap::new(),
+            probes_out: 0,
+            next_probe_ms: 0,
+        }
+    }
+
+    /// A pooler's client disconnected: its backend goes back to the pool after `DISCARD ALL`
+    /// (session mode, idle), or is closed (see [`pool`]).
+    fn client_gone(&mut self, conn: ConnId, out: &mut Out) {
+        let Some(pool) = &mut self.pool else { return };
+        let sessions = &self.sessions;
+        let idle = |server: ConnId| sessions.get(&server).is_some_and(|s| s.txn.is_none() && !s.waiting);
+        match pool.client_gone(conn, idle) {
+            Left::Nothing => {}
+            Left::Reset(server) => {
+                // `DISCARD ALL`: `pg_advisory_unlock_all()`, and every setting back to its default.
+                self.locks.retain(|lock, (owner, _)| !(*owner == server && matches!(lock, Lock::Advisory(_))));
+                let fresh = self.settings.idle_in_transaction_session_timeout.as_millis() as i64;
+                if let Some(s) = self.sessions.get_mut(&server) {
+                    (s.lock_timeout_ms, s.idle_timeout_ms) = (0, fresh);
+                }
+            }
+            Left::Close(server) => {
+                self.connection_ended(server, "closed by pgbouncer: its client disconnected while it was not idle", out)
+            }
+        }
+    }
+
+    /// Hand waiting clients of the pooler a backend each and run their statements; whether any ran.
+    fn hand_out(&mut self, now: Now, out: &mut Out) -> bool {
+        let mut ran = false;
+        while let Some(handed) = self.pool.as_mut().and_then(Pool::hand_out) {
+            let (node, incarnation) = self.pool.as_ref().expect("handing out").client_node(handed.client);
+            let server = handed.server;
+            if handed.new {
+                let session = self.session(node, incarnation, true, now);
+                self.sessions.insert(server, session);
+            }
+            let holds =
+                self.locks.iter().any(|(lock, (owner, _))| *owner == server && matches!(lock, Lock::Advisory(_)));
+            if handed.other_client && holds {
+                out.mark(Hazard::PooledSessionLock);
+            }
+            let s = self.sessions.get_mut(&server).expect("a backend has a session");
+            (s.node, s.incarnation, s.heard_ms) = (node, incarnation, now.mono_ms);
+            let Waiting { seq, stmt } = handed.waiting;
+            self.run(Running { conn: server, seq, stmt, lineage: None, start_wall_ms: now.wall_ms }, now, None, out);
+            ran = true;
+        }
+        ran
     }
 
     fn request(&mut self, now: Now, from: NodeIx, request: SqlRequest, out: &mut Out) {
@@ -606,24 +715,32 @@ impl SqlState {
             request => request,
         };
         match request {
-            SqlRequest::Connect { conn, incarnation } => {
-                out.lease_started(from, conn); // hazard marks: a new session
-                let session = Session {
-                    node: from,
-                    incarnation,
-                    txn: None,
-                    aborted: false,
-                    lock_timeout_ms: 0,
-                    idle_timeout_ms: self.settings.idle_in_transaction_session_timeout.as_millis() as i64,
-                    heard_ms: now.mono_ms,
-                    idle_since_ms: now.mono_ms,
-                    waiting: false,
-                    closing: None,
-                    xact_advisory: BTreeMap::new(),
-                    probes_out: 0,
-                    next_probe_ms: 0,
-                };
-                self.sessions.insert(conn, session);
+            SqlRequest::Connect { conn, incarnation } => match &mut self.pool {
+                Some(pool) => {
+                    out.lease_started(from, conn); // hazard marks: the client's sessions are its connection's
+                    pool.connect(conn, from, incarnation);
+                }
+                None => {
+                    out.lease_started(from, conn); // hazard marks: a new session
+                    let session = self.session(from, incarnation, false, now);
+                    self.sessions.insert(conn, session);
+                }
+            },
+            SqlRequest::Execute { conn, seq, stmt } if self.pool.as_ref().is_some_and(|p| p.has_client(conn)) => {
+                let pool = self.pool.as_mut().expect("checked");
+                match pool.server_of(conn, Waiting { seq, stmt: stmt.clone() }) {
+                    Ok(server) => {
+                        let s = self.sessions.get_mut(&server).expect("a backend has a session");
+                        s.heard_ms = now.mono_ms;
+                        let running = Running { conn: server, seq, stmt, lineage: None, start_wall_ms: now.wall_ms };
+                        self.run(running, now, None, out);
+                    }
+                    Err(true) => {
+                        out.push(from, SqlResponse { conn, seq, result: SqlResult::Error(SqlError::Terminated) })
+                    }
+                    // It waits for a backend ([`SqlState::hand_out`]).
+                    Err(false) => {}
+                }
             }
             SqlRequest::Execute { conn, seq, stmt } => match self.sessions.get_mut(&conn) {
                 None => out.push(from, SqlResponse { conn, seq, result: SqlResult::Error(SqlError::Terminated) }),
@@ -634,14 +751,26 @@ impl SqlState {
                     self.run(running, now, None, out);
                 }
             },
+            SqlRequest::Close { conn } if self.pool.as_ref().is_some_and(|p| p.has_client(conn)) => {
+                self.client_gone(conn, out)
+            }
             SqlRequest::Close { conn } => self.connection_ended(conn, CLOSED_BY_CLIENT, out),
         }
         self.wake(now, out);
     }
 
+    /// Run the waiting statements whose lock has come free, oldest first, and those of the pooler's
+    /// clients that a backend has come free for.
+    fn wake(&mut self, now: Now, out: &mut Out) {
+        self.wake_parked(now, out);
+        while self.hand_out(now, out) {
+            self.wake_parked(now, out);
+        }
+    }
+
     /// Run the waiting statements whose lock has come free, oldest first; a row's new first waiter
     /// starts a new sleep (and `lock_timeout`) on its holder.
-    fn wake(&mut self, now: Now, out: &mut Out) {
+    fn wake_parked(&mut self, now: Now, out: &mut Out) {
         let mut i = 0;
         while i < self.parked.len() {
             let (on, conn) = (&self.parked[i].on, self.parked[i].run.conn);
@@ -688,8 +817,17 @@ impl Backend for SqlState {
     /// client: Connection reset by peer") and exits, rolling back — at once, unless a statement of
     /// the session waits on a lock.
     fn connection_closed(&mut self, now: Now, peer: NodeIx, life: u32, out: &mut Out) {
-        let conns: Vec<ConnId> =
-            self.sessions.iter().filter(|(_, s)| s.node == peer && s.incarnation == life).map(|(c, _)| *c).collect();
+        if let Some(pool) = &self.pool {
+            for conn in pool.clients_of(peer, life) {
+                self.client_gone(conn, out);
+            }
+        }
+        let conns: Vec<ConnId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.node == peer && s.incarnation == life && !s.pooled)
+            .map(|(c, _)| *c)
+            .collect();
         for conn in conns {
             self.connection_ended(conn, "connection closed by the client's kernel: its process died", out);
         }

@@ -589,3 +589,74 @@ fn sql_text_runs_as_the_statement_it_stands_for() {
     assert_eq!(exec(&mut db, 0, A, stmt.clone()), vec![(A, SqlResult::Affected(1))]);
     assert_eq!(exec(&mut db, 0, B, stmt), vec![(B, SqlResult::Affected(0))]);
 }
+
+/// A server behind pgbouncer in `mode` with `size` backends, and clients A, B and C connected to it.
+fn pooled(mode: PoolMode, size: usize) -> SqlState {
+    let mut db = SqlState::new(settings()).with_pooler(Pooler { mode, size });
+    db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
+    db.create_sequence("fence");
+    for conn in [A, B, C] {
+        db.apply(Now::at(0), NodeIx(conn as u32), SqlRequest::Connect { conn, incarnation: 0 }, &mut Out::default());
+    }
+    db
+}
+
+/// Run `stmt` on `conn` at `now`; the results pushed and the hazards marked by this step.
+fn exec_marked(db: &mut SqlState, now: i64, conn: ConnId, stmt: Stmt) -> (Vec<(ConnId, SqlResult)>, Vec<Hazard>) {
+    let mut out = Out::default();
+    db.apply(Now::at(now), NodeIx(conn as u32), SqlRequest::Execute { conn, seq: 1, stmt }, &mut out);
+    let marks = std::mem::take(&mut out.marks);
+    (pushed(out), marks)
+}
+
+#[test]
+fn transaction_pooling_hands_a_session_advisory_lock_to_the_next_client() {
+    let mut db = pooled(PoolMode::Transaction, 20);
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
+    // A's backend went back to the pool with A's lock on it; B is handed the same one (last released
+    // first), whose session holds the key: granted at once, counted twice.
+    let (granted, marks) = exec_marked(&mut db, 1, B, Stmt::AdvisoryLock(42));
+    assert_eq!(granted, vec![(B, SqlResult::Done)]);
+    assert_eq!(marks, vec![Hazard::PooledSessionLock]);
+    // With another backend busy in a transaction, A's unlock lands on a second backend, which holds
+    // nothing: false, and the key stays held.
+    exec(&mut db, 2, C, Stmt::Begin);
+    assert_eq!(exec(&mut db, 3, A, Stmt::AdvisoryUnlock(42)), vec![(A, SqlResult::Bool(false))]);
+}
+
+#[test]
+fn session_pooling_keeps_a_backend_per_client_and_discards_its_locks_when_it_leaves() {
+    let mut db = pooled(PoolMode::Session, 20);
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
+    assert_eq!(exec(&mut db, 1, B, Stmt::AdvisoryLock(42)), vec![], "B's own backend waits");
+    // A disconnects: its backend runs DISCARD ALL (unlocking the key) and goes back to the pool.
+    let mut out = Out::default();
+    db.apply(Now::at(2), NodeIx(A as u32), SqlRequest::Close { conn: A }, &mut out);
+    assert_eq!(pushed(out), vec![(B, SqlResult::Done)]);
+    // C is handed A's old backend, which holds nothing now.
+    let (took, marks) = exec_marked(&mut db, 3, C, Stmt::TryAdvisoryLock(42));
+    assert_eq!((took, marks), (vec![(C, SqlResult::Bool(false))], vec![]));
+}
+
+#[test]
+fn a_client_that_leaves_inside_a_transaction_takes_its_backend_and_row_lock_with_it() {
+    let mut db = pooled(PoolMode::Transaction, 20);
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, A, for_update());
+    exec(&mut db, 1, B, Stmt::Begin);
+    assert_eq!(exec(&mut db, 1, B, for_update()), vec![], "waits for A's row lock");
+    let mut out = Out::default();
+    db.apply(Now::at(2), NodeIx(A as u32), SqlRequest::Close { conn: A }, &mut out);
+    assert!(matches!(&pushed(out)[..], [(B, SqlResult::Rows(_))]), "pgbouncer closed A's backend: rolled back");
+}
+
+#[test]
+fn a_full_pool_makes_a_client_wait_for_a_backend_first_come_first_served() {
+    let mut db = pooled(PoolMode::Transaction, 1);
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 1, B, Stmt::NextVal { sequence: "fence".into() }), vec![], "no backend free");
+    assert_eq!(exec(&mut db, 2, C, Stmt::Begin), vec![]);
+    // A's commit frees the one backend: B's statement runs, then C's.
+    let after = exec(&mut db, 3, A, Stmt::Commit);
+    assert_eq!(after.iter().map(|r| r.0).collect::<Vec<_>>(), vec![A, B, C]);
+}
