@@ -215,10 +215,6 @@ fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
             "zk-ephemeral-gc-pause.toml",
             "zk.ephemeral with [backend] tick_time = 2000ms: --real starts ZooKeeper with tickTime 200ms",
         ),
-        (
-            "sql-advisory-pgbouncer-transaction.toml",
-            "sql.advisory with [backend] pooler = \"transaction\": --real starts PostgreSQL alone",
-        ),
     ] {
         let out = locksim(&["run", &format!("scenarios/catalog/{scenario}"), "--real"]);
         assert_eq!(out.status.code(), Some(2), "{scenario}");

@@ -72,7 +72,7 @@ pub mod proxy;
 pub mod resource;
 pub mod workload;
 
-use crate::servers::{Cluster, Launcher, PeerLinks, Server};
+use crate::servers::{Cluster, Launcher, PeerLinks, Server, Upstream};
 use history::Recorder;
 use locksim_locks::{Guard, RealServer, REAL_SERVERS};
 use locksim_scenarios::run::{describe, resolve_schedule, SeedResult};
@@ -145,6 +145,9 @@ pub struct Run {
 struct Served {
     /// The servers, which faults may stop, crash and start again.
     cluster: Cluster,
+    /// The pooler in front of them, which the clients' proxies lead to: held so that it runs until
+    /// the run ends (its drop stops it).
+    _front: Option<Server>,
     /// Whether a server keeps its data through a crash (see [`fault`]).
     keep_data: bool,
     /// Each client's path to each server: `proxies[client][server]`.
@@ -340,16 +343,13 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
         Clients::Command(command) => {
             let params = command.params.iter();
             env.extend(params.map(|(k, v)| (format!("LOCKSIM_PARAM_{}", k.to_ascii_uppercase()), v.clone())));
-            let served = serve(scenario, command.server, 1, seed)?;
+            let served = serve(scenario, command.server, 1, seed, false)?;
             nodes.insert(0, command.server.node.to_string());
             (Some(served), command.argv.clone(), Guard::Lock)
         }
         Clients::Builtin(server) => {
             let servers = (scenario.recipe.family.topology)(&scenario.backend_params).servers;
-            let served = serve(scenario, server, servers.len(), seed)?;
-            let first = served.cluster.member(0);
-            (first.launcher().set_up)(first.addr().0, &scenario.backend_params)?;
-            drop(first);
+            let served = serve(scenario, server, servers.len(), seed, true)?;
             nodes.splice(0..0, servers);
             (Some(served), adapter_argv(scenario, seed)?, Guard::Lock)
         }
@@ -412,20 +412,42 @@ pub fn run_once(scenario: &Scenario, kind: Clients, seed: u64) -> anyhow::Result
     Ok(RealRun { result, history })
 }
 
-/// Start `server` (`n` of them as a cluster) and a proxy per client and server.
-fn serve(scenario: &Scenario, server: &'static RealServer, n: usize, seed: u64) -> anyhow::Result<Served> {
-    let launcher = Launcher::of(server);
+/// Start `server` (`n` of them as a cluster), set up for a built-in recipe (`set_up`), the pooler its
+/// `[backend]` puts in front of it, and a proxy per client and server (the pooler's, if there is one).
+fn serve(
+    scenario: &Scenario,
+    server: &'static RealServer,
+    n: usize,
+    seed: u64,
+    set_up: bool,
+) -> anyhow::Result<Served> {
+    let (launcher, backend) = (Launcher::of(server), &scenario.backend_params);
     let cluster = match n {
         1 => Cluster::single(Server::start(launcher)?),
-        n => Cluster::start(launcher, n, &scenario.backend_params, seed)?,
+        n => Cluster::start(launcher, n, backend, seed)?,
     };
-    let addrs = cluster.addrs();
+    if set_up {
+        let first = cluster.member(0);
+        (launcher.set_up)(first.addr().0, backend)?;
+    }
+    // After the set-up, so that every backend the pooler opens has the settings it made.
+    let front = match (launcher.front)(backend) {
+        Some(pooler) => {
+            let upstream = Upstream { port: cluster.member(0).addr().0.port(), backend: backend.clone() };
+            Some(Server::start_in_front(pooler, upstream)?)
+        }
+        None => None,
+    };
+    let addrs = match &front {
+        Some(pooler) => vec![pooler.addr().0],
+        None => cluster.addrs(),
+    };
     // One server keeps the streams of old: a client's proxy draws from its own number.
     let draw = |client: usize, member: usize| stream(seed, Stream::Network, (client + member * 100) as u64);
     let proxies = (0..scenario.workload.clients)
         .map(|i| addrs.iter().enumerate().map(|(m, addr)| proxy::Proxy::start(*addr, draw(i, m))).collect())
         .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Served { cluster, keep_data: (server.keeps_data)(&scenario.backend_params), proxies, server_of: server })
+    Ok(Served { cluster, _front: front, keep_data: (server.keeps_data)(backend), proxies, server_of: server })
 }
 
 /// A built-in recipe's client process: the hidden `adapter` subcommand of this very binary (or of the

@@ -149,7 +149,8 @@ impl Cluster {
         let mut members = Vec::new();
         for (index, [client, peer, election]) in own.iter().copied().enumerate() {
             let member = Member { index, view: peers.views[index].clone(), backend: backend.clone() };
-            let server = Server::launch(launcher, Ports { client, peer, election, member: Some(member) })?;
+            let server =
+                Server::launch(launcher, Ports { client, peer, election, member: Some(member), upstream: None })?;
             if let Some(dir) = server.dir() {
                 dirs.lock().expect("directories lock").push(dir.canonicalize()?);
             }

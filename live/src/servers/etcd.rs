@@ -17,6 +17,7 @@ pub static LAUNCHER: Launcher = Launcher {
     set_up: Launcher::as_started,
     leads: Some(leads),
     peer_links: PeerLinks::PerMember,
+    front: Launcher::alone,
 };
 
 /// A cluster of one member, its peer URL on the peer port; or member `etcd-N` of a cluster, which

@@ -17,12 +17,14 @@ use std::time::{Duration, Instant};
 
 mod cluster;
 mod etcd;
+mod pgbouncer;
 mod postgres;
 mod redis;
 mod zookeeper;
 
 pub use cluster::Cluster;
 pub use etcd::LAUNCHER as ETCD;
+pub use pgbouncer::LAUNCHER as PGBOUNCER;
 pub use postgres::LAUNCHER as POSTGRES;
 pub use redis::LAUNCHER as REDIS;
 pub use zookeeper::{LAUNCHER as ZOOKEEPER, TICK_MS as ZK_TICK_MS};
@@ -55,6 +57,9 @@ pub struct Launcher {
     pub leads: Option<fn(addr: SocketAddr) -> bool>,
     /// How a cluster's members reach each other ([`Cluster`]).
     pub peer_links: PeerLinks,
+    /// The pooler a scenario's `[backend]` puts in front of it, which its clients then reach instead
+    /// (pgbouncer for PostgreSQL): started with [`Server::start_in_front`], after the set-up.
+    pub front: fn(backend: &Params) -> Option<&'static Launcher>,
 }
 
 /// How a cluster's members reach each other: through proxies, so that a fault can cut one member off
@@ -82,6 +87,15 @@ pub struct Ports {
     pub election: u16,
     /// A cluster's member: `None` for a server of its own.
     pub member: Option<Member>,
+    /// A pooler's: the server it stands in front of.
+    pub upstream: Option<Upstream>,
+}
+
+/// The server a pooler stands in front of, and the `[backend]` that configures the pooler.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub port: u16,
+    pub backend: Params,
 }
 
 /// One member of a cluster, as its configuration says.
@@ -124,6 +138,11 @@ impl Launcher {
         Ok(())
     }
 
+    /// Nothing in front of it.
+    fn alone(_: &Params) -> Option<&'static Launcher> {
+        None
+    }
+
     /// Nothing to set up.
     fn as_started(_: SocketAddr, _: &Params) -> anyhow::Result<()> {
         Ok(())
@@ -156,11 +175,20 @@ impl Server {
     /// Start `launcher`'s server in a fresh temporary directory on a free loopback port, and wait until it
     /// answers.
     pub fn start(launcher: &'static Launcher) -> anyhow::Result<Server> {
+        Server::start_with(launcher, None)
+    }
+
+    /// Start `launcher`'s pooler in front of `upstream` as [`Server::start`] starts a server.
+    pub fn start_in_front(launcher: &'static Launcher, upstream: Upstream) -> anyhow::Result<Server> {
+        Server::start_with(launcher, Some(upstream))
+    }
+
+    fn start_with(launcher: &'static Launcher, upstream: Option<Upstream>) -> anyhow::Result<Server> {
         // A port found free may be taken before the server binds it (the kernel hands out the same
         // range to outgoing connections): on that clash, try again with other ports.
         const ATTEMPTS: u32 = 3;
         for attempt in 1.. {
-            match Server::start_once(launcher) {
+            match Server::start_once(launcher, upstream.clone()) {
                 Err(e) if attempt < ATTEMPTS && clash(&e) => continue,
                 started => return started,
             }
@@ -168,9 +196,9 @@ impl Server {
         unreachable!("the last attempt returns")
     }
 
-    fn start_once(launcher: &'static Launcher) -> anyhow::Result<Server> {
+    fn start_once(launcher: &'static Launcher, upstream: Option<Upstream>) -> anyhow::Result<Server> {
         let [client, peer, election] = free_ports()?;
-        let mut server = Server::launch(launcher, Ports { client, peer, election, member: None })?;
+        let mut server = Server::launch(launcher, Ports { client, peer, election, member: None, upstream })?;
         server.wait_ready()?;
         Ok(server)
     }
@@ -190,7 +218,7 @@ impl Server {
         if !ready(launcher, Addr(addr)) {
             anyhow::bail!("no {} answers at {addr}", launcher.program);
         }
-        let ports = Ports { client: addr.port(), peer: 0, election: 0, member: None };
+        let ports = Ports { client: addr.port(), peer: 0, election: 0, member: None, upstream: None };
         Ok(Server { launcher, addr: Addr(addr), ports, own: None })
     }
 

@@ -18,7 +18,13 @@ pub static LAUNCHER: Launcher = Launcher {
     set_up,
     leads: None,
     peer_links: PeerLinks::Direct,
+    front,
 };
+
+/// pgbouncer in front of it when the `[backend]` asks for a pooler.
+fn front(backend: &Params) -> Option<&'static Launcher> {
+    (backend.choice("pooler") != "none").then_some(&super::PGBOUNCER)
+}
 
 /// PostgreSQL: a cluster made by `initdb` in `dir/data` on the first start (trust authentication,
 /// as the `postgres` user when locksim runs as root, since PostgreSQL refuses to run as root), then
@@ -58,7 +64,7 @@ fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
 
 /// Who PostgreSQL runs as: when locksim is root, the `postgres` user the Debian package made (and
 /// `dir` is given to it); otherwise locksim's own user.
-fn postgres_user(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
+pub(super) fn postgres_user(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         return Ok(None);
@@ -74,7 +80,7 @@ fn postgres_user(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
     Ok(Some((uid, gid)))
 }
 
-fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
+pub(super) fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
     if let Some((uid, gid)) = user {
         std::os::unix::process::CommandExt::uid(cmd, uid);
         std::os::unix::process::CommandExt::gid(cmd, gid);
@@ -82,7 +88,7 @@ fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
     cmd
 }
 
-fn ready(_: TcpStream, addr: SocketAddr) -> bool {
+pub(super) fn ready(_: TcpStream, addr: SocketAddr) -> bool {
     crate::wire::pgwire::Conn::connect(addr, Duration::from_millis(200))
         .is_ok_and(|mut c| c.query("SELECT 1").is_ok_and(|r| r.error.is_none()))
 }

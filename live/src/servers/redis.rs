@@ -16,6 +16,7 @@ pub static LAUNCHER: Launcher = Launcher {
     set_up: Launcher::as_started,
     leads: None,
     peer_links: PeerLinks::Direct,
+    front: Launcher::alone,
 };
 
 /// Persistence by AOF: Redis write()s the AOF before it replies, so a killed process loses no

@@ -20,6 +20,7 @@ pub static LAUNCHER: Launcher = Launcher {
     set_up: Launcher::as_started,
     leads: Some(leads),
     peer_links: PeerLinks::PerPair,
+    front: Launcher::alone,
 };
 
 /// The tickTime of the `zoo.cfg` this launcher writes, as the ZooKeeper family declares it.

@@ -108,13 +108,7 @@ pub static REAL: RealServer = RealServer {
     env: "LOCKSIM_POSTGRES",
     package: "postgresql-15",
     client_built: cfg!(feature = "real-clients"),
-    refuses: |backend| match backend.choice("pooler") {
-        "none" => Ok(()),
-        pooler => Err(format!(
-            "with [backend] pooler = \"{pooler}\": --real starts PostgreSQL alone, without pgbouncer in front of it \
-             (the pooler is simulated only, for now)"
-        )),
-    },
+    refuses: RealServer::refuses_nothing,
     keeps_data: |_| true,
     address: |addr| format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port()),
 };
