@@ -11,6 +11,7 @@ use locksim_live::conform::ensemble::zk::ZkEnsemble;
 use locksim_live::conform::ensemble::{self, EnsembleFamily};
 use locksim_live::conform::etcd::Etcd;
 use locksim_live::conform::redis::Redis;
+use locksim_live::conform::sql::pgbouncer::Pgbouncer;
 use locksim_live::conform::sql::Sql;
 use locksim_live::conform::zk::Zk;
 use locksim_live::conform::{check, coverage, replay_alone, script, script_for, Family, Outcome};
@@ -90,6 +91,7 @@ const DRIVERS: &[Driver] = &[
     Driver::server::<Zk>(),
     Driver::server::<Etcd>(),
     Driver::server::<Sql>(),
+    Driver::server::<Pgbouncer>(),
     Driver::client::<SqlClientSide>(),
     Driver::client::<ZkClientSide>(),
     Driver::client::<KazooClientSide>(),

@@ -7,6 +7,7 @@ mod common;
 use common::{locksim, stderr, stdout};
 use locksim_live::conform::etcd::Etcd;
 use locksim_live::conform::redis::Redis;
+use locksim_live::conform::sql::pgbouncer::Pgbouncer;
 use locksim_live::conform::sql::{self, Sql};
 use locksim_live::conform::zk::Zk;
 use locksim_live::conform::{check, compare, replay_alone, script_for, Action, Family, Outcome, Recover, Step};
@@ -369,4 +370,45 @@ fn conform_sql_agrees_with_the_real_server() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("sql: 2 seeds (seeds 0..2): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+}
+
+/// PostgreSQL, where pgbouncer can be started in front of it too (`None`, said on stderr, where either
+/// is not installed and not required).
+fn pooled_server() -> Option<Server> {
+    let server = server(&servers::POSTGRES)?;
+    let (pooler, backend) = Pgbouncer::front().expect("the family has a pooler");
+    let upstream = servers::Upstream { port: server.addr().0.port(), backend };
+    match Server::start_in_front(pooler, upstream) {
+        Ok(_) => Some(server),
+        Err(e) if std::env::var_os("LOCKSIM_REQUIRE_SERVERS").is_none() => {
+            eprintln!("skipped: {e:#} (set LOCKSIM_REQUIRE_SERVERS=1 to make this a failure)");
+            None
+        }
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+#[test]
+fn conform_pgbouncer_agrees_with_a_real_pooler() {
+    let _turn = turn();
+    if pooled_server().is_none() {
+        return;
+    }
+    let o = locksim(&["conform", "pgbouncer", "--seeds", "0..2"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("pgbouncer: 2 seeds (seeds 0..2): ") && out.contains(" agreed, 0 mismatched"), "{out}");
+}
+
+/// A planted bug: the model's pooler resets every backend it takes back (`DISCARD ALL`, as
+/// `server_reset_query_always = 1` does), so a session advisory lock never outlives its statement —
+/// where the real pgbouncer, at its defaults, leaves it on the backend for the next client.
+#[test]
+fn a_pooler_that_resets_its_backends_is_caught() {
+    let _turn = turn();
+    let Some(mut server) = pooled_server() else { return };
+    let (seed, shown, step, model, real) = caught(&Pgbouncer { planted_reset: true }, &mut server, false);
+    let before = &shown[..=step];
+    assert!(before.iter().any(|s| s.contains("pg_try_advisory_lock")), "seed {seed}: a lock came first: {shown:#?}");
+    assert_ne!(model, real);
 }

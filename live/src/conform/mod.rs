@@ -102,6 +102,11 @@ pub trait Family {
 
     /// The real server this family is checked against.
     fn server() -> &'static crate::servers::Launcher;
+    /// A pooler started in front of the server for each play, and the `[backend]` that configures it
+    /// (`pgbouncer`): the clients reach the pooler, the faults the server. None by default.
+    fn front() -> Option<(&'static crate::servers::Launcher, locksim_locks::params::Params)> {
+        None
+    }
     /// A script from a random stream: steps in time order, on the grid.
     fn script(rng: &mut ChaCha8Rng) -> Vec<Step<Self::Op>>;
     /// A script without server faults, for a server locksim did not start: by default the script with
@@ -282,7 +287,15 @@ fn play<F: Family>(server: &mut Server, steps: &[Step<F::Op>], model: &[Answer])
         _ => None,
     });
     let clients = clients.max().unwrap_or(0);
-    let addr = server.addr();
+    // A fresh pooler for each play, once the server is reset: its pool starts empty.
+    let front = match F::front() {
+        Some((pooler, backend)) => {
+            let upstream = crate::servers::Upstream { port: server.addr().0.port(), backend };
+            Some(Server::start_in_front(pooler, upstream)?)
+        }
+        None => None,
+    };
+    let addr = front.as_ref().map_or(server.addr(), Server::addr);
     let mut conns = (0..clients).map(|c| F::connect(&addr, &shared, c)).collect::<anyhow::Result<Vec<_>>>()?;
     // Restarts so far: a client that sees a new one reconnects before its next request.
     let restarts = AtomicUsize::new(0);

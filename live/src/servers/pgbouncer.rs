@@ -22,8 +22,8 @@ pub static LAUNCHER: Launcher = Launcher {
     front: Launcher::alone,
 };
 
-/// pgbouncer with the `[backend]`'s `pooler` as its `pool_mode` and `pool_size` as its
-/// `default_pool_size`, pooling database `postgres` of the server on the upstream port for user
+/// pgbouncer with the `[backend]`'s `pooler` as its `pool_mode`, `pool_size` as its
+/// `default_pool_size` and `server_reset_query_always` as its own, pooling database `postgres` of the server on the upstream port for user
 /// `postgres` (trusted, as the server trusts it), everything else at its default — `server_reset_query`
 /// `DISCARD ALL`, run in session mode only, and `server_round_robin` off (last released first). As the
 /// `postgres` user when locksim runs as root: pgbouncer refuses to run as root.
@@ -41,6 +41,7 @@ fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
          auth_file = {}\n\
          pool_mode = {}\n\
          default_pool_size = {}\n\
+         server_reset_query_always = {}\n\
          max_client_conn = 1000\n\
          ignore_startup_parameters = extra_float_digits,options\n",
         upstream.port,
@@ -48,6 +49,7 @@ fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
         dir.join("userlist.txt").display(),
         upstream.backend.choice("pooler"),
         upstream.backend.int("pool_size"),
+        u8::from(upstream.backend.bool("server_reset_query_always")),
     );
     std::fs::write(dir.join("pgbouncer.ini"), config)?;
     // Trust still needs the user listed.

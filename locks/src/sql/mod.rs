@@ -87,6 +87,13 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
               advisory locks left on it for the next client); \"none\": clients connect to PostgreSQL",
     },
     ParamSpec::int("pool_size", (1, 1000), 20, "pgbouncer's default_pool_size: the most backends it opens"),
+    ParamSpec {
+        name: "server_reset_query_always",
+        kind: ParamKind::Bool,
+        default: ParamValue::Bool(false),
+        doc: "pgbouncer's server_reset_query_always: DISCARD ALL each time a backend goes back to the pool, in \
+              transaction pooling too (it frees a session advisory lock as its statement ends)",
+    },
 ];
 
 pub static FAMILY: Family = Family {
@@ -135,7 +142,8 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         _ => None,
     };
     if let Some(mode) = mode {
-        db = db.with_pooler(Pooler { mode, size: params.int("pool_size") as usize });
+        let (size, reset_always) = (params.int("pool_size") as usize, params.bool("server_reset_query_always"));
+        db = db.with_pooler(Pooler { mode, size, reset_always });
     }
     db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
     db.create_table("locks", []);

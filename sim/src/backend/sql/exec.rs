@@ -113,10 +113,8 @@ impl SqlState {
         let session = self.sessions.get_mut(&conn).expect("finishing session");
         session.idle_since_ms = now.mono_ms;
         // A backend idle again (`ReadyForQuery`, status `I`) goes back to the pooler.
-        if session.pooled && session.txn.is_none() {
-            if let Some(pool) = &mut self.pool {
-                pool.idle_again(conn);
-            }
+        if session.pooled && session.txn.is_none() && self.pool.as_mut().is_some_and(|p| p.idle_again(conn)) {
+            self.discard_all(conn);
         }
         let session = &self.sessions[&conn];
         if let Some(why) = session.closing {

@@ -631,11 +631,12 @@ impl SqlState {
                 }
             }
         }
+        let pooled = s.pooled;
         self.rollback(conn);
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.parked.retain(|p| p.run.conn != conn);
         self.sessions.remove(&conn);
-        if let Some(pool) = &mut self.pool {
+        if let Some(pool) = self.pool.as_mut().filter(|_| pooled) {
             pool.server_gone(conn);
         }
     }
@@ -668,17 +669,20 @@ impl SqlState {
         let idle = |server: ConnId| sessions.get(&server).is_some_and(|s| s.txn.is_none() && !s.waiting);
         match pool.client_gone(conn, idle) {
             Left::Nothing => {}
-            Left::Reset(server) => {
-                // `DISCARD ALL`: `pg_advisory_unlock_all()`, and every setting back to its default.
-                self.locks.retain(|lock, (owner, _)| !(*owner == server && matches!(lock, Lock::Advisory(_))));
-                let fresh = self.settings.idle_in_transaction_session_timeout.as_millis() as i64;
-                if let Some(s) = self.sessions.get_mut(&server) {
-                    (s.lock_timeout_ms, s.idle_timeout_ms) = (0, fresh);
-                }
-            }
+            Left::Reset(server) => self.discard_all(server),
             Left::Close(server) => {
                 self.connection_ended(server, "closed by pgbouncer: its client disconnected while it was not idle", out)
             }
+        }
+    }
+
+    /// `DISCARD ALL` on a pooler's backend: `pg_advisory_unlock_all()`, and every setting back to its
+    /// default.
+    fn discard_all(&mut self, server: ConnId) {
+        self.locks.retain(|lock, (owner, _)| !(*owner == server && matches!(lock, Lock::Advisory(_))));
+        let fresh = self.settings.idle_in_transaction_session_timeout.as_millis() as i64;
+        if let Some(s) = self.sessions.get_mut(&server) {
+            (s.lock_timeout_ms, s.idle_timeout_ms) = (0, fresh);
         }
     }
 

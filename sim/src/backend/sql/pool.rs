@@ -12,7 +12,8 @@
 //!   backend for the next client.
 //! - `pool_mode = session`: a client keeps its backend until it disconnects; the backend then runs
 //!   `server_reset_query` (`DISCARD ALL`: every session advisory lock released, settings reset) and goes
-//!   back to the pool.
+//!   back to the pool. `server_reset_query_always = 1` runs it in transaction mode too, each time a
+//!   backend goes back to the pool (`release_server`, `reset_on_release`).
 //! - Idle backends are handed out last released first (`server_round_robin = 0`, the default: LIFO).
 //!   The pool opens backends up to `default_pool_size` (20); beyond that a client waits, first come
 //!   first served, for one to come free.
@@ -45,6 +46,8 @@ pub struct Pooler {
     pub mode: PoolMode,
     /// `default_pool_size`: the most backends the pool opens.
     pub size: usize,
+    /// `server_reset_query_always`: `DISCARD ALL` on every release, in transaction mode too.
+    pub reset_always: bool,
 }
 
 /// A client's connection to the pooler.
@@ -74,7 +77,9 @@ pub(super) struct Pool {
     clients: BTreeMap<ConnId, Client>,
     /// Idle backends, the last released last (handed out first).
     idle: Vec<ConnId>,
-    /// Backends opened (each a server session of its own).
+    /// Backends open now (each a server session of its own).
+    open: usize,
+    /// Backends opened so far: the next one's number.
     opened: u64,
     /// Clients waiting for a backend, first come first served.
     queue: VecDeque<ConnId>,
@@ -110,6 +115,7 @@ impl Pool {
             settings,
             clients: BTreeMap::new(),
             idle: Vec::new(),
+            open: 0,
             opened: 0,
             queue: VecDeque::new(),
             last_client: BTreeMap::new(),
@@ -152,8 +158,8 @@ impl Pool {
         let client = *self.queue.front()?;
         let (server, new) = match self.idle.pop() {
             Some(server) => (server, false),
-            None if (self.opened as usize) < self.settings.size => {
-                self.opened += 1;
+            None if self.open < self.settings.size => {
+                (self.open, self.opened) = (self.open + 1, self.opened + 1);
                 (server_conn(self.opened), true)
             }
             None => return None,
@@ -173,14 +179,18 @@ impl Pool {
     }
 
     /// A backend reported itself idle (`ReadyForQuery`, status `I`): in transaction mode its client
-    /// gives it back.
-    pub fn idle_again(&mut self, server: ConnId) {
+    /// gives it back. Whether it is reset (`DISCARD ALL`) as it goes.
+    pub fn idle_again(&mut self, server: ConnId) -> bool {
         if self.settings.mode != PoolMode::Transaction {
-            return;
+            return false;
         }
-        if let Some(client) = self.clients.values_mut().find(|c| c.server == Some(server)) {
-            client.server = None;
-            self.idle.push(server);
+        match self.clients.values_mut().find(|c| c.server == Some(server)) {
+            Some(client) => {
+                client.server = None;
+                self.idle.push(server);
+                self.settings.reset_always
+            }
+            None => false,
         }
     }
 
@@ -197,8 +207,10 @@ impl Pool {
         }
     }
 
-    /// A backend's session ended: it leaves the pool, and its client's connection is closed.
+    /// A backend's session ended: it leaves the pool (which may open another in its place), and its
+    /// client's connection is closed.
     pub fn server_gone(&mut self, server: ConnId) {
+        self.open -= 1;
         self.idle.retain(|s| *s != server);
         self.last_client.remove(&server);
         if let Some(client) = self.clients.values_mut().find(|c| c.server == Some(server)) {

@@ -592,7 +592,11 @@ fn sql_text_runs_as_the_statement_it_stands_for() {
 
 /// A server behind pgbouncer in `mode` with `size` backends, and clients A, B and C connected to it.
 fn pooled(mode: PoolMode, size: usize) -> SqlState {
-    let mut db = SqlState::new(settings()).with_pooler(Pooler { mode, size });
+    pooled_with(Pooler { mode, size, reset_always: false })
+}
+
+fn pooled_with(pooler: Pooler) -> SqlState {
+    let mut db = SqlState::new(settings()).with_pooler(pooler);
     db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
     db.create_sequence("fence");
     for conn in [A, B, C] {
@@ -659,4 +663,24 @@ fn a_full_pool_makes_a_client_wait_for_a_backend_first_come_first_served() {
     // A's commit frees the one backend: B's statement runs, then C's.
     let after = exec(&mut db, 3, A, Stmt::Commit);
     assert_eq!(after.iter().map(|r| r.0).collect::<Vec<_>>(), vec![A, B, C]);
+}
+
+#[test]
+fn a_backend_closed_under_a_departing_client_frees_its_place_in_the_pool() {
+    let mut db = pooled(PoolMode::Transaction, 1);
+    exec(&mut db, 0, A, Stmt::Begin);
+    assert_eq!(exec(&mut db, 1, B, Stmt::TryAdvisoryLock(42)), vec![], "the one backend is A's");
+    // A leaves inside its transaction: pgbouncer closes its backend and opens another for B.
+    let mut out = Out::default();
+    db.apply(Now::at(2), NodeIx(A as u32), SqlRequest::Close { conn: A }, &mut out);
+    assert_eq!(pushed(out), vec![(B, SqlResult::Bool(true))]);
+}
+
+#[test]
+fn server_reset_query_always_frees_a_session_lock_as_its_backend_goes_back() {
+    let mut db = pooled_with(Pooler { mode: PoolMode::Transaction, size: 20, reset_always: true });
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
+    // DISCARD ALL ran as A's backend went back: B, handed it, finds the key free.
+    let (took, marks) = exec_marked(&mut db, 1, B, Stmt::TryAdvisoryLock(42));
+    assert_eq!((took, marks), (vec![(B, SqlResult::Bool(true))], vec![]));
 }

@@ -13,6 +13,8 @@
 //! recipe takes two locks, and the model does not look for deadlocks). At its end every session still
 //! open is closed, which lets every waiting statement finish.
 
+pub mod pgbouncer;
+
 use super::{Action, Answer, Family, ModelOf, Recover, Step, SLOT_MS};
 use crate::servers::{Addr, Launcher, Server};
 use crate::wire::pgwire;
@@ -625,7 +627,14 @@ fn draw(rng: &mut ChaCha8Rng, faults: bool) -> Vec<Step<Op>> {
             }
         }
     }
-    // Close every session, so that every waiting statement finishes.
+    close_all(&mut driver, &mut steps, t);
+    steps
+}
+
+/// Close every client's session from after `t`, one a slot, so that every waiting statement finishes
+/// (a statement waiting on a lock, or for a pooler's backend, gets it as the others go).
+fn close_all(driver: &mut Driver<SqlState>, steps: &mut Vec<Step<Op>>, mut t: u64) {
+    let clients = driver.sessions.len();
     for _ in 0..2 * clients {
         t += SLOT_MS;
         driver.advance(t);
@@ -633,9 +642,10 @@ fn draw(rng: &mut ChaCha8Rng, faults: bool) -> Vec<Step<Op>> {
             break;
         };
         t = t.max(driver.answered_at(client) + SLOT_MS);
-        play(&mut driver, &mut steps, Step { at_ms: t, action: Action::Client { client, op: Op::Close } });
+        let step = Step { at_ms: t, action: Action::Client { client, op: Op::Close } };
+        driver.step(&step);
+        steps.push(step);
     }
-    steps
 }
 
 /// A session's state after the generator sent `op` on it.
