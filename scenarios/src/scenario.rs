@@ -261,6 +261,7 @@ impl Scenario {
                 liveness,
                 herd_max,
                 fifo: file.check.fifo.unwrap_or(recipe.promises_fifo),
+                fifo_margin: crate::checkers::FIFO_MARGIN,
                 starvation,
                 stock,
                 invariant,

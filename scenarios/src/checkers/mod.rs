@@ -92,6 +92,10 @@ pub struct Finding {
     pub detail: String,
 }
 
+/// The simulator's [`CheckConfig::fifo_margin`]: longer than the round trips between asking and joining
+/// a queue (session, parents, create).
+pub const FIFO_MARGIN: Duration = Duration::from_millis(100);
+
 /// Checker settings from the scenario's `[check]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CheckConfig {
@@ -102,6 +106,9 @@ pub struct CheckConfig {
     pub herd_max: Option<u32>,
     /// Hold grants to request order (`unfair`): by default, whether the recipe promises FIFO.
     pub fifo: bool,
+    /// How much later than another a request must be asked to overtake it unfairly: longer than the
+    /// way from asking to joining the recipe's queue ([`FIFO_MARGIN`] in the simulator).
+    pub fifo_margin: Duration,
     /// When a waiter passed over again and again is `starvation` (unchecked when `None`).
     pub starvation: Option<starvation::Bounds>,
     /// A flash sale's initial stock: `oversell` and `lost-update` are checked only then.
@@ -137,7 +144,7 @@ pub fn check(h: &History, config: &CheckConfig) -> Vec<Finding> {
         raw.extend(deadlock::check(h, &holds, liveness));
     }
     raw.extend(herd::check(h, config.herd_max));
-    raw.extend(unfair::check(h, config.fifo));
+    raw.extend(unfair::check(h, config.fifo, config.fifo_margin));
     raw.extend(starvation::check(h, config.starvation));
     raw.extend(flash_sale::check(h, config.stock));
     raw.extend(invariant::check(h, config.invariant.as_ref()));

@@ -2,7 +2,7 @@
 //!
 //! The history shows when a client asked (`AcquireInvoke`) and was granted (`AcquireOk`), not when it
 //! joined the recipe's queue, which comes a few round trips later. So a grant is unfair only when a
-//! client that asked more than `FIFO_MARGIN` later was granted first, and the overtaken client's wait
+//! client that asked more than the margin ([`super::CheckConfig::fifo_margin`]) later was granted first, and the overtaken client's wait
 //! was undisturbed: one continuous `acquire` with no fault aimed at its node (begun before or during the
 //! wait) and no change of its session
 //! (a crash, a partition or an expiry may rightly send it to the back of the queue). A fault's effects
@@ -22,9 +22,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Stands for every client: where a fault on a server is kept.
 const EVERYONE: NodeIx = NodeIx(u32::MAX);
-
-/// Longer than the round trips between asking and joining a queue (session, parents, create).
-pub const FIFO_MARGIN_NS: u64 = 100_000_000;
 
 /// One granted request: who, when asked, when granted, whether anything disturbed the wait, and
 /// whether the client may have kept an older place in the queue.
@@ -108,7 +105,8 @@ fn waits(h: &History) -> Vec<Wait> {
     done
 }
 
-pub(super) fn check(h: &History, fifo: bool) -> Vec<Raw> {
+pub(super) fn check(h: &History, fifo: bool, margin: std::time::Duration) -> Vec<Raw> {
+    let margin_ns = margin.as_nanos() as u64;
     if !fifo {
         return vec![];
     }
@@ -118,7 +116,7 @@ pub(super) fn check(h: &History, fifo: bool) -> Vec<Raw> {
         let overtaker = waits.iter().find(|late| {
             late.client != early.client
                 && !late.kept_place
-                && late.asked > early.asked + FIFO_MARGIN_NS
+                && late.asked > early.asked + margin_ns
                 && late.granted < early.granted
         });
         if let Some(late) = overtaker {
@@ -137,27 +135,35 @@ pub(super) fn check(h: &History, fifo: bool) -> Vec<Raw> {
 #[cfg(test)]
 mod tests {
     use super::super::test_history::{crash, history, ok};
+    use super::super::FIFO_MARGIN;
     use super::*;
     use locksim_sim::history::EventKind::*;
 
     #[test]
+    fn a_request_overtakes_only_when_asked_more_than_the_margin_later() {
+        let h = history(10.0, vec![(1.0, 0, AcquireInvoke), (1.5, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
+        assert_eq!(check(&h, true, FIFO_MARGIN).len(), 1, "half a second later, past the simulator's margin");
+        assert!(check(&h, true, std::time::Duration::from_secs(1)).is_empty(), "within a real run's");
+    }
+
+    #[test]
     fn a_later_request_granted_first_is_unfair() {
         let h = history(10.0, vec![(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
-        let found = check(&h, true);
+        let found = check(&h, true, FIFO_MARGIN);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(1)]);
-        assert!(check(&h, false).is_empty(), "only recipes that promise FIFO are held to it");
+        assert!(check(&h, false, FIFO_MARGIN).is_empty(), "only recipes that promise FIFO are held to it");
     }
 
     #[test]
     fn grants_in_request_order_and_near_ties_are_fair() {
         let in_order =
             history(10.0, vec![(1.0, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 0, ok(2)), (4.0, 1, ok(3))]);
-        assert!(check(&in_order, true).is_empty());
+        assert!(check(&in_order, true, FIFO_MARGIN).is_empty());
         // Asked 50 ms apart: either may have joined the queue first.
         let tie =
             history(10.0, vec![(1.0, 0, AcquireInvoke), (1.05, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
-        assert!(check(&tie, true).is_empty());
+        assert!(check(&tie, true, FIFO_MARGIN).is_empty());
     }
 
     #[test]
@@ -172,7 +178,7 @@ mod tests {
                 (4.0, 0, ok(3)),
             ],
         );
-        assert!(check(&crashed, true).is_empty());
+        assert!(check(&crashed, true, FIFO_MARGIN).is_empty());
         let failed = history(
             10.0,
             vec![
@@ -184,7 +190,7 @@ mod tests {
                 (4.0, 0, ok(3)),
             ],
         );
-        assert!(check(&failed, true).is_empty(), "the second request came after the overtaker's");
+        assert!(check(&failed, true, FIFO_MARGIN).is_empty(), "the second request came after the overtaker's");
     }
 
     #[test]
@@ -205,7 +211,7 @@ mod tests {
                 (8.0, 1, ok(3)),
             ],
         );
-        assert!(check(&h, true).is_empty(), "its key may still have stood ahead of client 1's");
+        assert!(check(&h, true, FIFO_MARGIN).is_empty(), "its key may still have stood ahead of client 1's");
     }
 
     #[test]
@@ -228,7 +234,7 @@ mod tests {
                 (14.0, 0, ok(4)),
             ],
         );
-        let found = check(&h, true);
+        let found = check(&h, true, FIFO_MARGIN);
         assert_eq!(found.len(), 1, "its key may have survived; later requests are held to the queue again");
         assert_eq!(found[0].clients, vec![NodeIx(0), NodeIx(2)]);
     }
@@ -251,8 +257,12 @@ mod tests {
             ]
         };
         let failed = ReleaseFail { reason: "unavailable (the server restarted)".into() };
-        assert!(check(&history(10.0, events(failed)), true).is_empty(), "it never let go");
-        assert_eq!(check(&history(10.0, events(ReleaseOk)), true).len(), 1, "a release that went through lets go");
+        assert!(check(&history(10.0, events(failed)), true, FIFO_MARGIN).is_empty(), "it never let go");
+        assert_eq!(
+            check(&history(10.0, events(ReleaseOk)), true, FIFO_MARGIN).len(),
+            1,
+            "a release that went through lets go"
+        );
     }
 
     #[test]
@@ -272,9 +282,13 @@ mod tests {
             e.extend([(asked, 0, AcquireInvoke), (2.0, 1, AcquireInvoke), (3.0, 1, ok(2)), (4.0, 0, ok(3))]);
             e
         };
-        assert!(check(&history(10.0, events(false, 1.0)), true).is_empty(), "asked while cut off");
-        assert!(check(&history(10.0, events(true, 1.0)), true).is_empty(), "asked in the cut's tail");
-        assert_eq!(check(&history(10.0, events(true, 1.5)), true).len(), 1, "asked once the tail had passed");
+        assert!(check(&history(10.0, events(false, 1.0)), true, FIFO_MARGIN).is_empty(), "asked while cut off");
+        assert!(check(&history(10.0, events(true, 1.0)), true, FIFO_MARGIN).is_empty(), "asked in the cut's tail");
+        assert_eq!(
+            check(&history(10.0, events(true, 1.5)), true, FIFO_MARGIN).len(),
+            1,
+            "asked once the tail had passed"
+        );
     }
 
     #[test]
@@ -299,8 +313,8 @@ mod tests {
                 (8.0, 0, ok(3)),
             ]
         };
-        assert!(check(&history(10.0, events(4.5)), true).is_empty(), "asked in the whole cut's tail");
-        assert_eq!(check(&history(10.0, events(5.6)), true).len(), 1, "asked once the tail had passed");
+        assert!(check(&history(10.0, events(4.5)), true, FIFO_MARGIN).is_empty(), "asked in the whole cut's tail");
+        assert_eq!(check(&history(10.0, events(5.6)), true, FIFO_MARGIN).len(), 1, "asked once the tail had passed");
     }
 
     #[test]
@@ -321,7 +335,7 @@ mod tests {
                 (4.0, 0, ok(3)),
             ]
         };
-        assert!(check(&history(10.0, events(2)), true).is_empty(), "a server crash");
-        assert_eq!(check(&history(10.0, events(1)), true).len(), 1, "a crash of the overtaking client");
+        assert!(check(&history(10.0, events(2)), true, FIFO_MARGIN).is_empty(), "a server crash");
+        assert_eq!(check(&history(10.0, events(1)), true, FIFO_MARGIN).len(), 1, "a crash of the overtaking client");
     }
 }
