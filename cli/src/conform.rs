@@ -116,8 +116,9 @@ struct Report {
     seeds: std::ops::Range<u64>,
     agreed: u64,
     inconclusive: Vec<(u64, String)>,
-    /// Seeds whose real answers were a slot late at one step in both plays, beside other seeds, and
-    /// were played again alone: their outcome is the replay's.
+    /// Seeds whose real answers were a slot late at one step in both plays, or (a client or ensemble
+    /// family's timelines) that mismatched, beside other seeds, and were played again alone: their
+    /// outcome is the replay's.
     replayed_alone: Vec<u64>,
     /// Seeds that agreed on everything compared, and the events the model alone drew from its seed
     /// where the real server's own scheduling decides (counted as agreed).
@@ -148,16 +149,20 @@ pub fn conform(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--server: a client or ensemble family plays on servers of its own, which it cuts");
     }
     super::check_outputs([&args.json], [])?;
-    let reports = chosen.iter().map(|d| (d.run)(&args)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut reports = Vec::new();
     let mut bad = 0;
-    for r in &reports {
+    for d in chosen {
+        // Each family's lines as soon as it is done: `all` runs for many minutes, and a log cut short
+        // (a CI job's time limit) still says what was found.
+        let r = (d.run)(&args)?;
         bad += r.mismatches.len();
-        super::emit(&said(r))?;
+        super::emit(&said(&r))?;
         if r.agreed == 0 && r.mismatches.is_empty() {
             // Nothing was compared: that is no evidence the model is right.
             super::emit(&format!("  {}: no seed could be compared\n", r.family))?;
             bad += 1;
         }
+        reports.push(r);
     }
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&reports)? + "\n";
@@ -218,7 +223,20 @@ fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Rep
         *counts.lock().expect("counts lock").entry(F::kind(&client::plan::<F>(seed))).or_insert(0) += 1;
         client::check(family, server, net, seed)
     })?;
-    Ok(timeline_report(Report::new(F::NAME, args, counts.into_inner().expect("counts lock")), outcomes))
+    let report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    // On a thread of its own: entering a namespace is for good, for the thread that enters it.
+    let alone = |seed| {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let (net, mut server) = start()?;
+                    client::check(family, &mut server, &net, seed)
+                })
+                .join()
+                .expect("a conformance replay panicked")
+        })
+    };
+    timeline_report(report, outcomes, jobs, alone)
 }
 
 /// An ensemble family: each seed on a real ensemble of its own, started for it.
@@ -235,15 +253,28 @@ fn ensemble_family<F: EnsembleFamily>(family: &F, args: &Args) -> anyhow::Result
             ensemble::check(family, seed)
         },
     )?;
-    Ok(timeline_report(Report::new(F::NAME, args, counts.into_inner().expect("counts lock")), outcomes))
+    let report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
+    timeline_report(report, outcomes, jobs, |seed| ensemble::check(family, seed))
 }
 
 /// The most ensembles played at once: each is three servers (JVMs, for ZooKeeper) starting together.
 const ENSEMBLES_AT_ONCE: usize = 2;
 
-/// A report of timelines compared, seed by seed.
-fn timeline_report(mut report: Report, outcomes: BTreeMap<u64, client::Outcome>) -> Report {
-    for (seed, outcome) in outcomes {
+/// A report of timelines compared, seed by seed. A timeline is real time: a seed that mismatched while
+/// other seeds ran beside it (`jobs` > 1) is played once more alone, and the replay's outcome counts —
+/// a server that really differs from its model differs again alone; a machine too busy to keep the
+/// plan's times rarely is twice.
+fn timeline_report(
+    mut report: Report,
+    outcomes: BTreeMap<u64, client::Outcome>,
+    jobs: usize,
+    alone: impl Fn(u64) -> anyhow::Result<client::Outcome>,
+) -> anyhow::Result<Report> {
+    for (seed, mut outcome) in outcomes {
+        if matches!(outcome, client::Outcome::Mismatch { .. }) && jobs > 1 {
+            report.replayed_alone.push(seed);
+            outcome = alone(seed)?;
+        }
         match outcome {
             client::Outcome::Agree => report.agreed += 1,
             client::Outcome::DrawnAlone(what) => {
@@ -260,7 +291,7 @@ fn timeline_report(mut report: Report, outcomes: BTreeMap<u64, client::Outcome>)
             }),
         }
     }
-    report
+    Ok(report)
 }
 
 /// Play `seeds` on `jobs` lanes at once, each with what `start` gives it (its server), with a progress
@@ -337,8 +368,9 @@ fn said(r: &Report) -> String {
     out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
     for seed in &r.replayed_alone {
         out.push_str(&format!(
-            "  seed {seed} played again alone: a step was answered a slot late in both plays beside other seeds \
-             (a busy machine, or a server that waits where the model does not); the replay's outcome counts\n"
+            "  seed {seed} played again alone: it mismatched, or a step was answered a slot late in both plays, \
+             beside other seeds (a busy machine, or a server that waits where the model does not); the replay's \
+             outcome counts\n"
         ));
     }
     for (seed, what) in &r.drawn_alone {

@@ -704,7 +704,8 @@ fn fault(
     if let (true, Target::Node(n)) = (spec.means.needs_replica, &target) {
         if !topo.failover_masters.contains(n) {
             let m = format!(
-                "target: {} needs a master with a replica ([backend] replicas = 1); \"{n}\" is not one",
+                "target: {} needs a master with a replica and no Sentinel ([backend] replicas = 1, sentinels = 0: \
+                 Sentinels fail a master over themselves); \"{n}\" is not one",
                 spec.name
             );
             return Err(s.error(target_v.span(), m));
@@ -852,7 +853,11 @@ fn random(src: &Source, r: &crate::file::RandomFile, topo: &Topology) -> Result<
             return Err(src.error(k.span(), format!("kinds: {why}")));
         }
         if spec.means.needs_replica && topo.failover_masters.is_empty() {
-            return Err(src.error(k.span(), format!("kinds: {} needs [backend] replicas = 1", spec.name)));
+            let m = format!(
+                "kinds: {} needs [backend] replicas = 1 and sentinels = 0 (Sentinels fail a master over themselves)",
+                spec.name
+            );
+            return Err(src.error(k.span(), m));
         }
         kinds.push(kind);
     }

@@ -1,5 +1,5 @@
 //! The Redis family's renewal under short partitions (Redisson's executor outlasts them), and what a
-//! failover loses.
+//! failover loses, and Sentinel.
 
 mod common;
 
@@ -38,4 +38,79 @@ fn a_failover_loses_only_what_never_left_the_master() {
     // A slow replica (`replication_lag`): a grant still in the master's buffer is lost.
     let slow = assert_as_expected("redis-failover-on-grant", 0..50);
     assert!(slow.results.iter().any(|s| s.counts.contains_key(&FindingKind::DoubleHolder)));
+}
+
+/// `catalog/<stem>.toml`, edited, parsed.
+fn edited(stem: &str, edit: impl Fn(String) -> String) -> Result<Scenario, String> {
+    let text = edit(std::fs::read_to_string(catalog_dir().join(format!("{stem}.toml"))).unwrap());
+    Scenario::parse(&format!("{stem}.toml"), &text, &Registry::builtin()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn sentinel_fails_over_a_master_cut_off_alone_without_a_double_holder_over_300_seeds() {
+    let r = assert_as_expected("redis-sentinel-isolated-master", 0..300);
+    assert!(r.results.iter().all(|s| s.counts.is_empty()), "no finding of any kind, liveness included");
+}
+
+#[test]
+fn sentinel_split_brain_grants_on_both_sides_and_min_replicas_trades_it_for_a_deadlock() {
+    let split = assert_as_expected("redis-sentinel-split-brain", 0..40);
+    let both = split.results.iter().filter(|s| s.counts.contains_key(&FindingKind::DoubleHolder)).count();
+    assert!(both >= 36, "two holders in {both} of 40 seeds");
+    let remedy = assert_as_expected("redis-sentinel-split-brain-min-replicas", 0..40);
+    assert!(remedy.results.iter().all(|s| !s.counts.contains_key(&FindingKind::DoubleHolder)));
+    assert!(remedy.results.iter().all(|s| s.counts.contains_key(&FindingKind::Deadlock)), "the new master refuses too");
+}
+
+/// A promoted replica expires lock keys by its own clock: 8 s ahead, it frees a held lock early; in step,
+/// it never does.
+#[test]
+fn a_promoted_replica_with_a_clock_ahead_frees_a_held_lock_early() {
+    let ahead = assert_as_expected("redis-sentinel-replica-clock-ahead", 0..100);
+    assert!(ahead.results.iter().any(|s| s.counts.contains_key(&FindingKind::DoubleHolder)));
+    assert_as_expected("redis-sentinel-replica-clock-in-step", 0..300);
+}
+
+/// The split brain needs the promotion: the same cut without Sentinels (and without their cut) leaves
+/// one master, and the clients cut off from it just wait.
+#[test]
+fn without_sentinels_the_same_cut_promotes_nobody_and_grants_on_one_side() {
+    let scenario = edited("redis-sentinel-split-brain", |text| {
+        let sentinel_cut = "[[faults.schedule]]\nat = \"10s\"\nkind = \"partition\"\ntarget = \"sentinel-0\"\npeers = \
+                            [\"redis-0-replica\", \"sentinel-1\", \"sentinel-2\", \"client-1\", \"client-2\"]\nduration = \"30s\"\n";
+        assert!(text.contains(sentinel_cut));
+        text.replace(sentinel_cut, "").replace("sentinels = 3", "sentinels = 0").replace("\"sentinel-1\", \"sentinel-2\", ", "")
+    })
+    .unwrap();
+    let r = run(&scenario, 0..40);
+    assert!(r.results.iter().all(|s| !s.counts.contains_key(&FindingKind::DoubleHolder)));
+}
+
+/// Why `edited` refuses the edit.
+fn refused(stem: &str, edit: impl Fn(String) -> String) -> String {
+    match edited(stem, edit) {
+        Ok(_) => panic!("{stem}: the edit was accepted"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn sentinel_settings_that_cannot_run_are_refused_with_the_reason() {
+    let stem = "redis-sentinel-isolated-master";
+    let e = refused(stem, |t| t.replace("replicas = 1\n", ""));
+    assert!(e.contains("needs a replica to promote"), "{e}");
+    let e = refused(stem, |t| t + "\n[[faults.schedule]]\nat = \"5s\"\nkind = \"failover\"\ntarget = \"redis-0\"\n");
+    assert!(e.contains("Sentinels fail a master over themselves"), "{e}");
+    let e = refused(stem, |t| t.replace("[backend]\n", "[backend]\nmin_replicas_max_lag = \"1500ms\"\n"));
+    assert!(e.contains("whole seconds"), "{e}");
+    let no_replica = |t: String| {
+        t.replace("sentinels = 3", "sentinels = 0").replace("replicas = 1", "replicas = 0\nmin_replicas_to_write = 1")
+    };
+    let e = refused(stem, no_replica);
+    assert!(e.contains("would refuse every write"), "{e}");
+    let redlock = |t: String| {
+        t.replace("id = \"redis.set-nx-px\"", "id = \"redis.redlock\"")
+            .replace("[backend]\n", "[backend]\nmasters = 3\n")
+    };
+    assert!(refused(stem, redlock).contains("not modelled yet"));
 }

@@ -36,6 +36,9 @@ pub enum Stream {
     /// An etcd member's election timeouts and the phase of its Raft tick and lessor loop, one
     /// generator per member and life.
     EtcdRaft = 18,
+    /// A Redis Sentinel's timer phase and failover desynchronisation, one generator per Sentinel and
+    /// life.
+    Sentinel = 19,
 }
 
 /// The generator of `stream` number `index` (e.g. a client index) for `seed`.

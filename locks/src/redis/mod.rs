@@ -20,7 +20,10 @@ mod watchdog;
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{Family, Grant, Outcome, RealServer, RecipeSpec, Servers};
 use locksim_sim::backend::redis::client::{Router, Subscription};
-use locksim_sim::backend::redis::{sha1_hex, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards};
+use locksim_sim::backend::redis::sentinel::{self, SentinelConfig, SentinelMsg, SentinelState};
+use locksim_sim::backend::redis::{
+    sha1_hex, Managed, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards,
+};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Topology;
 use locksim_sim::hazard::Hazard;
@@ -167,50 +170,121 @@ pub struct SimRedis {
     timeout: Duration,
     /// The server every command goes to, when pinned (see [`SimRedis::pinned`]).
     pinned: Option<NodeIx>,
+    /// The Sentinels to ask for the master, when Sentinel manages the shard (see [`SentinelClient`]).
+    sentinels: Vec<NodeIx>,
+}
+
+/// A node's connection to the master Sentinel named, as redis-py's Sentinel client keeps it
+/// (`SentinelConnectionPool`, `Sentinel.discover_master`, redis-py 5): on connecting, it asks the
+/// Sentinels in turn for the master (`SENTINEL masters`), skips one that does not answer within the
+/// call timeout or says the master is down, and swaps the one that answered to the front of its list.
+/// The connection then stays on that server, whatever the Sentinels decide later, until a command on
+/// it times out or breaks, or is refused with `READONLY` (`SentinelManagedConnection.read_response`
+/// disconnects): the next command connects again and asks again.
+#[derive(Default)]
+struct SentinelClient {
+    master: std::cell::Cell<Option<NodeIx>>,
+    order: std::cell::RefCell<Vec<NodeIx>>,
 }
 
 impl SimRedis {
     pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
-        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout, pinned: None }
+        let sentinels = servers.sentinels.clone();
+        SimRedis { ctx, shards: servers.shards.clone(), shard, timeout, pinned: None, sentinels }
     }
 
     /// A connection to the shard's master of this moment (or to the server this one is pinned to), for
     /// commands that must reach the same server (a pipelined batch, such as Redisson's lock script and
-    /// its `WAIT`), with its own timeout.
+    /// its `WAIT`), with its own timeout. Under Sentinel, the node's one connection is already pinned
+    /// to a server until it fails.
     pub fn pinned(&self, timeout: Duration) -> SimRedis {
-        let master = self.pinned.unwrap_or_else(|| self.shards.master(self.shard));
+        let master = match self.sentinels.is_empty() {
+            true => Some(self.pinned.unwrap_or_else(|| self.shards.master(self.shard))),
+            false => self.pinned,
+        };
         SimRedis {
             ctx: self.ctx.clone(),
             shards: self.shards.clone(),
             shard: self.shard,
             timeout,
-            pinned: Some(master),
+            pinned: master,
+            sentinels: self.sentinels.clone(),
         }
     }
-}
 
-impl SimRedis {
-    /// The server commands go to now.
-    fn server(&self) -> NodeIx {
-        self.pinned.unwrap_or_else(|| self.shards.master(self.shard))
+    fn sentinel_client(&self) -> std::rc::Rc<SentinelClient> {
+        self.ctx.node_wide(SentinelClient::default)
+    }
+
+    /// The server commands go to now: the shard's master, or under Sentinel the server this node's
+    /// connection is on (asking the Sentinels if it has none; `Reset` when none names a master).
+    async fn server(&self) -> Result<NodeIx, CallError> {
+        if let Some(pinned) = self.pinned {
+            return Ok(pinned);
+        }
+        if self.sentinels.is_empty() {
+            return Ok(self.shards.master(self.shard));
+        }
+        let client = self.sentinel_client();
+        if let Some(master) = client.master.get() {
+            return Ok(master);
+        }
+        if client.order.borrow().is_empty() {
+            *client.order.borrow_mut() = self.sentinels.clone();
+        }
+        let order = client.order.borrow().clone();
+        for (i, sentinel) in order.iter().enumerate() {
+            let asked = self.ctx.rpc().call(*sentinel, RedisRequest::Sentinel(SentinelMsg::Masters), self.timeout);
+            if let Ok(RedisReply::Array(answer)) = asked.await {
+                if let [RedisReply::Int(master), RedisReply::Int(0)] = answer[..] {
+                    client.order.borrow_mut().swap(0, i);
+                    let master = NodeIx(master as u32);
+                    client.master.set(Some(master));
+                    return Ok(master);
+                }
+            }
+        }
+        Err(CallError::Reset) // MasterNotFoundError: nothing was sent
+    }
+
+    /// After a command's outcome: a connection that failed, or found a replica, is dropped.
+    fn after(&self, reply: &Result<RedisReply, CallError>) {
+        if self.sentinels.is_empty() {
+            return;
+        }
+        let readonly = matches!(reply, Ok(RedisReply::Error(e)) if e.starts_with("READONLY"));
+        if reply.is_err() || readonly {
+            self.sentinel_client().master.set(None);
+        }
     }
 
     /// `SUBSCRIBE channel` on the server of this moment, on the node's pub/sub connection, waiting at
     /// most `timeout` for the confirmation.
     pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<Subscription, CallError> {
         let router = self.ctx.node_wide(Router::default);
-        Subscription::open(self.ctx.rpc(), &router, self.server(), channel, timeout).await
+        let server = self.server().await?;
+        Subscription::open(self.ctx.rpc(), &router, server, channel, timeout).await
     }
 
-    /// Send a command without waiting for its answer (Redisson's fire-and-forget `writeAsync`).
+    /// Send a command without waiting for its answer (Redisson's fire-and-forget `writeAsync`). Under
+    /// Sentinel, a node whose connection has failed sends nothing (the write fails in the library).
     pub fn send(&self, request: RedisRequest) {
-        self.ctx.rpc().tell(self.server(), request);
+        let server = match self.sentinels.is_empty() {
+            true => Some(self.pinned.unwrap_or_else(|| self.shards.master(self.shard))),
+            false => self.pinned.or(self.sentinel_client().master.get()),
+        };
+        if let Some(server) = server {
+            self.ctx.rpc().tell(server, request);
+        }
     }
 }
 
 impl RedisApi for SimRedis {
     async fn request(&self, request: RedisRequest) -> Result<RedisReply, CallError> {
-        self.ctx.rpc().call(self.server(), request, self.timeout).await
+        let server = self.server().await?;
+        let reply = self.ctx.rpc().call(server, request, self.timeout).await;
+        self.after(&reply);
+        reply
     }
 }
 
@@ -296,6 +370,8 @@ impl RedisSubscription {
 #[derive(Clone, Debug)]
 pub struct RedisServers {
     pub shards: Shards,
+    /// The Sentinels clients ask for the master (none: clients follow [`Shards`]).
+    pub sentinels: Vec<NodeIx>,
 }
 
 impl RedisServers {
@@ -326,7 +402,63 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         default: ParamValue::Bool(false),
         doc: "keep the dataset across a crash (AOF, fsync always); false restarts empty",
     },
+    ParamSpec::int(
+        "sentinels",
+        (0, 3),
+        0,
+        "Redis Sentinels watching the master (0 or 3, one node each: sentinel-0..2); with 3, Sentinel finds the \
+         master down and promotes its replica itself, and clients ask a Sentinel for the master (redis-py's \
+         Sentinel client)",
+    ),
+    ParamSpec::duration(
+        "down_after",
+        30_000,
+        "Sentinel's down-after-milliseconds: silence before a Sentinel sees the master down",
+    ),
+    ParamSpec::duration(
+        "failover_timeout",
+        180_000,
+        "Sentinel's failover-timeout: a promotion not confirmed within it is abandoned, and no failover of the \
+         master starts again within twice it",
+    ),
+    ParamSpec::int("quorum", (1, 3), 2, "Sentinels that must see the master down before one fails it over"),
+    ParamSpec::int(
+        "min_replicas_to_write",
+        (0, 1),
+        0,
+        "min-replicas-to-write: the master refuses writes (NOREPLICAS) unless this many replicas acknowledged \
+         within min_replicas_max_lag",
+    ),
+    ParamSpec::duration(
+        "min_replicas_max_lag",
+        10_000,
+        "min-replicas-max-lag, in whole seconds: how old a replica's last acknowledgement (sent every second) may be",
+    ),
 ];
+
+/// The deployment's Sentinel and `min-replicas-*` settings are consistent (every Redis recipe checks).
+fn sentinel_settings(backend: &Params) -> Result<(), String> {
+    let (sentinels, replicas) = (backend.int("sentinels"), backend.int("replicas"));
+    if ![0, 3].contains(&sentinels) {
+        return Err(format!("[backend] sentinels = {sentinels}: the model runs 0 or 3 Sentinels"));
+    }
+    if sentinels > 0 && replicas == 0 {
+        return Err("[backend] sentinels = 3 needs a replica to promote: set replicas = 1".into());
+    }
+    if backend.int("min_replicas_to_write") > replicas {
+        return Err(format!(
+            "[backend] min_replicas_to_write = {} with replicas = {replicas}: the master would refuse every write",
+            backend.int("min_replicas_to_write")
+        ));
+    }
+    if backend.duration("min_replicas_max_lag").subsec_nanos() != 0 {
+        return Err("[backend] min_replicas_max_lag is whole seconds in Redis (e.g. \"10s\")".into());
+    }
+    if backend.int("quorum") > sentinels && sentinels > 0 {
+        return Err(format!("[backend] quorum = {} is more than the {sentinels} Sentinels", backend.int("quorum")));
+    }
+    Ok(())
+}
 
 pub static FAMILY: Family = Family {
     name: "redis",
@@ -370,37 +502,54 @@ fn replica_name(shard: usize) -> String {
     format!("redis-{shard}-replica")
 }
 
+fn sentinel_name(i: usize) -> String {
+    format!("sentinel-{i}")
+}
+
 fn topology(params: &Params) -> Topology {
     let with_replica = params.int("replicas") == 1;
+    let sentinels = params.int("sentinels") as usize;
     let mut topo = Topology::default();
     for shard in 0..params.int("masters") as usize {
         topo.servers.push(master_name(shard));
         if with_replica {
             topo.servers.push(replica_name(shard));
-            topo.failover_masters.push(master_name(shard));
+            // Under Sentinel a failover is Sentinel's to decide, not a fault's.
+            if sentinels == 0 {
+                topo.failover_masters.push(master_name(shard));
+            }
         }
     }
+    topo.servers.extend((0..sentinels).map(sentinel_name));
     topo
+}
+
+/// How the servers run under Sentinel or `min-replicas-*`; `None`: as before either.
+fn managed(params: &Params) -> Option<Managed> {
+    let min_replicas_to_write = params.int("min_replicas_to_write") as u32;
+    (params.int("sentinels") > 0 || min_replicas_to_write > 0)
+        .then(|| Managed { min_replicas_to_write, min_replicas_max_lag: params.duration("min_replicas_max_lag") })
 }
 
 fn deploy(world: &mut World, params: &Params) -> Servers {
     let with_replica = params.int("replicas") == 1;
-    let (lag, persist) = (params.duration("replication_lag"), params.bool("persist"));
+    let (lag, persist, managed) = (params.duration("replication_lag"), params.bool("persist"), managed(params));
     let (mut masters, mut replica_of, mut states) = (Vec::new(), Vec::new(), Vec::new());
     for shard in 0..params.int("masters") as usize {
         // The replica is added right after its master, so its index is known before either starts.
         let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
         let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
-        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica, master: None };
+        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica, master: None, managed };
         let master_state = node.state.clone();
         let master = world.add_node(&master_name(shard), redis_program(node));
         masters.push(master);
         if with_replica {
-            let node = RedisNode { state: Arc::default(), persist, replica: None, master: Some(master) };
+            let node = RedisNode { state: Arc::default(), persist, replica: None, master: Some(master), managed };
             states.push((master, master_state, node.state.clone()));
             replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
         }
     }
+    let sentinels = deploy_sentinels(world, params, &replica_of);
     let shards = Shards::new(masters);
     let (directory, recorder, net) = (shards.clone(), world.recorder().clone(), world.net().clone());
     world.set_failover(Box::new(move |master| {
@@ -413,7 +562,26 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));
-    Servers::new(RedisServers { shards })
+    Servers::new(RedisServers { shards, sentinels })
+}
+
+/// Three Sentinels watching the one master and its replica (`[backend] sentinels = 3`).
+fn deploy_sentinels(world: &mut World, params: &Params, replica_of: &[(NodeIx, NodeIx)]) -> Vec<NodeIx> {
+    let count = params.int("sentinels") as usize;
+    let [(master, replica)] = replica_of[..] else { return Vec::new() };
+    let config = SentinelConfig {
+        down_after: params.duration("down_after"),
+        failover_timeout: params.duration("failover_timeout"),
+        quorum: params.int("quorum") as usize,
+    };
+    let first = world.next_index().0;
+    let all: Vec<NodeIx> = (0..count as u32).map(|i| NodeIx(first + i)).collect();
+    for (i, me) in all.iter().enumerate() {
+        let state = Arc::new(Mutex::new(SentinelState::new(config, *me, &all, master, vec![replica])));
+        let added = world.add_server(&sentinel_name(i), sentinel::program(state));
+        assert_eq!(added, *me, "Sentinels are added in order");
+    }
+    all
 }
 
 type SharedState = Arc<Mutex<RedisState>>;
@@ -521,6 +689,7 @@ fn lock_value(ctx: &Ctx) -> String {
 /// A recipe that needs exactly one master.
 fn one_master(recipe: &Params, backend: &Params) -> Result<(), String> {
     positive_ttl(recipe)?;
+    sentinel_settings(backend)?;
     match backend.int("masters") {
         1 => Ok(()),
         n => Err(format!(

@@ -65,6 +65,12 @@ pub const REDLOCK_MAJORITY: Point = Point {
 
 fn at_least_three_masters(recipe: &Params, backend: &Params) -> Result<(), String> {
     super::positive_ttl(recipe)?;
+    if backend.int("sentinels") > 0 {
+        return Err(
+            "redis.redlock over Sentinel-managed masters is not modelled yet: set [backend] sentinels = 0".into()
+        );
+    }
+    super::sentinel_settings(backend)?;
     match backend.int("masters") {
         n if n >= 3 => Ok(()),
         n => Err(format!("redis.redlock needs at least 3 masters ([backend] masters), got {n}")),

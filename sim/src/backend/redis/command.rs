@@ -205,6 +205,23 @@ fn script(a: &[&str]) -> Result<RedisRequest, String> {
 }
 
 impl RedisRequest {
+    /// Whether the command writes to the dataset (Redis's `write` flag): a replica refuses it
+    /// (`READONLY`), and so does a master short of good replicas (`NOREPLICAS`). Scripts are not: their
+    /// writes are refused one by one, as `redis.call` makes them.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            RedisRequest::Set { .. }
+                | RedisRequest::Del { .. }
+                | RedisRequest::GetSet { .. }
+                | RedisRequest::PExpire { .. }
+                | RedisRequest::Incr { .. }
+                | RedisRequest::HSet { .. }
+                | RedisRequest::HIncrBy { .. }
+                | RedisRequest::HDel { .. }
+        )
+    }
+
     /// Parse a client's command line (see [`parse`]).
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<RedisRequest, String> {
         parse(args, Caller::Client)
@@ -262,8 +279,12 @@ impl RedisRequest {
             }
             RedisRequest::InfoReplicas => push(&["INFO", "replication"]),
             RedisRequest::Command { args } => args.iter().for_each(|a| push(&[a])),
-            RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. } | RedisRequest::ReplSync => {
-                unreachable!("replication traffic is not a client command")
+            RedisRequest::Replicate { .. }
+            | RedisRequest::ReplAck { .. }
+            | RedisRequest::ReplSync
+            | RedisRequest::ReplicaOf { .. }
+            | RedisRequest::Sentinel(_) => {
+                unreachable!("replication and Sentinel traffic is not a client command")
             }
         }
         args

@@ -26,12 +26,16 @@ pub(super) struct Data {
     /// Effects propagated so far (the replication offset), and how far the replica has acknowledged.
     pub(super) offset: u64,
     replica_acked: u64,
+    /// As a master: when (wall ms) the replica last acknowledged (`repl_ack_time`).
+    pub(super) replica_ack_ms: Option<i64>,
+    /// Why write commands are refused now (`READONLY`, `NOREPLICAS`), set before each command.
+    pub(super) refusal: Option<&'static str>,
     /// The replication offset after each client's last write (what its `WAIT` waits for).
     pub(super) written: BTreeMap<NodeIx, u64>,
     /// As a master: the batches written to the replica link and not yet acknowledged.
     pub(super) shipped: Vec<Shipped>,
     /// As a replica: the master's stream it follows (the master's life) and the offset applied in it.
-    following: Option<(u32, u64)>,
+    pub(super) following: Option<(u32, u64)>,
     /// A replica promoted to master: it follows no stream any more (`REPLICAOF NO ONE`).
     pub(super) promoted: bool,
     /// As a master: the replica asked for a full resynchronisation, or this master restarted.
@@ -70,6 +74,11 @@ impl Data {
             expires_at_ms: e.expires_at_ms,
         };
         std::iter::once(ReplOp::Reset).chain(self.keys.iter().map(set)).collect()
+    }
+
+    /// As a replica: the offset of the master's stream applied so far (what `REPLCONF ACK` says).
+    pub(super) fn applied(&self) -> u64 {
+        self.following.map_or(0, |(_, offset)| offset)
     }
 
     /// Keys with an expiry here that `other` lacks or holds another value of.
@@ -191,6 +200,9 @@ impl Data {
 
     fn run(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> Reply {
         use RedisReply::*;
+        if let Some(refusal) = self.refusal.filter(|_| request.is_write()) {
+            return Err(refusal.into());
+        }
         Reply::Ok(match request {
             RedisRequest::Set { key, value, condition, px_ms } => self.set(key, value, condition, px_ms, now_ms)?,
             RedisRequest::Get { key } => self.string(&key, now_ms)?.map_or(Nil, Bulk),
@@ -248,6 +260,7 @@ impl Data {
                 Ok
             }
             RedisRequest::ReplAck { offset } => {
+                self.replica_ack_ms = Some(now_ms);
                 self.replica_acked = self.replica_acked.max(offset);
                 self.shipped.retain(|b| b.offset > offset);
                 Ok
@@ -258,8 +271,12 @@ impl Data {
             }
             RedisRequest::Wait { .. } => Int(self.synced(from)),
             RedisRequest::InfoReplicas => Int(i64::from(self.backlog.is_some())),
-            RedisRequest::Eval { .. } | RedisRequest::EvalSha { .. } | RedisRequest::ScriptLoad { .. } => {
-                unreachable!("the server runs scripts")
+            RedisRequest::Eval { .. }
+            | RedisRequest::EvalSha { .. }
+            | RedisRequest::ScriptLoad { .. }
+            | RedisRequest::ReplicaOf { .. }
+            | RedisRequest::Sentinel(_) => {
+                unreachable!("the server runs scripts, and changes its role")
             }
         })
     }

@@ -49,6 +49,7 @@ pub mod client;
 mod command;
 mod data;
 mod lua;
+pub mod sentinel;
 #[cfg(test)]
 mod tests;
 
@@ -182,6 +183,12 @@ pub enum RedisRequest {
     /// A restarted replica asks its master for the stream (`PSYNC`): the master answers with a full
     /// resynchronisation, its whole dataset, on the replica link.
     ReplSync,
+    /// `REPLICAOF host port`, or `REPLICAOF NO ONE` (`None`), as Sentinel sends it.
+    ReplicaOf {
+        master: Option<NodeIx>,
+    },
+    /// Sentinel's traffic ([`sentinel`]).
+    Sentinel(sentinel::SentinelMsg),
 }
 
 /// RESP2 replies.
@@ -253,7 +260,31 @@ pub struct RedisState {
     scripting: Option<Scripting>,
     /// Wakes the task that ships the backlog to the replica.
     shipper: Arc<Notify>,
+    /// Under Sentinel: roles change, replicas acknowledge every second, and `min-replicas-*` apply.
+    managed: Option<Managed>,
+    /// As a replica: the master it follows (`REPLICAOF`); it refuses writes (`replica-read-only`).
+    replica_of: Option<NodeIx>,
+    /// As a master: the replica it writes its stream to.
+    feeds: Option<NodeIx>,
 }
+
+/// A server under Sentinel ([`sentinel`]): its role changes at `REPLICAOF`, as a replica it sends
+/// `REPLCONF ACK` every second (`replicationCron` → `replicationSendAck`), and as a master it refuses
+/// writes while fewer than `min_replicas_to_write` replicas acknowledged within `min_replicas_max_lag`.
+///
+/// `min-replicas-*` (`processCommand` → `checkGoodReplicasStatus`, `replication.c`, 7.0): a replica
+/// is good while `unixtime - repl_ack_time <= min-replicas-max-lag`, both in whole seconds of the
+/// master's wall clock; a write command is refused with `NOREPLICAS`, and so is each write a script
+/// makes (`scriptVerifyWriteCommandAllow`). Redis recounts good replicas once a second; the model
+/// counts at each command, up to a second sooner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Managed {
+    pub min_replicas_to_write: u32,
+    pub min_replicas_max_lag: Duration,
+}
+
+const READONLY: &str = "READONLY You can't write against a read only replica.";
+const NOREPLICAS: &str = "NOREPLICAS Not enough good replicas to write.";
 
 impl RedisState {
     /// A server whose writes are shipped to a replica.
@@ -301,6 +332,54 @@ impl RedisState {
             self.data.follow(b.stream, b.offset, b.ops);
         }
         self.data.promoted = true;
+        self.replica_of = None;
+    }
+
+    /// Why writes are refused at wall time `wall_ms`, if they are: a replica's `READONLY`, a master's
+    /// `NOREPLICAS` (see [`Managed`]).
+    fn refusal(&self, wall_ms: i64) -> Option<&'static str> {
+        if self.replica_of.is_some() {
+            return Some(READONLY);
+        }
+        let managed = self.managed.filter(|m| m.min_replicas_to_write > 0)?;
+        let max_lag_s = managed.min_replicas_max_lag.as_secs() as i64;
+        let acked_s = self.data.replica_ack_ms.filter(|_| self.feeds.is_some()).map(|ms| ms.div_euclid(1000));
+        let good = acked_s.is_some_and(|acked| wall_ms.div_euclid(1000) - acked <= max_lag_s);
+        (u32::from(good) < managed.min_replicas_to_write).then_some(NOREPLICAS)
+    }
+
+    /// `REPLICAOF NO ONE` (`None`): stop following, keep the dataset, take writes. `REPLICAOF m`:
+    /// follow `m` — drop this server's own replica link and ask `m` for a full resynchronisation, which
+    /// empties the dataset first (`replicationSetMaster`, `replication.c`, 7.0). Already following `m`:
+    /// nothing changes ("Already connected to specified master").
+    fn replicaof(&mut self, master: Option<NodeIx>, out: &mut Out) -> RedisReply {
+        match master {
+            None => {
+                if self.replica_of.take().is_some() {
+                    self.data.promoted = true;
+                }
+            }
+            Some(m) if self.replica_of == Some(m) => {}
+            Some(m) => {
+                self.replica_of = Some(m);
+                self.feeds = None;
+                self.data.backlog = None;
+                self.data.shipped.clear();
+                self.data.resync = false;
+                self.data.promoted = false;
+                self.data.following = None;
+                out.push(m, RedisRequest::ReplSync);
+            }
+        }
+        RedisReply::Ok
+    }
+
+    /// What `INFO replication` says of this server's role.
+    fn role(&self) -> sentinel::Role {
+        match self.replica_of {
+            Some(m) => sentinel::Role { replica_of: Some(m), offset: self.data.applied() },
+            None => sentinel::Role { replica_of: None, offset: self.data.offset },
+        }
     }
 
     fn command(&mut self, now_ms: i64, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
@@ -332,6 +411,32 @@ impl Backend for RedisState {
     /// Key expiry follows the wall clock: Redis 7 stores absolute Unix-time deadlines (`mstime()`),
     /// so a jump of the server's clock expires keys early or late.
     fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        match request {
+            RedisRequest::ReplicaOf { master } => return self.replicaof(master, out),
+            RedisRequest::Sentinel(sentinel::SentinelMsg::Probe { info }) => {
+                let role = info.then(|| self.role());
+                out.push(from, RedisRequest::Sentinel(sentinel::SentinelMsg::Probed { role }));
+                return RedisReply::Status("PONG".into());
+            }
+            RedisRequest::Sentinel(_) => return RedisReply::Error("ERR unknown command 'SENTINEL'".into()),
+            // The stream of a master this server does not follow, the acknowledgement of a replica it
+            // does not feed: a link from before a role change.
+            RedisRequest::Replicate { .. } if self.replica_of.is_some_and(|m| m != from) => return RedisReply::Ok,
+            RedisRequest::ReplAck { .. } if self.managed.is_some() && self.feeds != Some(from) => {
+                return RedisReply::Ok
+            }
+            // A server under Sentinel feeds whichever replica asks, as Redis does.
+            RedisRequest::ReplSync if self.managed.is_some() => {
+                self.feeds = Some(from);
+                self.data.backlog.get_or_insert_with(Vec::new);
+                self.data.replica_ack_ms = None;
+                self.data.resync = true;
+                self.shipper.notify_one();
+                return RedisReply::Ok;
+            }
+            _ => {}
+        }
+        self.data.refusal = self.refusal(now.wall_ms);
         let offset = self.data.offset;
         let reply = self.command(now.wall_ms, from, request, out);
         if self.data.offset > offset {
@@ -342,6 +447,17 @@ impl Backend for RedisState {
             self.shipper.notify_one();
         }
         reply
+    }
+
+    /// A replica under Sentinel acknowledges every second (`replicationCron`).
+    fn tick_interval(&self) -> Option<Duration> {
+        self.managed.map(|_| Duration::from_secs(1))
+    }
+
+    fn tick(&mut self, _now: Now, out: &mut Out) {
+        if let Some(master) = self.replica_of {
+            out.push(master, RedisRequest::ReplAck { offset: self.data.applied() });
+        }
     }
 
     fn parks(&self, request: &RedisRequest) -> Option<Duration> {
@@ -402,33 +518,47 @@ pub struct RedisNode {
     pub replica: Option<(NodeIx, Duration)>,
     /// The master this replica follows: a restarted replica asks it for a full resynchronisation.
     pub master: Option<NodeIx>,
+    /// Under Sentinel: its role changes, and survives a restart (Sentinel has it rewrite its config).
+    pub managed: Option<Managed>,
 }
 
 impl RedisNode {
     /// The node's program: serve requests, and ship writes to the replica if there is one.
     pub async fn run(self, env: NodeEnv) {
-        {
+        let (replica_of, feeds) = {
             let mut state = self.state.lock().expect("redis lock");
+            // Its role: as configured, or as Sentinel last made it.
+            let (replica_of, feeds) = match (self.managed, env.incarnation) {
+                (Some(_), 1..) => (state.replica_of, state.feeds),
+                _ => (self.master, self.replica.map(|(r, _)| r)),
+            };
             match self.persist {
-                false => {
-                    *state = if self.replica.is_some() { RedisState::with_replica() } else { RedisState::default() }
-                }
+                false => *state = if feeds.is_some() { RedisState::with_replica() } else { RedisState::default() },
                 true => state.restart(),
             }
-        }
+            (state.managed, state.replica_of, state.feeds) = (self.managed, replica_of, feeds);
+            (replica_of, feeds)
+        };
         let rpc = std::rc::Rc::new(env.rpc());
-        if let (Some(master), true) = (self.master, env.incarnation > 0) {
+        if let (Some(master), true) = (replica_of, env.incarnation > 0) {
             // A restarted replica reconnects and asks for the stream; a restarted master (below) sends
             // its dataset on its own, as a replica's PSYNC after the master's restart finds a new
             // replication ID and gets a full sync.
             rpc.tell(master, RedisRequest::ReplSync);
         }
-        if let Some((replica, lag)) = self.replica {
-            if env.incarnation > 0 {
+        if let (Some(master), 0, Some(_)) = (replica_of, env.incarnation, self.managed) {
+            // A replica's first acknowledgement, as after its first synchronisation: a master that
+            // counts good replicas (`min-replicas-*`) takes writes from the start.
+            rpc.tell(master, RedisRequest::ReplAck { offset: 0 });
+        }
+        // Under Sentinel any server may come to feed a replica.
+        if feeds.is_some() || self.managed.is_some() {
+            if env.incarnation > 0 && feeds.is_some() {
                 self.state.lock().expect("redis lock").data.resync = true;
             }
+            let lag = self.replica.map_or(Duration::ZERO, |(_, lag)| lag);
             let (state, rpc, stream) = (self.state.clone(), rpc.clone(), env.incarnation);
-            madsim::task::spawn_local(async move { ship(state, &rpc, replica, lag, stream).await });
+            madsim::task::spawn_local(async move { ship(state, &rpc, lag, stream).await });
         }
         super::serve(self.state, &rpc, &env.clock, &env.recorder).await
     }
@@ -441,7 +571,7 @@ const SHIPPED_KEPT_NS: u64 = 1_000_000_000_000;
 /// The replica link's writer: each write's effects go out `lag` after the write (at once by default,
 /// the same instant as the reply), in order, and are kept until the replica acknowledges them. What
 /// waits in `waiting` lives in the process and dies with it.
-async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Duration, stream: u32) {
+async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, lag: Duration, stream: u32) {
     let shipper = state.lock().expect("redis lock").shipper.clone();
     // (due, ops, offset after them), in the order written.
     let mut waiting: std::collections::VecDeque<(u64, Vec<ReplOp>, u64)> = Default::default();
@@ -449,7 +579,7 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
         let now = sim_now_ns();
         {
             let mut s = state.lock().expect("redis lock");
-            let mut ops = std::mem::take(s.data.backlog.get_or_insert_with(Vec::new));
+            let mut ops = s.data.backlog.as_mut().map(std::mem::take).unwrap_or_default();
             if std::mem::take(&mut s.data.resync) {
                 // A full sync carries the dataset as it is now: what waited to be written is in it.
                 waiting.clear();
@@ -464,6 +594,8 @@ async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, replica: NodeIx, lag: Du
                 let (_, ops, offset) = waiting.pop_front().expect("just looked");
                 let batch = Shipped { sent_ns: now, stream, offset, ops: ops.clone() };
                 let mut s = state.lock().expect("redis lock");
+                // The replica it was written for is no longer fed (`REPLICAOF`): its link is gone.
+                let Some(replica) = s.feeds else { continue };
                 // Older batches were delivered or died with their link (TCP gives up after ~924 s):
                 // forget them, so a replica that never acknowledges cannot grow the log without bound.
                 s.data.shipped.retain(|b| b.sent_ns + SHIPPED_KEPT_NS > now);

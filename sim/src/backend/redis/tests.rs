@@ -437,7 +437,7 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
     let (got2, answers2) = (got.clone(), answers.clone());
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
         let mut world = World::new(1);
-        let node = RedisNode { state: Arc::default(), persist: true, replica: None, master: None };
+        let node = RedisNode { state: Arc::default(), persist: true, replica: None, master: None, managed: None };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(node.clone().run(env))));
         let subscriber: Program = Arc::new(move |env| {
             let got = got2.clone();
@@ -575,9 +575,11 @@ fn replica_has_key_at(lag: Duration) -> Option<u64> {
             persist: true,
             replica: Some((replica_ix, lag)),
             master: None,
+            managed: None,
         };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
-        let replica = RedisNode { state: replica_state, persist: true, replica: None, master: Some(server) };
+        let replica =
+            RedisNode { state: replica_state, persist: true, replica: None, master: Some(server), managed: None };
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             let (watch, seen) = (watch.clone(), seen2.clone());
@@ -631,9 +633,11 @@ fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
         let mut world = World::new(1);
         let state = Arc::new(Mutex::new(RedisState::with_replica()));
         let lag = Duration::ZERO;
-        let master = RedisNode { state, persist: master_persists, replica: Some((NodeIx(1), lag)), master: None };
+        let master =
+            RedisNode { state, persist: master_persists, replica: Some((NodeIx(1), lag)), master: None, managed: None };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
-        let replica = RedisNode { state: replica_state, persist: false, replica: None, master: Some(server) };
+        let replica =
+            RedisNode { state: replica_state, persist: false, replica: None, master: Some(server), managed: None };
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             Box::pin(async move {
@@ -671,4 +675,85 @@ fn a_full_resync_replaces_the_replicas_dataset() {
     replica.apply(Now::at(1), NodeIx(0), replicate, &mut out);
     table(&mut replica, vec![(2, RedisRequest::Get { key: key("lock") }, Bulk("a".into()))]);
     table(&mut replica, vec![(2, RedisRequest::Exists { keys: vec![key("stale")] }, Int(0))]);
+}
+
+/// A server under Sentinel with `min-replicas-to-write 1`, `min-replicas-max-lag 10`.
+fn managed_master() -> RedisState {
+    let mut state = RedisState::with_replica();
+    state.managed = Some(Managed { min_replicas_to_write: 1, min_replicas_max_lag: Duration::from_secs(10) });
+    state.feeds = Some(NodeIx(1));
+    state
+}
+
+fn ack(state: &mut RedisState, now_ms: i64) {
+    state.apply(Now::at(now_ms), NodeIx(1), RedisRequest::ReplAck { offset: 0 }, &mut Out::default());
+}
+
+/// `min-replicas-max-lag` counts whole seconds of the master's clock since the replica's last
+/// acknowledgement; a write, and each write a script makes, is refused past it; reads are not.
+#[test]
+fn a_master_without_a_good_replica_refuses_writes() {
+    use SetCondition::*;
+    let mut master = managed_master();
+    let refused = Error(NOREPLICAS.into());
+    table(&mut master, vec![(0, set("lock", "a", Nx, Some(60_000)), refused.clone())]);
+    ack(&mut master, 1_900);
+    table(
+        &mut master,
+        vec![
+            (2_000, set("lock", "a", Nx, Some(60_000)), Ok),
+            // Acknowledged in second 1: good up to second 11 (11 - 1 <= 10), refused from second 12.
+            (11_999, RedisRequest::Incr { key: key("n") }, Int(1)),
+            (12_000, RedisRequest::Incr { key: key("n") }, refused.clone()),
+            (12_000, RedisRequest::Get { key: key("lock") }, Bulk("a".into())),
+            (12_000, eval(COMPARE_AND_DELETE, &["lock"], &["b"]), Int(0)),
+        ],
+    );
+    // The script's DEL is refused, and so the script fails, as a script's error reads.
+    let script =
+        master.apply(Now::at(12_000), NodeIx(0), eval(COMPARE_AND_DELETE, &["lock"], &["a"]), &mut Out::default());
+    assert!(matches!(&script, Error(e) if e.starts_with(NOREPLICAS)), "{script:?}");
+    ack(&mut master, 12_500);
+    table(&mut master, vec![(12_600, RedisRequest::Del { keys: vec![key("lock")] }, Int(1))]);
+}
+
+/// `REPLICAOF m` makes a master a read-only replica that asks `m` for a full resynchronisation;
+/// `REPLICAOF NO ONE` makes it a master again, which takes writes.
+#[test]
+fn replicaof_turns_a_master_into_a_replica_and_back() {
+    use SetCondition::*;
+    let managed = Some(Managed { min_replicas_to_write: 0, min_replicas_max_lag: Duration::from_secs(10) });
+    let mut state = RedisState { managed, ..RedisState::default() };
+    let mut out = Out::default();
+    let new_master = NodeIx(7);
+    assert_eq!(state.apply(Now::at(0), NodeIx(9), RedisRequest::ReplicaOf { master: Some(new_master) }, &mut out), Ok);
+    let asked: Vec<_> =
+        out.pushes.drain(..).map(|(to, m)| (to, *m.downcast::<RedisRequest>().expect("a request"))).collect();
+    assert_eq!(asked, vec![(new_master, RedisRequest::ReplSync)]);
+    table(&mut state, vec![(1, set("lock", "a", Nx, None), Error(READONLY.into()))]);
+    // The stream of another master is not this replica's.
+    let stray = RedisRequest::Replicate {
+        ops: vec![ReplOp::Set { key: key("lock"), value: "x".into(), expires_at_ms: None }],
+        offset: 1,
+        stream: 0,
+    };
+    state.apply(Now::at(2), NodeIx(3), stray, &mut Out::default());
+    table(&mut state, vec![(3, RedisRequest::Get { key: key("lock") }, Nil)]);
+    state.apply(Now::at(4), NodeIx(9), RedisRequest::ReplicaOf { master: None }, &mut Out::default());
+    table(&mut state, vec![(5, set("lock", "a", Nx, None), Ok)]);
+}
+
+/// A probe from a Sentinel is answered by a pushed PONG, with the role when INFO was asked.
+#[test]
+fn a_sentinels_probe_is_answered_with_the_role() {
+    let mut state = managed_master();
+    let mut out = Out::default();
+    let sentinel = NodeIx(5);
+    state.apply(Now::at(0), sentinel, RedisRequest::Sentinel(sentinel::SentinelMsg::Probe { info: true }), &mut out);
+    let (to, msg) = out.pushes.pop().expect("an answer");
+    let role = Some(sentinel::Role { replica_of: None, offset: 0 });
+    assert_eq!(
+        (to, *msg.downcast::<RedisRequest>().expect("a request")),
+        (sentinel, RedisRequest::Sentinel(sentinel::SentinelMsg::Probed { role }))
+    );
 }

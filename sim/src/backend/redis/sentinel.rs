@@ -1,0 +1,685 @@
+//! Redis Sentinel 7.0, simulated: three Sentinels watch one master and its replica, agree that the
+//! master is down, elect one of themselves, and promote the replica.
+//!
+//! Modelled behaviour, from `sentinel.c` (7.0) and the Sentinel documentation:
+//! - Each Sentinel's timer runs ten times a second (`sentinelTimer`, `hz` 10). It PINGs every instance
+//!   once `min(down-after-milliseconds, 1 s)` has passed since its last reply, and asks `INFO` every
+//!   10 s — every second of a replica while its master is objectively down or failing over
+//!   (`sentinelSendPeriodicCommands`). At most one PING and one INFO are in flight per instance: a
+//!   real Sentinel's link holds the rest, and closes and reopens itself when a PING waits too long.
+//! - An instance is subjectively down (SDOWN) once its oldest unanswered PING is older than
+//!   `down-after-milliseconds` (`act_ping_time`, `sentinelCheckSubjectivelyDown`); a reply clears it.
+//! - While it sees the master SDOWN, a Sentinel asks each other Sentinel `SENTINEL
+//!   is-master-down-by-addr` once a second; a peer's "down" counts for 5 s after its reply. The master is
+//!   objectively down (ODOWN) when this Sentinel and enough peers to make `quorum` say so
+//!   (`sentinelCheckObjectivelyDown`).
+//! - An ODOWN master is failed over by one Sentinel at a time: a Sentinel that starts a failover takes a
+//!   new epoch (`current_epoch + 1`) and asks the others for their vote in it at once, then every second
+//!   (`sentinelStartFailover`: its start time is set up to 1 s ahead, drawn, to desynchronise
+//!   Sentinels). Each Sentinel votes once per epoch, for the first asker (`sentinelVoteLeader`); a voter
+//!   for another Sentinel pushes its own next failover back. A Sentinel with a majority of all Sentinels
+//!   and at least `quorum` votes is the leader; one that is not elected within `min(10 s,
+//!   failover-timeout)` gives up, and no Sentinel starts a failover of the same master again within
+//!   twice `failover-timeout` of its last start (`sentinelStartFailoverIfNeeded`). The failover's
+//!   state machine takes one step per timer (`sentinelFailoverStateMachine`).
+//! - The leader picks a replica that is up, answered within 5 s, and reported by `INFO` within 5 s, by
+//!   the highest replication offset (then the lowest run id; every replica has the default
+//!   priority), sends it `REPLICAOF NO ONE`, and waits for its `INFO` to report it a master (within
+//!   `failover-timeout`, else it aborts). With no other replica to reconfigure, it then switches its
+//!   configuration to the promoted replica (`+switch-master`) with the failover's epoch as its
+//!   configuration epoch; the old master becomes a replica in its view.
+//! - Every 2 s each Sentinel tells the others its configuration (the hello message); a Sentinel that
+//!   hears a newer configuration epoch switches to it (`sentinelProcessHelloMessage`). Sentinels here
+//!   know each other from the start (real ones discover each other through the same hellos).
+//! - An instance a Sentinel sees as a replica but whose `INFO` reports a master — the old master, back
+//!   after a partition — is sent `REPLICAOF <master>` (`+convert-to-slave`) once it has not been down
+//!   for 8 s, has reported the master role for 8 s, and the master looks sane (up, and its `INFO` fresh;
+//!   `sentinelRefreshInstanceInfo`). It then resynchronises from the new master and loses what only it
+//!   had.
+//! - Clients ask `SENTINEL masters`, which answers with the master's node and whether this Sentinel
+//!   sees it down (redis-py's `discover_master` skips a Sentinel whose answer says down).
+//!
+//! Not modelled: TILT mode (Sentinel's timers read the node's monotonic clock here, so clock jumps do
+//! not move them), replica priorities, `parallel-syncs` (one replica), Sentinels' own SDOWN, and the
+//! discovery of Sentinels and replicas.
+
+use super::{RedisReply, RedisRequest};
+use crate::backend::{Backend, Now, Out};
+use crate::history::NodeIx;
+use crate::rng::{stream, ChaCha8Rng, Rng, Stream};
+use crate::world::Program;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often a Sentinel's timer runs (`hz` 10).
+const TIMER_MS: i64 = 100;
+/// `SENTINEL_PING_PERIOD`: the longest wait between PINGs.
+const PING_PERIOD_MS: i64 = 1_000;
+/// `SENTINEL_INFO_PERIOD`.
+const INFO_PERIOD_MS: i64 = 10_000;
+/// `SENTINEL_ASK_PERIOD`: how often a Sentinel asks its peers about a master it sees down; a peer's
+/// answer counts for five of them.
+const ASK_PERIOD_MS: i64 = 1_000;
+/// `SENTINEL_PUBLISH_PERIOD`: the hello messages.
+const HELLO_PERIOD_MS: i64 = 2_000;
+/// `SENTINEL_MAX_DESYNC`: a failover's start time is put up to this far ahead.
+const MAX_DESYNC_MS: i64 = 1_000;
+/// `SENTINEL_ELECTION_TIMEOUT`.
+const ELECTION_TIMEOUT_MS: i64 = 10_000;
+
+/// What a replication instance reports of itself in `INFO replication`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Role {
+    /// The master it follows; `None`: it is a master.
+    pub replica_of: Option<NodeIx>,
+    /// Its replication offset (`master_repl_offset`, `slave_repl_offset`).
+    pub offset: u64,
+}
+
+/// Sentinel traffic: Sentinels with the instances they watch, with each other, and with clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SentinelMsg {
+    /// Sentinel → instance: `PING`, and `INFO replication` when `info`. Answered by [`SentinelMsg::Probed`].
+    Probe { info: bool },
+    /// Instance → Sentinel: the answer to a probe (`PONG`, and the role when `INFO` was asked).
+    Probed { role: Option<Role> },
+    /// Client → Sentinel: `SENTINEL masters`, as a client asks which node is the master. Answered with
+    /// `[master node, 1 if this Sentinel sees it down else 0]`.
+    Masters,
+    /// Sentinel → Sentinel: `SENTINEL is-master-down-by-addr <master> <current epoch> <run id or *>`;
+    /// with a candidate, a request for this Sentinel's vote in `epoch`. Answered by
+    /// [`SentinelMsg::MasterDown`].
+    IsMasterDown { epoch: u64, candidate: Option<NodeIx> },
+    /// The answer: whether the asked Sentinel sees the master down, and whom it voted for in which epoch.
+    MasterDown { down: bool, leader: Option<(NodeIx, u64)> },
+    /// Sentinel → Sentinel, every 2 s: its epoch and its configuration of the master.
+    Hello { current_epoch: u64, master: NodeIx, config_epoch: u64 },
+}
+
+/// The Sentinels' settings (`sentinel monitor`, `down-after-milliseconds`, `failover-timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentinelConfig {
+    pub down_after: Duration,
+    pub failover_timeout: Duration,
+    pub quorum: usize,
+}
+
+/// One Sentinel's link to an instance it watches.
+#[derive(Debug, Clone, Default)]
+struct Link {
+    /// When the oldest unanswered PING was sent (`act_ping_time`).
+    ping_pending_since: Option<i64>,
+    last_ping_ms: Option<i64>,
+    last_pong_ms: Option<i64>,
+    /// When an INFO was last sent, and when one was last answered (`info_refresh`).
+    info_sent_ms: Option<i64>,
+    info_ms: Option<i64>,
+    /// The role its last INFO reported, and since when it has reported that role.
+    role: Option<Role>,
+    role_since_ms: i64,
+    /// Since when it has been subjectively down (`s_down_since_time`; never cleared, as in Redis).
+    down_since_ms: Option<i64>,
+    down: bool,
+}
+
+/// What this Sentinel last heard from a peer Sentinel.
+#[derive(Debug, Clone, Default)]
+struct Peer {
+    says_down: bool,
+    /// Whom it voted for, in which epoch (`ri->leader`, `ri->leader_epoch`).
+    leader: Option<(NodeIx, u64)>,
+    reply_ms: Option<i64>,
+    asked_ms: Option<i64>,
+}
+
+/// A failover this Sentinel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failover {
+    /// Waiting to be elected leader of `epoch`.
+    WaitStart { epoch: u64 },
+    /// Elected: the replica is chosen at the next timer (`+failover-state-select-slave`).
+    SelectReplica { epoch: u64 },
+    /// `REPLICAOF NO ONE` sent to `promoted` at `since`; waiting for its INFO to say master.
+    WaitPromotion { epoch: u64, promoted: NodeIx, since: i64 },
+}
+
+/// One Sentinel: its view of the master it watches, and of its peers.
+#[derive(Debug)]
+pub struct SentinelState {
+    config: SentinelConfig,
+    me: NodeIx,
+    peers: Vec<NodeIx>,
+    current_epoch: u64,
+    config_epoch: u64,
+    master: NodeIx,
+    replicas: Vec<NodeIx>,
+    links: BTreeMap<NodeIx, Link>,
+    peer_views: BTreeMap<NodeIx, Peer>,
+    o_down: bool,
+    /// This Sentinel's vote for the master's failover (`master->leader`, `leader_epoch`).
+    vote: Option<(NodeIx, u64)>,
+    failover: Option<Failover>,
+    /// `failover_start_time`: `None` is Redis's 0, "may fail over at once".
+    failover_start_ms: Option<i64>,
+    last_hello_ms: Option<i64>,
+    /// This life's generator: the failover start's desynchronisation.
+    rng: Option<ChaCha8Rng>,
+    /// The monotonic time of this life's first timer (set by the node when it starts).
+    pub first_tick_ms: Option<i64>,
+}
+
+impl SentinelState {
+    /// Sentinel `me` among `sentinels` (itself included), watching `master` and its `replicas`.
+    pub fn new(
+        config: SentinelConfig,
+        me: NodeIx,
+        sentinels: &[NodeIx],
+        master: NodeIx,
+        replicas: Vec<NodeIx>,
+    ) -> Self {
+        SentinelState {
+            config,
+            me,
+            peers: sentinels.iter().copied().filter(|s| *s != me).collect(),
+            current_epoch: 0,
+            config_epoch: 0,
+            master,
+            replicas,
+            links: BTreeMap::new(),
+            peer_views: BTreeMap::new(),
+            o_down: false,
+            vote: None,
+            failover: None,
+            failover_start_ms: None,
+            last_hello_ms: None,
+            rng: None,
+            first_tick_ms: None,
+        }
+    }
+
+    /// A new life of the process (Sentinel keeps its configuration in its file: the master, the epochs
+    /// and its vote survive; its links and its peers' answers do not), with its generator.
+    pub fn restart(&mut self, rng: ChaCha8Rng, first_tick_ms: i64) {
+        self.links.clear();
+        self.peer_views.clear();
+        self.o_down = false;
+        self.failover = None;
+        self.rng = Some(rng);
+        self.first_tick_ms = Some(first_tick_ms);
+    }
+
+    /// The master this Sentinel names.
+    pub fn master(&self) -> NodeIx {
+        self.master
+    }
+
+    fn down_after_ms(&self) -> i64 {
+        self.config.down_after.as_millis() as i64
+    }
+
+    fn failover_timeout_ms(&self) -> i64 {
+        self.config.failover_timeout.as_millis() as i64
+    }
+
+    fn master_down(&self) -> bool {
+        self.links.get(&self.master).is_some_and(|l| l.down)
+    }
+
+    fn desync(&mut self) -> i64 {
+        self.rng.as_mut().map_or(0, |r| r.gen_range(0..MAX_DESYNC_MS))
+    }
+
+    /// PING and INFO every instance as they are due (`sentinelSendPeriodicCommands`).
+    fn probe(&mut self, now: i64, out: &mut Out) {
+        let ping_period = self.down_after_ms().min(PING_PERIOD_MS);
+        let busy = self.o_down || self.failover.is_some();
+        let master = self.master;
+        for node in std::iter::once(master).chain(self.replicas.clone()) {
+            let info_period = if node != master && busy { PING_PERIOD_MS } else { INFO_PERIOD_MS };
+            let link = self.links.entry(node).or_default();
+            let stale = |at: Option<i64>, period: i64| at.is_none_or(|t| now - t > period);
+            let info = stale(link.info_ms, info_period) && stale(link.info_sent_ms, info_period);
+            let ping = stale(link.last_pong_ms, ping_period) && stale(link.last_ping_ms, ping_period);
+            if info {
+                link.info_sent_ms = Some(now);
+            }
+            if ping || info {
+                link.last_ping_ms = Some(now);
+                link.ping_pending_since.get_or_insert(now);
+                out.push(node, RedisRequest::Sentinel(SentinelMsg::Probe { info }));
+            }
+        }
+    }
+
+    /// SDOWN of every instance (`sentinelCheckSubjectivelyDown`).
+    fn check_down(&mut self, now: i64) {
+        let down_after = self.down_after_ms();
+        for link in self.links.values_mut() {
+            let down = link.ping_pending_since.is_some_and(|t| now - t > down_after);
+            if down && !link.down {
+                link.down_since_ms = Some(now);
+            }
+            link.down = down;
+        }
+    }
+
+    /// Ask the peers about the master while it is SDOWN, once a second each, or at once when `forced`
+    /// (`sentinelAskMasterStateToOtherSentinels`); forget answers older than five asks.
+    fn ask_peers(&mut self, now: i64, forced: bool, out: &mut Out) {
+        let candidate = self.failover.is_some().then_some(self.me);
+        let down = self.master_down();
+        for peer in self.peers.clone() {
+            let view = self.peer_views.entry(peer).or_default();
+            if view.reply_ms.is_some_and(|t| now - t > 5 * ASK_PERIOD_MS) {
+                view.says_down = false;
+                view.leader = None;
+            }
+            if !down {
+                continue;
+            }
+            let answered_lately = view.reply_ms.is_some_and(|t| now - t < ASK_PERIOD_MS);
+            let asked_lately = view.asked_ms.is_some_and(|t| now - t < ASK_PERIOD_MS);
+            if !forced && (answered_lately || asked_lately) {
+                continue;
+            }
+            view.asked_ms = Some(now);
+            let epoch = self.current_epoch;
+            out.push(peer, RedisRequest::Sentinel(SentinelMsg::IsMasterDown { epoch, candidate }));
+        }
+    }
+
+    /// ODOWN (`sentinelCheckObjectivelyDown`).
+    fn check_objectively_down(&mut self) {
+        let agree = 1 + self.peer_views.values().filter(|p| p.says_down).count();
+        self.o_down = self.master_down() && agree >= self.config.quorum;
+    }
+
+    /// `sentinelVoteLeader`: vote for `candidate` in `epoch` unless this Sentinel voted in it already.
+    fn vote_for(&mut self, now: i64, epoch: u64, candidate: NodeIx) -> Option<(NodeIx, u64)> {
+        self.current_epoch = self.current_epoch.max(epoch);
+        if self.vote.is_none_or(|(_, e)| e < epoch) && self.current_epoch <= epoch {
+            self.vote = Some((candidate, self.current_epoch));
+            if candidate != self.me {
+                self.failover_start_ms = Some(now + self.desync());
+            }
+        }
+        self.vote
+    }
+
+    /// `sentinelGetLeader`: the Sentinel with a majority of all Sentinels' and at least `quorum` votes
+    /// in `epoch`, counting this Sentinel's own vote (cast now if it has none in the epoch).
+    fn leader(&mut self, now: i64, epoch: u64) -> Option<NodeIx> {
+        let mut votes: BTreeMap<NodeIx, usize> = BTreeMap::new();
+        for view in self.peer_views.values() {
+            if let Some((leader, e)) = view.leader {
+                if e == self.current_epoch {
+                    *votes.entry(leader).or_default() += 1;
+                }
+            }
+        }
+        // The most voted (the lowest run id among equals), or itself.
+        let most = votes.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(n, _)| *n);
+        if let Some((mine, e)) = self.vote_for(now, epoch, most.unwrap_or(self.me)) {
+            if e == epoch {
+                *votes.entry(mine).or_default() += 1;
+            }
+        }
+        let (winner, count) = votes.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+        let voters = self.peers.len() + 1;
+        (*count > voters / 2 && *count >= self.config.quorum).then_some(*winner)
+    }
+
+    /// The replica to promote (`sentinelSelectSlave`): up, answered lately, INFO fresh; the highest
+    /// offset, then the lowest run id.
+    fn select_replica(&self, now: i64) -> Option<NodeIx> {
+        let fresh = |at: Option<i64>, within: i64| at.is_some_and(|t| now - t <= within);
+        let good = |n: &NodeIx| {
+            self.links.get(n).is_some_and(|l| {
+                !l.down && fresh(l.last_pong_ms, 5 * PING_PERIOD_MS) && fresh(l.info_ms, 5 * PING_PERIOD_MS)
+            })
+        };
+        let offset = |n: &NodeIx| self.links[n].role.map_or(0, |r| r.offset);
+        self.replicas.iter().filter(|n| good(n)).max_by(|a, b| offset(a).cmp(&offset(b)).then(b.cmp(a))).copied()
+    }
+
+    /// Start a failover of an ODOWN master unless one ran lately (`sentinelStartFailoverIfNeeded`);
+    /// whether one started.
+    fn start_failover_if_needed(&mut self, now: i64) -> bool {
+        if !self.o_down || self.failover.is_some() {
+            return false;
+        }
+        if self.failover_start_ms.is_some_and(|t| now - t < 2 * self.failover_timeout_ms()) {
+            return false;
+        }
+        self.current_epoch += 1;
+        self.failover = Some(Failover::WaitStart { epoch: self.current_epoch });
+        self.failover_start_ms = Some(now + self.desync());
+        true
+    }
+
+    /// One step of the failover state machine (`sentinelFailoverStateMachine`).
+    fn run_failover(&mut self, now: i64, out: &mut Out) {
+        match self.failover {
+            None => {}
+            Some(Failover::WaitStart { epoch }) => {
+                let start = self.failover_start_ms.unwrap_or(now);
+                if self.leader(now, epoch) == Some(self.me) {
+                    self.failover = Some(Failover::SelectReplica { epoch }); // +elected-leader
+                } else if now - start > ELECTION_TIMEOUT_MS.min(self.failover_timeout_ms()) {
+                    self.failover = None; // -failover-abort-not-elected
+                }
+            }
+            Some(Failover::SelectReplica { epoch }) => {
+                match self.select_replica(now) {
+                    None => self.failover = None, // -failover-abort-no-good-slave
+                    Some(promoted) => {
+                        out.push(promoted, RedisRequest::ReplicaOf { master: None });
+                        self.failover = Some(Failover::WaitPromotion { epoch, promoted, since: now });
+                    }
+                }
+            }
+            Some(Failover::WaitPromotion { epoch, promoted, since }) => {
+                let link = &self.links[&promoted];
+                if link.role.is_some_and(|r| r.replica_of.is_none()) && link.info_ms.is_some_and(|t| t > since) {
+                    self.config_epoch = epoch;
+                    self.switch_master(now, promoted);
+                    self.last_hello_ms = None; // sentinelForceHelloUpdateForMaster
+                } else if now - since > self.failover_timeout_ms() {
+                    self.failover = None; // -failover-abort
+                }
+            }
+        }
+    }
+
+    /// `+switch-master` (`sentinelResetMasterAndChangeAddress`): `to` is the master now, the old master
+    /// one of its replicas; links start afresh and a new failover may start at once.
+    fn switch_master(&mut self, now: i64, to: NodeIx) {
+        let old = self.master;
+        self.replicas.retain(|r| *r != to);
+        self.replicas.push(old);
+        self.replicas.sort();
+        self.master = to;
+        self.links.clear();
+        for node in std::iter::once(to).chain(self.replicas.iter().copied()) {
+            // A replica instance is made with the slave role reported (`createSentinelRedisInstance`).
+            let role = (node != to).then_some(Role { replica_of: Some(to), offset: 0 });
+            self.links.insert(node, Link { role, role_since_ms: now, ..Link::default() });
+        }
+        for view in self.peer_views.values_mut() {
+            view.says_down = false;
+            view.leader = None;
+        }
+        self.o_down = false;
+        self.failover = None;
+        self.failover_start_ms = None;
+    }
+
+    /// `sentinelMasterLooksSane`: up, a master by its INFO, and that INFO under 20 s old.
+    fn master_looks_sane(&self, now: i64) -> bool {
+        self.links.get(&self.master).is_some_and(|l| {
+            !l.down
+                && l.role.is_some_and(|r| r.replica_of.is_none())
+                && l.info_ms.is_some_and(|t| now - t < 2 * INFO_PERIOD_MS)
+        })
+    }
+
+    /// An INFO or PONG from `from` (`sentinelRefreshInstanceInfo`, `sentinelPingReplyCallback`).
+    fn probed(&mut self, now: i64, from: NodeIx, role: Option<Role>, out: &mut Out) {
+        let sane = self.master_looks_sane(now);
+        let master = self.master;
+        let Some(link) = self.links.get_mut(&from) else { return };
+        link.last_pong_ms = Some(now);
+        link.ping_pending_since = None;
+        link.down = false;
+        let Some(role) = role else { return };
+        link.info_ms = Some(now);
+        if link.role.map(|r| r.replica_of.is_some()) != Some(role.replica_of.is_some()) {
+            link.role_since_ms = now;
+        }
+        link.role = Some(role);
+        // A replica in this Sentinel's view that says it is a master: convert it, once settled.
+        let promoting = matches!(self.failover, Some(Failover::WaitPromotion { promoted, .. }) if promoted == from);
+        let wait = 4 * HELLO_PERIOD_MS;
+        let settled = link.down_since_ms.is_none_or(|t| now - t > wait) && now - link.role_since_ms > wait;
+        if from != master && role.replica_of.is_none() && !promoting && sane && settled {
+            out.push(from, RedisRequest::ReplicaOf { master: Some(master) }); // +convert-to-slave
+        }
+    }
+
+    fn hello(&mut self, now: i64, out: &mut Out) {
+        if self.last_hello_ms.is_some_and(|t| now - t < HELLO_PERIOD_MS) {
+            return;
+        }
+        self.last_hello_ms = Some(now);
+        let (current_epoch, master, config_epoch) = (self.current_epoch, self.master, self.config_epoch);
+        for peer in &self.peers {
+            out.push(*peer, RedisRequest::Sentinel(SentinelMsg::Hello { current_epoch, master, config_epoch }));
+        }
+    }
+
+    /// One message for this Sentinel; its reply, when the message is a call.
+    fn receive(&mut self, now: i64, from: NodeIx, msg: SentinelMsg, out: &mut Out) -> RedisReply {
+        match msg {
+            SentinelMsg::Masters => {
+                let down = self.master_down() || self.o_down;
+                return RedisReply::Array(vec![
+                    RedisReply::Int(self.master.0 as i64),
+                    RedisReply::Int(i64::from(down)),
+                ]);
+            }
+            SentinelMsg::Probed { role } => self.probed(now, from, role, out),
+            SentinelMsg::IsMasterDown { epoch, candidate } => {
+                let down = self.master_down();
+                let leader = candidate.and_then(|c| self.vote_for(now, epoch, c));
+                out.push(from, RedisRequest::Sentinel(SentinelMsg::MasterDown { down, leader }));
+            }
+            SentinelMsg::MasterDown { down, leader } => {
+                let view = self.peer_views.entry(from).or_default();
+                view.says_down = down;
+                view.reply_ms = Some(now);
+                if leader.is_some() {
+                    view.leader = leader;
+                }
+            }
+            SentinelMsg::Hello { current_epoch, master, config_epoch } => {
+                self.current_epoch = self.current_epoch.max(current_epoch);
+                if config_epoch > self.config_epoch {
+                    self.config_epoch = config_epoch;
+                    if master != self.master {
+                        self.switch_master(now, master); // +config-update-from, +switch-master
+                    }
+                }
+            }
+            SentinelMsg::Probe { .. } => {}
+        }
+        RedisReply::Ok
+    }
+}
+
+impl Backend for SentinelState {
+    type Request = RedisRequest;
+    type Reply = RedisReply;
+
+    /// Sentinel's timers read the node's monotonic clock (TILT, Redis's answer to a wall clock that
+    /// jumps, is not modelled).
+    fn apply(&mut self, now: Now, from: NodeIx, request: RedisRequest, out: &mut Out) -> RedisReply {
+        match request {
+            RedisRequest::Sentinel(msg) => self.receive(now.mono_ms, from, msg, out),
+            RedisRequest::Ping => RedisReply::Status("PONG".into()),
+            _ => RedisReply::Error("ERR unknown command (this is a Sentinel)".into()),
+        }
+    }
+
+    fn tick_interval(&self) -> Option<Duration> {
+        Some(Duration::from_millis(TIMER_MS as u64))
+    }
+
+    fn ticks_from(&self) -> Option<i64> {
+        self.first_tick_ms
+    }
+
+    /// `sentinelHandleRedisInstance` for the master and its replicas.
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        let now = now.mono_ms;
+
+        self.probe(now, out);
+        self.hello(now, out);
+        self.check_down(now);
+        self.check_objectively_down();
+        if self.start_failover_if_needed(now) {
+            self.ask_peers(now, true, out);
+        }
+        self.run_failover(now, out);
+        self.ask_peers(now, false, out);
+    }
+}
+
+/// A Sentinel node's program: each life draws its timer's phase and its generator, then serves.
+pub fn program(state: Arc<Mutex<SentinelState>>) -> Program {
+    Arc::new(move |env| {
+        let state = state.clone();
+        {
+            let index = (u64::from(env.me.0) << 32) | u64::from(env.incarnation);
+            let mut rng = stream(env.seed, Stream::Sentinel, index);
+            let first_tick_ms = env.clock.monotonic_ms() + rng.gen_range(0..TIMER_MS);
+            state.lock().expect("sentinel lock").restart(rng, first_tick_ms);
+        }
+        Box::pin(async move {
+            let rpc = env.rpc();
+            crate::backend::serve(state, &rpc, &env.clock, &env.recorder).await
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: [NodeIx; 3] = [NodeIx(10), NodeIx(11), NodeIx(12)];
+    const MASTER: NodeIx = NodeIx(1);
+    const REPLICA: NodeIx = NodeIx(2);
+
+    fn sentinel(me: usize) -> SentinelState {
+        let config =
+            SentinelConfig { down_after: Duration::from_secs(5), failover_timeout: Duration::from_secs(60), quorum: 2 };
+        SentinelState::new(config, S[me], &S, MASTER, vec![REPLICA])
+    }
+
+    fn sent(out: &mut Out) -> Vec<(NodeIx, RedisRequest)> {
+        out.pushes.drain(..).map(|(to, m)| (to, *m.downcast::<RedisRequest>().expect("a Redis request"))).collect()
+    }
+
+    fn tick(s: &mut SentinelState, ms: i64) -> Vec<(NodeIx, RedisRequest)> {
+        let mut out = Out::default();
+        s.tick(Now::at(ms), &mut out);
+        sent(&mut out)
+    }
+
+    fn answer(s: &mut SentinelState, ms: i64, from: NodeIx, role: Option<Role>) -> Vec<(NodeIx, RedisRequest)> {
+        let mut out = Out::default();
+        s.apply(Now::at(ms), from, RedisRequest::Sentinel(SentinelMsg::Probed { role }), &mut out);
+        sent(&mut out)
+    }
+
+    const AS_MASTER: Option<Role> = Some(Role { replica_of: None, offset: 7 });
+    const AS_REPLICA: Option<Role> = Some(Role { replica_of: Some(MASTER), offset: 7 });
+
+    #[test]
+    fn a_master_is_subjectively_down_after_down_after_of_silence() {
+        let mut s = sentinel(0);
+        let first = tick(&mut s, 0);
+        assert!(first.contains(&(MASTER, RedisRequest::Sentinel(SentinelMsg::Probe { info: true }))));
+        answer(&mut s, 5, MASTER, AS_MASTER);
+        answer(&mut s, 5, REPLICA, AS_REPLICA);
+        // The master goes silent: the next PING (at 1.1 s) is never answered.
+        for ms in (100..=6_100).step_by(100) {
+            tick(&mut s, ms);
+            answer(&mut s, ms, REPLICA, None);
+        }
+        assert!(!s.master_down(), "5 s after the unanswered PING of 1.1 s is 6.1 s: not yet");
+        tick(&mut s, 6_200);
+        assert!(s.master_down());
+        assert!(!s.o_down, "one Sentinel is not a quorum of 2");
+    }
+
+    #[test]
+    fn each_sentinel_votes_once_per_epoch_for_the_first_asker() {
+        let mut s = sentinel(2);
+        assert_eq!(s.vote_for(0, 1, S[0]), Some((S[0], 1)));
+        assert_eq!(s.vote_for(0, 1, S[1]), Some((S[0], 1)), "the vote of epoch 1 is given");
+        assert_eq!(s.vote_for(0, 2, S[1]), Some((S[1], 2)), "a new epoch, a new vote");
+        assert_eq!(s.current_epoch, 2);
+        assert!(s.failover_start_ms.is_some(), "a voter for another pushes its own failover back");
+    }
+
+    /// Sentinel 0 sees the master down, hears Sentinel 1 agree, starts a failover, collects a vote,
+    /// promotes the replica and switches to it once its INFO says master.
+    #[test]
+    fn a_quorum_fails_over_to_the_replica() {
+        let mut s = sentinel(0);
+        tick(&mut s, 0);
+        answer(&mut s, 5, MASTER, AS_MASTER);
+        answer(&mut s, 5, REPLICA, AS_REPLICA);
+        let mut ms = 100;
+        while !s.master_down() {
+            tick(&mut s, ms);
+            answer(&mut s, ms, REPLICA, AS_REPLICA);
+            ms += 100;
+        }
+        let mut out = Out::default();
+        s.apply(
+            Now::at(ms),
+            S[1],
+            RedisRequest::Sentinel(SentinelMsg::MasterDown { down: true, leader: None }),
+            &mut out,
+        );
+        let asks = tick(&mut s, ms);
+        assert!(s.o_down && s.failover.is_some());
+        let epoch = s.current_epoch;
+        assert!(
+            asks.contains(&(S[1], RedisRequest::Sentinel(SentinelMsg::IsMasterDown { epoch, candidate: Some(S[0]) })))
+        );
+        let vote = SentinelMsg::MasterDown { down: true, leader: Some((S[0], epoch)) };
+        s.apply(Now::at(ms + 10), S[1], RedisRequest::Sentinel(vote), &mut out);
+        tick(&mut s, ms + 100);
+        assert_eq!(s.failover, Some(Failover::SelectReplica { epoch }), "elected; the replica is chosen next");
+        answer(&mut s, ms + 150, REPLICA, AS_REPLICA);
+        let promote = tick(&mut s, ms + 200);
+        assert!(promote.contains(&(REPLICA, RedisRequest::ReplicaOf { master: None })), "{promote:?}");
+        answer(&mut s, ms + 250, REPLICA, Some(Role { replica_of: None, offset: 7 }));
+        tick(&mut s, ms + 300);
+        assert_eq!(s.master(), REPLICA);
+        assert_eq!(s.config_epoch, epoch);
+    }
+
+    #[test]
+    fn a_newer_configuration_from_a_peer_switches_the_master() {
+        let mut s = sentinel(1);
+        let mut out = Out::default();
+        let hello = SentinelMsg::Hello { current_epoch: 3, master: REPLICA, config_epoch: 3 };
+        s.apply(Now::at(0), S[0], RedisRequest::Sentinel(hello), &mut out);
+        assert_eq!(s.master(), REPLICA);
+        let stale = SentinelMsg::Hello { current_epoch: 3, master: MASTER, config_epoch: 2 };
+        s.apply(Now::at(1), S[2], RedisRequest::Sentinel(stale), &mut out);
+        assert_eq!(s.master(), REPLICA, "an older configuration changes nothing");
+    }
+
+    /// The old master, reachable again and still a master by its INFO, is converted once it has reported
+    /// that role for 8 s and the new master looks sane.
+    #[test]
+    fn an_old_master_is_converted_after_eight_seconds() {
+        let mut s = sentinel(1);
+        let mut out = Out::default();
+        let hello = SentinelMsg::Hello { current_epoch: 1, master: REPLICA, config_epoch: 1 };
+        s.apply(Now::at(0), S[0], RedisRequest::Sentinel(hello), &mut out);
+        let new_master = Some(Role { replica_of: None, offset: 9 });
+        answer(&mut s, 100, REPLICA, new_master);
+        assert!(answer(&mut s, 100, MASTER, AS_MASTER).is_empty(), "it has just reported the master role");
+        answer(&mut s, 8_000, REPLICA, new_master);
+        assert!(answer(&mut s, 8_050, MASTER, AS_MASTER).is_empty(), "7.95 s is not 8");
+        answer(&mut s, 8_200, REPLICA, new_master);
+        let convert = answer(&mut s, 8_200, MASTER, AS_MASTER);
+        assert_eq!(convert, vec![(MASTER, RedisRequest::ReplicaOf { master: Some(REPLICA) })]);
+    }
+}
