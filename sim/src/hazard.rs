@@ -55,10 +55,13 @@ pub enum Hazard {
     /// last one it served (pgbouncer's transaction pooling, `backend/sql/pool.rs`): that client's
     /// statements run in the lock holder's session.
     PooledSessionLock,
+    /// A Redis master took a client's write after the Sentinels had promoted another server in its
+    /// place (the newest configuration epoch names another master): the split brain (`backend/redis/mod.rs`, `RedisState::apply`).
+    DeposedMasterWrite,
 }
 
 impl Hazard {
-    pub const ALL: [Hazard; 11] = [
+    pub const ALL: [Hazard; 12] = [
         Hazard::LeaseExpiredWhileHeld,
         Hazard::StaleHolderResumed,
         Hazard::GrantToExpiredSession,
@@ -70,6 +73,7 @@ impl Hazard {
         Hazard::HolderCrashed,
         Hazard::StaleRead,
         Hazard::PooledSessionLock,
+        Hazard::DeposedMasterWrite,
     ];
 
     /// The kebab-case id suites and results use.
@@ -86,6 +90,7 @@ impl Hazard {
             Hazard::HolderCrashed => "holder-crashed",
             Hazard::StaleRead => "stale-read",
             Hazard::PooledSessionLock => "pooled-session-lock",
+            Hazard::DeposedMasterWrite => "deposed-master-write",
         }
     }
 
@@ -123,6 +128,10 @@ impl Hazard {
             Hazard::PooledSessionLock => {
                 "a connection pooler handed a backend holding a session advisory lock to another client (pgbouncer's \
                  transaction pooling)"
+            }
+            Hazard::DeposedMasterWrite => {
+                "a Redis master took a client's write after the Sentinels had promoted another server in its place \
+                 (a split brain)"
             }
         }
     }

@@ -20,7 +20,7 @@ mod watchdog;
 use crate::params::{ParamKind, ParamSpec, ParamValue, Params};
 use crate::{Family, Grant, Outcome, RealServer, RecipeSpec, Servers};
 use locksim_sim::backend::redis::client::{Router, Subscription};
-use locksim_sim::backend::redis::sentinel::{self, SentinelConfig, SentinelMsg, SentinelState};
+use locksim_sim::backend::redis::sentinel::{self, SentinelConfig, SentinelMsg, SentinelState, Sentinels};
 use locksim_sim::backend::redis::{
     sha1_hex, Managed, RedisNode, RedisReply, RedisRequest, RedisState, SetCondition, Shards,
 };
@@ -386,9 +386,10 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
     ParamSpec::int("masters", (1, 9), 1, "independent Redis masters (Redlock uses several; other recipes one)"),
     ParamSpec::int(
         "replicas",
-        (0, 1),
+        (0, 2),
         0,
-        "replicas per master, fed by asynchronous replication; `failover` promotes one",
+        "replicas per master, fed by asynchronous replication; `failover` promotes the one replica, Sentinel \
+         (which 2 need) the most up to date",
     ),
     ParamSpec::duration(
         "replication_lag",
@@ -424,7 +425,7 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
     ParamSpec::int("quorum", (1, 3), 2, "Sentinels that must see the master down before one fails it over"),
     ParamSpec::int(
         "min_replicas_to_write",
-        (0, 1),
+        (0, 2),
         0,
         "min-replicas-to-write: the master refuses writes (NOREPLICAS) unless this many replicas acknowledged \
          within min_replicas_max_lag",
@@ -444,6 +445,12 @@ fn sentinel_settings(backend: &Params) -> Result<(), String> {
     }
     if sentinels > 0 && replicas == 0 {
         return Err("[backend] sentinels = 3 needs a replica to promote: set replicas = 1".into());
+    }
+    if sentinels == 0 && replicas > 1 {
+        return Err(format!(
+            "[backend] replicas = {replicas} is modelled under Sentinel (sentinels = 3); the failover fault promotes \
+             the one replica of replicas = 1"
+        ));
     }
     if backend.int("min_replicas_to_write") > replicas {
         return Err(format!(
@@ -467,7 +474,9 @@ pub static FAMILY: Family = Family {
     topology,
     deploy,
     real: Some(&REAL),
-    marks: |h| crate::LEASE_HAZARDS.contains(&h) || h == Hazard::LockKeyLostInFailover,
+    marks: |h| {
+        crate::LEASE_HAZARDS.contains(&h) || [Hazard::LockKeyLostInFailover, Hazard::DeposedMasterWrite].contains(&h)
+    },
 };
 
 /// Redis 7.0 (Debian 12 `redis-server`), one master: no Redlock's independent masters, no replica or
@@ -498,8 +507,12 @@ fn master_name(shard: usize) -> String {
     format!("redis-{shard}")
 }
 
-fn replica_name(shard: usize) -> String {
-    format!("redis-{shard}-replica")
+/// The first replica of a master is `redis-0-replica`, the second `redis-0-replica-2`.
+fn replica_name(shard: usize, k: usize) -> String {
+    match k {
+        0 => format!("redis-{shard}-replica"),
+        k => format!("redis-{shard}-replica-{}", k + 1),
+    }
 }
 
 fn sentinel_name(i: usize) -> String {
@@ -507,17 +520,15 @@ fn sentinel_name(i: usize) -> String {
 }
 
 fn topology(params: &Params) -> Topology {
-    let with_replica = params.int("replicas") == 1;
+    let replicas = params.int("replicas") as usize;
     let sentinels = params.int("sentinels") as usize;
     let mut topo = Topology::default();
     for shard in 0..params.int("masters") as usize {
         topo.servers.push(master_name(shard));
-        if with_replica {
-            topo.servers.push(replica_name(shard));
-            // Under Sentinel a failover is Sentinel's to decide, not a fault's.
-            if sentinels == 0 {
-                topo.failover_masters.push(master_name(shard));
-            }
+        topo.servers.extend((0..replicas).map(|k| replica_name(shard, k)));
+        // Under Sentinel a failover is Sentinel's to decide, not a fault's.
+        if replicas == 1 && sentinels == 0 {
+            topo.failover_masters.push(master_name(shard));
         }
     }
     topo.servers.extend((0..sentinels).map(sentinel_name));
@@ -532,24 +543,44 @@ fn managed(params: &Params) -> Option<Managed> {
 }
 
 fn deploy(world: &mut World, params: &Params) -> Servers {
-    let with_replica = params.int("replicas") == 1;
+    let (shards, count) = (params.int("masters") as usize, params.int("replicas") as usize);
     let (lag, persist, managed) = (params.duration("replication_lag"), params.bool("persist"), managed(params));
+    // Every node's index is known before any is added: each master, its replicas right after it, then
+    // the Sentinels (made first, as the servers they watch mark a hazard by their view).
+    let first = world.next_index().0 as usize;
+    let master_ix = |shard: usize| NodeIx((first + shard * (count + 1)) as u32);
+    let sentinels = sentinel_states(params, master_ix(0), NodeIx((first + shards * (count + 1)) as u32));
     let (mut masters, mut replica_of, mut states) = (Vec::new(), Vec::new(), Vec::new());
-    for shard in 0..params.int("masters") as usize {
-        // The replica is added right after its master, so its index is known before either starts.
-        let replica = with_replica.then(|| (NodeIx(world.next_index().0 + 1), lag));
-        let state = if with_replica { RedisState::with_replica() } else { RedisState::default() };
-        let node = RedisNode { state: Arc::new(Mutex::new(state)), persist, replica, master: None, managed };
-        let master_state = node.state.clone();
-        let master = world.add_node(&master_name(shard), redis_program(node));
+    for shard in 0..shards {
+        let replicas: Vec<NodeIx> = (1..=count as u32).map(|k| NodeIx(master_ix(shard).0 + k)).collect();
+        let state = Arc::new(Mutex::new(RedisState::feeding(&replicas)));
+        let node = |state, replicas, lag, master| RedisNode {
+            state,
+            persist,
+            replicas,
+            lag,
+            master,
+            managed,
+            sentinels: sentinels.clone(),
+        };
+        let master =
+            world.add_node(&master_name(shard), redis_program(node(state.clone(), replicas.clone(), lag, None)));
+        assert_eq!(master, master_ix(shard), "servers are added in order");
         masters.push(master);
-        if with_replica {
-            let node = RedisNode { state: Arc::default(), persist, replica: None, master: Some(master), managed };
-            states.push((master, master_state, node.state.clone()));
-            replica_of.push((master, world.add_node(&replica_name(shard), redis_program(node))));
+        for (k, replica) in replicas.iter().enumerate() {
+            let node = node(Arc::default(), Vec::new(), Duration::ZERO, Some(master));
+            states.push((master, state.clone(), node.state.clone()));
+            let added = world.add_node(&replica_name(shard, k), redis_program(node));
+            assert_eq!(added, *replica, "replicas are added in order, after their master");
+            replica_of.push((master, added));
         }
     }
-    let sentinels = deploy_sentinels(world, params, &replica_of);
+    let sentinel_nodes: Vec<NodeIx> = sentinels
+        .0
+        .iter()
+        .enumerate()
+        .map(|(i, state)| world.add_server(&sentinel_name(i), sentinel::program(state.clone())))
+        .collect();
     let shards = Shards::new(masters);
     let (directory, recorder, net) = (shards.clone(), world.recorder().clone(), world.net().clone());
     world.set_failover(Box::new(move |master| {
@@ -562,26 +593,22 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         mark_lost_lock_keys(&states, master, &recorder);
         Ok(replica)
     }));
-    Servers::new(RedisServers { shards, sentinels })
+    Servers::new(RedisServers { shards, sentinels: sentinel_nodes })
 }
 
-/// Three Sentinels watching the one master and its replica (`[backend] sentinels = 3`).
-fn deploy_sentinels(world: &mut World, params: &Params, replica_of: &[(NodeIx, NodeIx)]) -> Vec<NodeIx> {
-    let count = params.int("sentinels") as usize;
-    let [(master, replica)] = replica_of[..] else { return Vec::new() };
+/// The Sentinels watching the one master (at `master`, its replicas right after it), to be added at
+/// `first` on (`[backend] sentinels = 3`; none for 0).
+fn sentinel_states(params: &Params, master: NodeIx, first: NodeIx) -> Sentinels {
+    let (count, replicas) = (params.int("sentinels") as u32, params.int("replicas") as u32);
     let config = SentinelConfig {
         down_after: params.duration("down_after"),
         failover_timeout: params.duration("failover_timeout"),
         quorum: params.int("quorum") as usize,
     };
-    let first = world.next_index().0;
-    let all: Vec<NodeIx> = (0..count as u32).map(|i| NodeIx(first + i)).collect();
-    for (i, me) in all.iter().enumerate() {
-        let state = Arc::new(Mutex::new(SentinelState::new(config, *me, &all, master, vec![replica])));
-        let added = world.add_server(&sentinel_name(i), sentinel::program(state));
-        assert_eq!(added, *me, "Sentinels are added in order");
-    }
-    all
+    let all: Vec<NodeIx> = (0..count).map(|i| NodeIx(first.0 + i)).collect();
+    let watched: Vec<NodeIx> = (1..=replicas).map(|k| NodeIx(master.0 + k)).collect();
+    let state = |me| Arc::new(Mutex::new(SentinelState::new(config, me, &all, master, watched.clone())));
+    Sentinels(all.iter().map(|me| state(*me)).collect())
 }
 
 type SharedState = Arc<Mutex<RedisState>>;

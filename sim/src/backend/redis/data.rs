@@ -21,13 +21,12 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(super) struct Data {
     keys: BTreeMap<String, Entry>,
-    /// Effects not yet shipped to the replica; `None` when there is no replica.
+    /// Effects not yet shipped to the replicas; `None` when there is none.
     pub(super) backlog: Option<Vec<ReplOp>>,
-    /// Effects propagated so far (the replication offset), and how far the replica has acknowledged.
+    /// Effects propagated so far (the replication offset).
     pub(super) offset: u64,
-    replica_acked: u64,
-    /// As a master: when (wall ms) the replica last acknowledged (`repl_ack_time`).
-    pub(super) replica_ack_ms: Option<i64>,
+    /// As a master: the replicas it feeds, each with what it last acknowledged.
+    pub(super) replicas: BTreeMap<NodeIx, Ack>,
     /// Why write commands are refused now (`READONLY`, `NOREPLICAS`), set before each command.
     pub(super) refusal: Option<&'static str>,
     /// The replication offset after each client's last write (what its `WAIT` waits for).
@@ -38,8 +37,9 @@ pub(super) struct Data {
     pub(super) following: Option<(u32, u64)>,
     /// A replica promoted to master: it follows no stream any more (`REPLICAOF NO ONE`).
     pub(super) promoted: bool,
-    /// As a master: the replica asked for a full resynchronisation, or this master restarted.
-    pub(super) resync: bool,
+    /// As a master: the replicas that asked for a full resynchronisation (all of them: this master
+    /// restarted).
+    pub(super) resync: BTreeSet<NodeIx>,
     /// The nodes subscribed to each channel (one pub/sub connection per client node).
     subscribers: BTreeMap<String, BTreeSet<NodeIx>>,
     /// Who last set each key (by its lease name, [`fnv1a`] of the key) by SET, HSET or HINCRBY (hazard
@@ -51,6 +51,14 @@ pub(super) struct Data {
 
 type Reply = Result<RedisReply, String>;
 
+/// A replica's last acknowledgement (`REPLCONF ACK`): its offset, and when it came (wall ms,
+/// `repl_ack_time`; `None`: not since it was attached).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Ack {
+    pub(super) offset: u64,
+    pub(super) at_ms: Option<i64>,
+}
+
 impl Data {
     /// Ship the effect `op` makes (made only when there is a replica to ship it to).
     fn propagate(&mut self, op: impl FnOnce() -> ReplOp) {
@@ -60,10 +68,16 @@ impl Data {
         }
     }
 
-    /// Replicas that have acknowledged every write `client` made (0 or 1).
+    /// Feed `replicas` (a master's configured replicas, or none).
+    pub(super) fn feed(&mut self, replicas: &[NodeIx]) {
+        self.replicas = replicas.iter().map(|r| (*r, Ack::default())).collect();
+        self.backlog = (!replicas.is_empty()).then(Vec::new);
+    }
+
+    /// Replicas that have acknowledged every write `client` made.
     pub(super) fn synced(&self, client: NodeIx) -> i64 {
-        let has_replica = self.backlog.is_some();
-        i64::from(has_replica && self.replica_acked >= self.written.get(&client).copied().unwrap_or(0))
+        let written = self.written.get(&client).copied().unwrap_or(0);
+        self.replicas.values().filter(|a| a.offset >= written).count() as i64
     }
 
     /// The whole dataset as a full resynchronisation sends it: empty the replica, then every key.
@@ -260,17 +274,21 @@ impl Data {
                 Ok
             }
             RedisRequest::ReplAck { offset } => {
-                self.replica_ack_ms = Some(now_ms);
-                self.replica_acked = self.replica_acked.max(offset);
-                self.shipped.retain(|b| b.offset > offset);
+                if let Some(ack) = self.replicas.get_mut(&from) {
+                    *ack = Ack { offset: ack.offset.max(offset), at_ms: Some(now_ms) };
+                }
+                let everywhere = self.replicas.values().map(|a| a.offset).min().unwrap_or(offset);
+                self.shipped.retain(|b| b.offset > everywhere);
                 Ok
             }
             RedisRequest::ReplSync => {
-                self.resync = self.backlog.is_some();
+                if self.replicas.contains_key(&from) {
+                    self.resync.insert(from);
+                }
                 Ok
             }
             RedisRequest::Wait { .. } => Int(self.synced(from)),
-            RedisRequest::InfoReplicas => Int(i64::from(self.backlog.is_some())),
+            RedisRequest::InfoReplicas => Int(self.replicas.len() as i64),
             RedisRequest::Eval { .. }
             | RedisRequest::EvalSha { .. }
             | RedisRequest::ScriptLoad { .. }

@@ -264,8 +264,8 @@ pub struct RedisState {
     managed: Option<Managed>,
     /// As a replica: the master it follows (`REPLICAOF`); it refuses writes (`replica-read-only`).
     replica_of: Option<NodeIx>,
-    /// As a master: the replica it writes its stream to.
-    feeds: Option<NodeIx>,
+    /// This server's node and the Sentinels watching it, for hazard marks only.
+    watched: Option<(NodeIx, sentinel::Sentinels)>,
 }
 
 /// A server under Sentinel ([`sentinel`]): its role changes at `REPLICAOF`, as a replica it sends
@@ -287,10 +287,10 @@ const READONLY: &str = "READONLY You can't write against a read only replica.";
 const NOREPLICAS: &str = "NOREPLICAS Not enough good replicas to write.";
 
 impl RedisState {
-    /// A server whose writes are shipped to a replica.
-    pub fn with_replica() -> RedisState {
+    /// A server whose writes are shipped to `replicas`.
+    pub fn feeding(replicas: &[NodeIx]) -> RedisState {
         let mut state = RedisState::default();
-        state.data.backlog = Some(Vec::new());
+        state.data.feed(replicas);
         state
     }
 
@@ -343,9 +343,9 @@ impl RedisState {
         }
         let managed = self.managed.filter(|m| m.min_replicas_to_write > 0)?;
         let max_lag_s = managed.min_replicas_max_lag.as_secs() as i64;
-        let acked_s = self.data.replica_ack_ms.filter(|_| self.feeds.is_some()).map(|ms| ms.div_euclid(1000));
-        let good = acked_s.is_some_and(|acked| wall_ms.div_euclid(1000) - acked <= max_lag_s);
-        (u32::from(good) < managed.min_replicas_to_write).then_some(NOREPLICAS)
+        let good = |at_ms: i64| wall_ms.div_euclid(1000) - at_ms.div_euclid(1000) <= max_lag_s;
+        let good = self.data.replicas.values().filter(|a| a.at_ms.is_some_and(good)).count();
+        (good < managed.min_replicas_to_write as usize).then_some(NOREPLICAS)
     }
 
     /// `REPLICAOF NO ONE` (`None`): stop following, keep the dataset, take writes. `REPLICAOF m`:
@@ -362,10 +362,9 @@ impl RedisState {
             Some(m) if self.replica_of == Some(m) => {}
             Some(m) => {
                 self.replica_of = Some(m);
-                self.feeds = None;
-                self.data.backlog = None;
+                self.data.feed(&[]);
                 self.data.shipped.clear();
-                self.data.resync = false;
+                self.data.resync.clear();
                 self.data.promoted = false;
                 self.data.following = None;
                 out.push(m, RedisRequest::ReplSync);
@@ -422,28 +421,25 @@ impl Backend for RedisState {
             // The stream of a master this server does not follow, the acknowledgement of a replica it
             // does not feed: a link from before a role change.
             RedisRequest::Replicate { .. } if self.replica_of.is_some_and(|m| m != from) => return RedisReply::Ok,
-            RedisRequest::ReplAck { .. } if self.managed.is_some() && self.feeds != Some(from) => {
-                return RedisReply::Ok
-            }
             // A server under Sentinel feeds whichever replica asks, as Redis does.
             RedisRequest::ReplSync if self.managed.is_some() => {
-                self.feeds = Some(from);
+                self.data.replicas.insert(from, Default::default());
                 self.data.backlog.get_or_insert_with(Vec::new);
-                self.data.replica_ack_ms = None;
-                self.data.resync = true;
-                self.shipper.notify_one();
-                return RedisReply::Ok;
             }
             _ => {}
         }
         self.data.refusal = self.refusal(now.wall_ms);
         let offset = self.data.offset;
+        let client = !matches!(request, RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. });
         let reply = self.command(now.wall_ms, from, request, out);
+        if self.data.offset > offset && client && self.watched.as_ref().is_some_and(|(me, s)| s.deposed(*me)) {
+            out.mark(crate::hazard::Hazard::DeposedMasterWrite);
+        }
         if self.data.offset > offset {
             self.data.written.insert(from, self.data.offset);
             self.shipper.notify_one();
         }
-        if self.data.resync {
+        if !self.data.resync.is_empty() {
             self.shipper.notify_one();
         }
         reply
@@ -513,31 +509,36 @@ pub struct RedisNode {
     pub state: Arc<Mutex<RedisState>>,
     /// Restart with the dataset (AOF with fsync always) or empty.
     pub persist: bool,
-    /// The replica this master writes its stream to, and how long each write first waits in the
-    /// master's output buffer (a slow replica; zero: written with the reply).
-    pub replica: Option<(NodeIx, Duration)>,
+    /// The replicas this master writes its stream to.
+    pub replicas: Vec<NodeIx>,
+    /// How long each write first waits in the master's output buffer (a slow replica; zero: written
+    /// with the reply).
+    pub lag: Duration,
     /// The master this replica follows: a restarted replica asks it for a full resynchronisation.
     pub master: Option<NodeIx>,
     /// Under Sentinel: its role changes, and survives a restart (Sentinel has it rewrite its config).
     pub managed: Option<Managed>,
+    /// The Sentinels watching it (hazard marks).
+    pub sentinels: sentinel::Sentinels,
 }
 
 impl RedisNode {
-    /// The node's program: serve requests, and ship writes to the replica if there is one.
+    /// The node's program: serve requests, and ship writes to its replicas if it has any.
     pub async fn run(self, env: NodeEnv) {
         let (replica_of, feeds) = {
             let mut state = self.state.lock().expect("redis lock");
             // Its role: as configured, or as Sentinel last made it.
-            let (replica_of, feeds) = match (self.managed, env.incarnation) {
-                (Some(_), 1..) => (state.replica_of, state.feeds),
-                _ => (self.master, self.replica.map(|(r, _)| r)),
+            let (replica_of, replicas) = match (self.managed, env.incarnation) {
+                (Some(_), 1..) => (state.replica_of, state.data.replicas.keys().copied().collect()),
+                _ => (self.master, self.replicas.clone()),
             };
             match self.persist {
-                false => *state = if feeds.is_some() { RedisState::with_replica() } else { RedisState::default() },
+                false => *state = RedisState::feeding(&replicas),
                 true => state.restart(),
             }
-            (state.managed, state.replica_of, state.feeds) = (self.managed, replica_of, feeds);
-            (replica_of, feeds)
+            (state.managed, state.replica_of) = (self.managed, replica_of);
+            state.watched = (!self.sentinels.0.is_empty()).then(|| (env.me, self.sentinels.clone()));
+            (replica_of, !replicas.is_empty())
         };
         let rpc = std::rc::Rc::new(env.rpc());
         if let (Some(master), true) = (replica_of, env.incarnation > 0) {
@@ -552,12 +553,12 @@ impl RedisNode {
             rpc.tell(master, RedisRequest::ReplAck { offset: 0 });
         }
         // Under Sentinel any server may come to feed a replica.
-        if feeds.is_some() || self.managed.is_some() {
-            if env.incarnation > 0 && feeds.is_some() {
-                self.state.lock().expect("redis lock").data.resync = true;
+        if feeds || self.managed.is_some() {
+            if env.incarnation > 0 {
+                let mut state = self.state.lock().expect("redis lock");
+                state.data.resync = state.data.replicas.keys().copied().collect();
             }
-            let lag = self.replica.map_or(Duration::ZERO, |(_, lag)| lag);
-            let (state, rpc, stream) = (self.state.clone(), rpc.clone(), env.incarnation);
+            let (state, rpc, stream, lag) = (self.state.clone(), rpc.clone(), env.incarnation, self.lag);
             madsim::task::spawn_local(async move { ship(state, &rpc, lag, stream).await });
         }
         super::serve(self.state, &rpc, &env.clock, &env.recorder).await
@@ -568,40 +569,56 @@ impl RedisNode {
 /// retransmitting (`tcp_retries2`, about 924 s).
 const SHIPPED_KEPT_NS: u64 = 1_000_000_000_000;
 
-/// The replica link's writer: each write's effects go out `lag` after the write (at once by default,
-/// the same instant as the reply), in order, and are kept until the replica acknowledges them. What
-/// waits in `waiting` lives in the process and dies with it.
+/// The replica links' writer: each write's effects go out `lag` after the write (at once by default,
+/// the same instant as the reply), in order, to every replica, and are kept until acknowledged. A full
+/// resynchronisation goes to the replicas that asked for it. What waits in `waiting` lives in the
+/// process and dies with it.
 async fn ship(state: Arc<Mutex<RedisState>>, rpc: &Rpc, lag: Duration, stream: u32) {
     let shipper = state.lock().expect("redis lock").shipper.clone();
-    // (due, ops, offset after them), in the order written.
-    let mut waiting: std::collections::VecDeque<(u64, Vec<ReplOp>, u64)> = Default::default();
+    // (due, to whom — `None`: every replica —, ops, offset after them), in the order written.
+    let mut waiting: std::collections::VecDeque<(u64, Option<NodeIx>, Vec<ReplOp>, u64)> = Default::default();
     loop {
         let now = sim_now_ns();
         {
             let mut s = state.lock().expect("redis lock");
+            let (due, offset) = (now + lag.as_nanos() as u64, s.data.offset);
             let mut ops = s.data.backlog.as_mut().map(std::mem::take).unwrap_or_default();
-            if std::mem::take(&mut s.data.resync) {
+            let resync = std::mem::take(&mut s.data.resync);
+            if !resync.is_empty() && resync.iter().eq(s.data.replicas.keys()) {
                 // A full sync carries the dataset as it is now: what waited to be written is in it.
                 waiting.clear();
                 ops = s.data.snapshot();
+            } else {
+                // Some replicas only: the others keep their stream, and these take theirs after the
+                // snapshot, from its offset on.
+                waiting.extend(resync.into_iter().map(|r| (due, Some(r), s.data.snapshot(), offset)));
             }
             if !ops.is_empty() {
-                waiting.push_back((now + lag.as_nanos() as u64, ops, s.data.offset));
+                waiting.push_back((due, None, ops, offset));
             }
         }
         match waiting.front() {
             Some((due, ..)) if *due <= now => {
-                let (_, ops, offset) = waiting.pop_front().expect("just looked");
-                let batch = Shipped { sent_ns: now, stream, offset, ops: ops.clone() };
+                let (_, to, ops, offset) = waiting.pop_front().expect("just looked");
                 let mut s = state.lock().expect("redis lock");
-                // The replica it was written for is no longer fed (`REPLICAOF`): its link is gone.
-                let Some(replica) = s.feeds else { continue };
-                // Older batches were delivered or died with their link (TCP gives up after ~924 s):
-                // forget them, so a replica that never acknowledges cannot grow the log without bound.
-                s.data.shipped.retain(|b| b.sent_ns + SHIPPED_KEPT_NS > now);
-                s.data.shipped.push(batch);
+                // A replica no longer fed (`REPLICAOF`) has lost its link.
+                let replicas: Vec<NodeIx> = match to {
+                    None => s.data.replicas.keys().copied().collect(),
+                    Some(r) => s.data.replicas.contains_key(&r).then_some(r).into_iter().collect(),
+                };
+                if to.is_none() {
+                    // Older batches were delivered or died with their link (TCP gives up after ~924 s):
+                    // forget them, so a replica that never acknowledges cannot grow the log without bound.
+                    s.data.shipped.retain(|b| b.sent_ns + SHIPPED_KEPT_NS > now);
+                    s.data.shipped.push(Shipped { sent_ns: now, stream, offset, ops: ops.clone() });
+                }
                 drop(s);
-                rpc.tell(replica, RedisRequest::Replicate { ops, offset, stream });
+                if let Some((last, others)) = replicas.split_last() {
+                    for replica in others {
+                        rpc.tell(*replica, RedisRequest::Replicate { ops: ops.clone(), offset, stream });
+                    }
+                    rpc.tell(*last, RedisRequest::Replicate { ops, offset, stream });
+                }
             }
             Some((due, ..)) => {
                 let wait = crate::clock::sleep(Duration::from_nanos(due - now));

@@ -1,5 +1,5 @@
-//! Redis Sentinel 7.0, simulated: three Sentinels watch one master and its replica, agree that the
-//! master is down, elect one of themselves, and promote the replica.
+//! Redis Sentinel 7.0, simulated: three Sentinels watch one master and its replicas (one or two),
+//! agree that the master is down, elect one of themselves, and promote a replica.
 //!
 //! Modelled behaviour, from `sentinel.c` (7.0) and the Sentinel documentation:
 //! - Each Sentinel's timer runs ten times a second (`sentinelTimer`, `hz` 10). It PINGs every instance
@@ -25,9 +25,11 @@
 //! - The leader picks a replica that is up, answered within 5 s, and reported by `INFO` within 5 s, by
 //!   the highest replication offset (then the lowest run id; every replica has the default
 //!   priority), sends it `REPLICAOF NO ONE`, and waits for its `INFO` to report it a master (within
-//!   `failover-timeout`, else it aborts). With no other replica to reconfigure, it then switches its
-//!   configuration to the promoted replica (`+switch-master`) with the failover's epoch as its
-//!   configuration epoch; the old master becomes a replica in its view.
+//!   `failover-timeout`, else it aborts). It then sends every other replica `REPLICAOF <promoted>`
+//!   (all at once: `parallel-syncs` is not modelled) and waits until each that is up reports the new
+//!   master, or `failover-timeout` (`sentinelFailoverDetectEnd`); then it switches its configuration
+//!   to the promoted replica (`+switch-master`) with the failover's epoch as its configuration epoch;
+//!   the old master becomes a replica in its view.
 //! - Every 2 s each Sentinel tells the others its configuration (the hello message); a Sentinel that
 //!   hears a newer configuration epoch switches to it (`sentinelProcessHelloMessage`). Sentinels here
 //!   know each other from the start (real ones discover each other through the same hellos).
@@ -35,13 +37,16 @@
 //!   after a partition — is sent `REPLICAOF <master>` (`+convert-to-slave`) once it has not been down
 //!   for 8 s, has reported the master role for 8 s, and the master looks sane (up, and its `INFO` fresh;
 //!   `sentinelRefreshInstanceInfo`). It then resynchronises from the new master and loses what only it
-//!   had.
+//!   had. A replica that follows another master is pointed at this one once it has been up for
+//!   `failover-timeout` (`+fix-slave-config`).
 //! - Clients ask `SENTINEL masters`, which answers with the master's node and whether this Sentinel
 //!   sees it down (redis-py's `discover_master` skips a Sentinel whose answer says down).
 //!
 //! Not modelled: TILT mode (Sentinel's timers read the node's monotonic clock here, so clock jumps do
-//! not move them), replica priorities, `parallel-syncs` (one replica), Sentinels' own SDOWN, and the
-//! discovery of Sentinels and replicas.
+//! not move them), replica priorities, `parallel-syncs`, Sentinels' own SDOWN, the discovery of
+//! Sentinels and replicas, and a link's reconnection: a Sentinel's messages to an instance ride the
+//! simulator's one TCP link between the two nodes, so after a long cut they arrive at the sender's
+//! next retransmission, where a real Sentinel would have closed the link and reconnected.
 
 use super::{RedisReply, RedisRequest};
 use crate::backend::{Backend, Now, Out};
@@ -142,6 +147,8 @@ enum Failover {
     SelectReplica { epoch: u64 },
     /// `REPLICAOF NO ONE` sent to `promoted` at `since`; waiting for its INFO to say master.
     WaitPromotion { epoch: u64, promoted: NodeIx, since: i64 },
+    /// The other replicas were sent `REPLICAOF promoted` at `since`; waiting for their INFO to say so.
+    ReconfReplicas { promoted: NodeIx, since: i64 },
 }
 
 /// One Sentinel: its view of the master it watches, and of its peers.
@@ -212,6 +219,16 @@ impl SentinelState {
     /// The master this Sentinel names.
     pub fn master(&self) -> NodeIx {
         self.master
+    }
+
+    /// The master of this Sentinel's configuration: once its failover is reconfiguring the replicas,
+    /// the promoted one, which its hellos announce with the failover's epoch
+    /// (`sentinelGetCurrentMasterAddress`).
+    fn current_master(&self) -> NodeIx {
+        match self.failover {
+            Some(Failover::ReconfReplicas { promoted, .. }) => promoted,
+            _ => self.master,
+        }
     }
 
     fn down_after_ms(&self) -> i64 {
@@ -383,10 +400,25 @@ impl SentinelState {
                 let link = &self.links[&promoted];
                 if link.role.is_some_and(|r| r.replica_of.is_none()) && link.info_ms.is_some_and(|t| t > since) {
                     self.config_epoch = epoch;
-                    self.switch_master(now, promoted);
                     self.last_hello_ms = None; // sentinelForceHelloUpdateForMaster
+                    for replica in self.replicas.iter().filter(|r| **r != promoted) {
+                        out.push(*replica, RedisRequest::ReplicaOf { master: Some(promoted) });
+                    }
+                    self.failover = Some(Failover::ReconfReplicas { promoted, since: now });
+                    self.run_failover(now, out);
                 } else if now - since > self.failover_timeout_ms() {
                     self.failover = None; // -failover-abort
+                }
+            }
+            Some(Failover::ReconfReplicas { promoted, since }) => {
+                // Done when every other replica that is up follows the promoted one, or at the timeout
+                // (`sentinelFailoverDetectEnd`); then `+switch-master`.
+                let pending = self.replicas.iter().filter(|r| **r != promoted).any(|r| {
+                    let link = &self.links[r];
+                    !link.down && link.role.is_none_or(|role| role.replica_of != Some(promoted))
+                });
+                if !pending || now - since > self.failover_timeout_ms() {
+                    self.switch_master(now, promoted);
                 }
             }
         }
@@ -426,8 +458,7 @@ impl SentinelState {
 
     /// An INFO or PONG from `from` (`sentinelRefreshInstanceInfo`, `sentinelPingReplyCallback`).
     fn probed(&mut self, now: i64, from: NodeIx, role: Option<Role>, out: &mut Out) {
-        let sane = self.master_looks_sane(now);
-        let master = self.master;
+        let (sane, master, failover_timeout) = (self.master_looks_sane(now), self.master, self.failover_timeout_ms());
         let Some(link) = self.links.get_mut(&from) else { return };
         link.last_pong_ms = Some(now);
         link.ping_pending_since = None;
@@ -439,11 +470,20 @@ impl SentinelState {
         }
         link.role = Some(role);
         // A replica in this Sentinel's view that says it is a master: convert it, once settled.
-        let promoting = matches!(self.failover, Some(Failover::WaitPromotion { promoted, .. }) if promoted == from);
-        let wait = 4 * HELLO_PERIOD_MS;
-        let settled = link.down_since_ms.is_none_or(|t| now - t > wait) && now - link.role_since_ms > wait;
-        if from != master && role.replica_of.is_none() && !promoting && sane && settled {
+        let promoting = match self.failover {
+            Some(Failover::WaitPromotion { promoted, .. } | Failover::ReconfReplicas { promoted, .. }) => {
+                promoted == from
+            }
+            _ => false,
+        };
+        let up_for = |wait: i64| link.down_since_ms.is_none_or(|t| now - t > wait) && now - link.role_since_ms > wait;
+        if from != master && role.replica_of.is_none() && !promoting && sane && up_for(4 * HELLO_PERIOD_MS) {
             out.push(from, RedisRequest::ReplicaOf { master: Some(master) }); // +convert-to-slave
+        }
+        // A replica that follows another master: point it at this one, once settled (+fix-slave-config).
+        let elsewhere = role.replica_of.is_some_and(|m| m != master);
+        if from != master && elsewhere && self.failover.is_none() && sane && up_for(failover_timeout) {
+            out.push(from, RedisRequest::ReplicaOf { master: Some(master) });
         }
     }
 
@@ -452,7 +492,7 @@ impl SentinelState {
             return;
         }
         self.last_hello_ms = Some(now);
-        let (current_epoch, master, config_epoch) = (self.current_epoch, self.master, self.config_epoch);
+        let (current_epoch, master, config_epoch) = (self.current_epoch, self.current_master(), self.config_epoch);
         for peer in &self.peers {
             out.push(*peer, RedisRequest::Sentinel(SentinelMsg::Hello { current_epoch, master, config_epoch }));
         }
@@ -532,6 +572,24 @@ impl Backend for SentinelState {
         }
         self.run_failover(now, out);
         self.ask_peers(now, false, out);
+    }
+}
+
+/// Every Sentinel's state, for what no single node knows: whether the Sentinels have replaced a master
+/// (hazard `deposed-master-write`).
+#[derive(Debug, Clone, Default)]
+pub struct Sentinels(pub Vec<Arc<Mutex<SentinelState>>>);
+
+impl Sentinels {
+    /// Whether the newest configuration any Sentinel holds names another master than `node`, which
+    /// still acts as one. A configuration epoch is a failover a majority voted for, so the newest is
+    /// the one the Sentinels converge to, whoever has not heard of it yet.
+    pub fn deposed(&self, node: NodeIx) -> bool {
+        let newest = self.0.iter().map(|s| {
+            let s = s.lock().expect("sentinel lock");
+            (s.config_epoch, s.current_master())
+        });
+        newest.max_by_key(|(epoch, _)| *epoch).is_some_and(|(_, master)| master != node)
     }
 }
 
@@ -651,6 +709,49 @@ mod tests {
         tick(&mut s, ms + 300);
         assert_eq!(s.master(), REPLICA);
         assert_eq!(s.config_epoch, epoch);
+    }
+
+    /// With two replicas the leader promotes the one with the higher offset, points the other at it,
+    /// and switches once that one's INFO follows the new master.
+    #[test]
+    fn the_most_up_to_date_replica_is_promoted_and_the_other_follows_it() {
+        const OTHER: NodeIx = NodeIx(3);
+        let config =
+            SentinelConfig { down_after: Duration::from_secs(5), failover_timeout: Duration::from_secs(60), quorum: 2 };
+        let mut s = SentinelState::new(config, S[0], &S, MASTER, vec![REPLICA, OTHER]);
+        s.links.insert(MASTER, Link { down: true, down_since_ms: Some(0), ..Link::default() });
+        for (node, offset) in [(REPLICA, 5), (OTHER, 9)] {
+            s.links.insert(node, Link::default());
+            answer(&mut s, 0, node, Some(Role { replica_of: Some(MASTER), offset }));
+        }
+        s.failover = Some(Failover::SelectReplica { epoch: 1 });
+        let mut out = Out::default();
+        s.run_failover(100, &mut out);
+        assert_eq!(sent(&mut out), vec![(OTHER, RedisRequest::ReplicaOf { master: None })], "offset 9 beats 5");
+        answer(&mut s, 200, OTHER, Some(Role { replica_of: None, offset: 9 }));
+        s.run_failover(300, &mut out);
+        assert_eq!(sent(&mut out), vec![(REPLICA, RedisRequest::ReplicaOf { master: Some(OTHER) })]);
+        assert_eq!(s.master(), MASTER, "not until the other replica follows");
+        answer(&mut s, 400, REPLICA, Some(Role { replica_of: Some(OTHER), offset: 9 }));
+        s.run_failover(500, &mut out);
+        assert_eq!(s.master(), OTHER);
+        assert_eq!(s.replicas, vec![MASTER, REPLICA], "the old master is a replica in this Sentinel's view");
+    }
+
+    /// The newest configuration decides who is deposed, whoever has not heard of it yet — including
+    /// the leader's own, once it announces the promoted replica.
+    #[test]
+    fn the_newest_configuration_deposes_the_old_master() {
+        let states: Vec<_> = (0..3).map(|i| Arc::new(Mutex::new(sentinel(i)))).collect();
+        let sentinels = Sentinels(states.clone());
+        assert!(!sentinels.deposed(MASTER) && sentinels.deposed(REPLICA), "before any failover");
+        {
+            let mut leader = states[1].lock().unwrap();
+            leader.config_epoch = 1;
+            leader.failover = Some(Failover::ReconfReplicas { promoted: REPLICA, since: 0 });
+        }
+        assert!(sentinels.deposed(MASTER), "the leader announces the promoted replica with epoch 1");
+        assert!(!sentinels.deposed(REPLICA));
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn a_forward_jump_of_the_server_clock_expires_keys_early() {
 
 #[test]
 fn writes_are_shipped_as_effects_and_a_replica_applies_them() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     table(
         &mut master,
         vec![
@@ -137,7 +137,7 @@ fn promotion_redirects_the_shard() {
 
 #[test]
 fn wait_answers_once_the_replica_acknowledged_the_clients_writes_or_at_its_timeout() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     let (c1, c2, replica) = (NodeIx(1), NodeIx(2), NodeIx(9));
     let mut out = Out::default();
     let wait = RedisRequest::Wait { numreplicas: 1, timeout_ms: 1000 };
@@ -355,7 +355,7 @@ fn hashes_count_their_fields_and_refuse_string_commands() {
 
 #[test]
 fn a_scripts_effects_are_replicated_as_effects_in_one_batch() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     let script = "redis.call('hincrby', KEYS[1], ARGV[1], 1); redis.call('pexpire', KEYS[1], 500); return 1";
     assert_eq!(master.apply(Now::at(100), NodeIx(1), eval(script, &["l"], &["me"]), &mut Out::default()), Int(1));
     let ops = master.data.backlog.take().unwrap();
@@ -437,7 +437,15 @@ fn pubsub_world(faults: Vec<crate::fault::Fault>) -> (Vec<(String, u64)>, Vec<Re
     let (got2, answers2) = (got.clone(), answers.clone());
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
         let mut world = World::new(1);
-        let node = RedisNode { state: Arc::default(), persist: true, replica: None, master: None, managed: None };
+        let node = RedisNode {
+            state: Arc::default(),
+            persist: true,
+            replicas: vec![],
+            lag: Duration::ZERO,
+            master: None,
+            managed: None,
+            sentinels: Default::default(),
+        };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(node.clone().run(env))));
         let subscriber: Program = Arc::new(move |env| {
             let got = got2.clone();
@@ -508,7 +516,7 @@ fn an_expired_lock_key_ends_its_setters_lease_and_a_new_set_starts_the_next() {
 
 #[test]
 fn a_replica_missing_a_lock_key_is_what_a_failover_would_lose() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     let replica = RedisState::default();
     let mut out = Out::default();
     master.apply(Now::at(0), NodeIx(1), RedisRequest::Incr { key: key("fence") }, &mut out);
@@ -549,7 +557,7 @@ fn a_replica_applies_each_batch_once_and_a_promoted_one_follows_no_stream() {
 
 #[test]
 fn what_was_on_the_wire_reaches_the_promoted_replica_and_what_a_cut_held_does_not() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     master.data.shipped = vec![batch(1_000, 1, "before-the-cut"), batch(5_000, 2, "during-the-cut")];
     let mut out = Out::default();
     assert_eq!(master.on_the_wire(None).len(), 2, "a healthy link: everything sent is on its way");
@@ -571,15 +579,24 @@ fn replica_has_key_at(lag: Duration) -> Option<u64> {
         let mut world = World::new(1);
         let replica_ix = NodeIx(1);
         let master = RedisNode {
-            state: Arc::new(Mutex::new(RedisState::with_replica())),
+            state: Arc::new(Mutex::new(RedisState::feeding(&[replica_ix]))),
             persist: true,
-            replica: Some((replica_ix, lag)),
+            replicas: vec![replica_ix],
+            lag,
             master: None,
             managed: None,
+            sentinels: Default::default(),
         };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
-        let replica =
-            RedisNode { state: replica_state, persist: true, replica: None, master: Some(server), managed: None };
+        let replica = RedisNode {
+            state: replica_state,
+            persist: true,
+            replicas: vec![],
+            lag: Duration::ZERO,
+            master: Some(server),
+            managed: None,
+            sentinels: Default::default(),
+        };
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             let (watch, seen) = (watch.clone(), seen2.clone());
@@ -631,13 +648,27 @@ fn replica_has_key_after_restart(crashed: &str, master_persists: bool) -> bool {
     };
     madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default()).block_on(async move {
         let mut world = World::new(1);
-        let state = Arc::new(Mutex::new(RedisState::with_replica()));
+        let state = Arc::new(Mutex::new(RedisState::feeding(&[NodeIx(1)])));
         let lag = Duration::ZERO;
-        let master =
-            RedisNode { state, persist: master_persists, replica: Some((NodeIx(1), lag)), master: None, managed: None };
+        let master = RedisNode {
+            state,
+            persist: master_persists,
+            replicas: vec![NodeIx(1)],
+            lag,
+            master: None,
+            managed: None,
+            sentinels: Default::default(),
+        };
         let server = world.add_node("redis-0", Arc::new(move |env| Box::pin(master.clone().run(env))));
-        let replica =
-            RedisNode { state: replica_state, persist: false, replica: None, master: Some(server), managed: None };
+        let replica = RedisNode {
+            state: replica_state,
+            persist: false,
+            replicas: vec![],
+            lag: Duration::ZERO,
+            master: Some(server),
+            managed: None,
+            sentinels: Default::default(),
+        };
         world.add_node("redis-0-replica", Arc::new(move |env| Box::pin(replica.clone().run(env))));
         let client: Program = Arc::new(move |env| {
             Box::pin(async move {
@@ -666,7 +697,7 @@ fn a_restarted_replica_catches_up_by_a_full_resync_and_an_empty_master_empties_i
 
 #[test]
 fn a_full_resync_replaces_the_replicas_dataset() {
-    let mut master = RedisState::with_replica();
+    let mut master = RedisState::feeding(&[NodeIx(9)]);
     let mut out = Out::default();
     master.apply(Now::at(0), NodeIx(1), set("lock", "a", SetCondition::Nx, Some(5_000)), &mut out);
     let mut replica = RedisState::default();
@@ -679,9 +710,8 @@ fn a_full_resync_replaces_the_replicas_dataset() {
 
 /// A server under Sentinel with `min-replicas-to-write 1`, `min-replicas-max-lag 10`.
 fn managed_master() -> RedisState {
-    let mut state = RedisState::with_replica();
+    let mut state = RedisState::feeding(&[NodeIx(1)]);
     state.managed = Some(Managed { min_replicas_to_write: 1, min_replicas_max_lag: Duration::from_secs(10) });
-    state.feeds = Some(NodeIx(1));
     state
 }
 
