@@ -120,6 +120,9 @@ struct Report {
     /// family's timelines) that mismatched, beside other seeds, and were played again alone: their
     /// outcome is the replay's.
     replayed_alone: Vec<u64>,
+    /// For each seed played again alone, what it showed beside the other seeds: the step, the model's
+    /// answer and the real one — the evidence a replay that agreed set aside.
+    beside_others: Vec<(u64, String)>,
     /// Seeds that agreed on everything compared, and the events the model alone drew from its seed
     /// where the real server's own scheduling decides (counted as agreed).
     drawn_alone: Vec<(u64, String)>,
@@ -188,8 +191,9 @@ fn family<F: Family + Sync>(family: &F, args: &Args) -> anyhow::Result<Report> {
     for (seed, mut outcome) in outcomes {
         // Late in both plays while other seeds ran beside it: once more alone, on a server of its own.
         // A mismatch again keeps the shrunk script found first.
-        if matches!(outcome, Outcome::Mismatch { late: true, .. }) && jobs > 1 {
+        if let (Outcome::Mismatch { late: true, steps, step, model, real }, true) = (&outcome, jobs > 1) {
             report.replayed_alone.push(seed);
+            report.beside_others.push((seed, format!("{}: model {model}, real {real}", steps[*step])));
             // `script_for` is `script` on a server of its own, as every job but `--server`'s has.
             match replay_alone(family, &script::<F>(seed))? {
                 Outcome::Mismatch { .. } => {}
@@ -271,8 +275,9 @@ fn timeline_report(
     alone: impl Fn(u64) -> anyhow::Result<client::Outcome>,
 ) -> anyhow::Result<Report> {
     for (seed, mut outcome) in outcomes {
-        if matches!(outcome, client::Outcome::Mismatch { .. }) && jobs > 1 {
+        if let (client::Outcome::Mismatch { why, .. }, true) = (&outcome, jobs > 1) {
             report.replayed_alone.push(seed);
+            report.beside_others.push((seed, why.clone()));
             outcome = alone(seed)?;
         }
         match outcome {
@@ -342,6 +347,7 @@ impl Report {
             agreed: 0,
             inconclusive: Vec::new(),
             replayed_alone: Vec::new(),
+            beside_others: Vec::new(),
             drawn_alone: Vec::new(),
             without_faults: args.server.is_some(),
             mismatches: Vec::new(),
@@ -366,11 +372,11 @@ fn said(r: &Report) -> String {
     );
     let kinds: Vec<String> = r.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out.push_str(&format!("  steps played: {}\n", kinds.join(", ")));
-    for seed in &r.replayed_alone {
+    for (seed, showed) in &r.beside_others {
         out.push_str(&format!(
             "  seed {seed} played again alone: it mismatched, or a step was answered a slot late in both plays, \
              beside other seeds (a busy machine, or a server that waits where the model does not); the replay's \
-             outcome counts\n"
+             outcome counts. Beside them it showed: {showed}\n"
         ));
     }
     for (seed, what) in &r.drawn_alone {
