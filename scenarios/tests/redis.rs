@@ -7,6 +7,7 @@ use common::{assert_as_expected, catalog_dir, run};
 use locksim_locks::Registry;
 use locksim_scenarios::checkers::FindingKind;
 use locksim_scenarios::Scenario;
+use locksim_sim::hazard::Hazard;
 
 /// `redis-watchdog-partition` with extra recipe parameters.
 fn watchdog_partition(params: &str) -> Scenario {
@@ -50,16 +51,23 @@ fn edited(stem: &str, edit: impl Fn(String) -> String) -> Result<Scenario, Strin
 fn sentinel_fails_over_a_master_cut_off_alone_without_a_double_holder_over_300_seeds() {
     let r = assert_as_expected("redis-sentinel-isolated-master", 0..300);
     assert!(r.results.iter().all(|s| s.counts.is_empty()), "no finding of any kind, liveness included");
+    assert!(!r.hazard_counts.contains_key(&Hazard::DeposedMasterWrite), "no client is left with the old master");
 }
 
 #[test]
 fn sentinel_split_brain_grants_on_both_sides_and_only_a_short_min_replicas_lag_closes_it() {
     let split = assert_as_expected("redis-sentinel-split-brain", 0..40);
     assert!(split.results.iter().all(|s| s.counts.contains_key(&FindingKind::DoubleHolder)));
+    assert_eq!(
+        split.seeds_with_hazard.get(&Hazard::DeposedMasterWrite),
+        Some(&40),
+        "client-0 writes to the old master"
+    );
     let ten = assert_as_expected("redis-sentinel-split-brain-min-replicas", 0..40);
     let both = ten.results.iter().filter(|s| s.counts.contains_key(&FindingKind::DoubleHolder)).count();
     assert!((20..40).contains(&both), "min-replicas-max-lag 10 narrows the window: two holders in {both} of 40");
-    assert_as_expected("redis-sentinel-split-brain-min-replicas-1s", 0..300);
+    let closed = assert_as_expected("redis-sentinel-split-brain-min-replicas-1s", 0..300);
+    assert!(!closed.hazard_counts.contains_key(&Hazard::DeposedMasterWrite), "refused before the switch");
     // One replica: the promoted server has no good replica either.
     let one = assert_as_expected("redis-sentinel-min-replicas-one-replica", 0..40);
     assert!(one.results.iter().all(|s| !s.counts.contains_key(&FindingKind::DoubleHolder)));

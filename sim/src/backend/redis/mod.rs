@@ -258,7 +258,7 @@ pub struct PubSubMessage {
 pub struct RedisState {
     data: Data,
     scripting: Option<Scripting>,
-    /// Wakes the task that ships the backlog to the replica.
+    /// Wakes the task that ships the backlog to the replicas.
     shipper: Arc<Notify>,
     /// Under Sentinel: roles change, replicas acknowledge every second, and `min-replicas-*` apply.
     managed: Option<Managed>,
@@ -418,8 +418,9 @@ impl Backend for RedisState {
                 return RedisReply::Status("PONG".into());
             }
             RedisRequest::Sentinel(_) => return RedisReply::Error("ERR unknown command 'SENTINEL'".into()),
-            // The stream of a master this server does not follow, the acknowledgement of a replica it
-            // does not feed: a link from before a role change.
+            // The stream of a master this server does not follow: a link from before a role change (an
+            // acknowledgement from a replica it no longer feeds is dropped by the data, which knows its
+            // replicas).
             RedisRequest::Replicate { .. } if self.replica_of.is_some_and(|m| m != from) => return RedisReply::Ok,
             // A server under Sentinel feeds whichever replica asks, as Redis does.
             RedisRequest::ReplSync if self.managed.is_some() => {
@@ -430,9 +431,14 @@ impl Backend for RedisState {
         }
         self.data.refusal = self.refusal(now.wall_ms);
         let offset = self.data.offset;
-        let client = !matches!(request, RedisRequest::Replicate { .. } | RedisRequest::ReplAck { .. });
+        // A client's write (or a script, or a command line, that may write) — not a read that expired a key.
+        let writes = request.is_write()
+            || matches!(
+                request,
+                RedisRequest::Eval { .. } | RedisRequest::EvalSha { .. } | RedisRequest::Command { .. }
+            );
         let reply = self.command(now.wall_ms, from, request, out);
-        if self.data.offset > offset && client && self.watched.as_ref().is_some_and(|(me, s)| s.deposed(*me)) {
+        if self.data.offset > offset && writes && self.watched.as_ref().is_some_and(|(me, s)| s.deposed(*me)) {
             out.mark(crate::hazard::Hazard::DeposedMasterWrite);
         }
         if self.data.offset > offset {
