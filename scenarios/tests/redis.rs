@@ -1,5 +1,5 @@
-//! The Redis family's renewal under short partitions (Redisson's executor outlasts them), and what a
-//! failover loses, and Sentinel.
+//! The Redis family's renewal under short partitions (Redisson's executor outlasts them) and in a
+//! master's refusal window, what a failover loses, and Sentinel.
 
 mod common;
 
@@ -81,6 +81,21 @@ fn a_promoted_replica_with_a_clock_ahead_frees_a_held_lock_early() {
     let ahead = assert_as_expected("redis-sentinel-replica-clock-ahead", 0..100);
     assert!(ahead.results.iter().any(|s| s.counts.contains_key(&FindingKind::DoubleHolder)));
     assert_as_expected("redis-sentinel-replica-clock-in-step", 0..300);
+}
+
+/// A master whose replicas are cut off refuses the watchdog's renewal (NOREPLICAS): Redisson up to 3.43
+/// stops renewing and the key expires under its holder, with no failover; 3.44 renews in the next round.
+/// A window longer than a renewal period fails two rounds in a row, and 3.44 loses the key too.
+#[test]
+fn a_renewal_refused_by_a_master_short_of_replicas_stops_redisson_3_43_and_not_3_44() {
+    let stops = assert_as_expected("redis-sentinel-watchdog-refusal", 0..40);
+    assert!(stops.results.iter().all(|s| s.counts.contains_key(&FindingKind::DoubleHolder)));
+    assert!(!stops.hazard_counts.contains_key(&Hazard::DeposedMasterWrite), "nobody failed over");
+    assert_as_expected("redis-sentinel-watchdog-refusal-3.44", 0..300);
+    let longer =
+        edited("redis-sentinel-watchdog-refusal-3.44", |t| t.replace("duration = \"12s\"", "duration = \"13s\""));
+    let longer = run(&longer.unwrap(), 0..40);
+    assert!(longer.results.iter().all(|s| s.counts.contains_key(&FindingKind::DoubleHolder)), "two renewals refused");
 }
 
 /// The split brain needs the promotion: the same cut without Sentinels (and without their cut) leaves

@@ -315,13 +315,25 @@ impl Server {
         }
     }
 
+    /// Wait until the server answers and its warm-up has run to the end. A warm-up cut short (an
+    /// ensemble member that drops its clients because it is electing again or still syncing with its
+    /// leader, as a young or just restarted member on a busy machine does) is tried again until the
+    /// launcher's patience runs out; then its error is the answer.
     pub(crate) fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.launcher.patience();
+        let (program, addr) = (self.launcher.program, self.addr.0);
         loop {
             if ready(self.launcher, self.addr) {
-                let (program, addr) = (self.launcher.program, self.addr.0);
-                return (self.launcher.warm_up)(addr)
-                    .map_err(|e| e.context(format!("{program} at {addr}: warming up")));
+                match (self.launcher.warm_up)(addr) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(e.context(format!("{program} at {addr}: warming up")))
+                    }
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                }
             }
             if let Some(own) = &mut self.own {
                 if let Some(status) = own.child.try_wait()? {

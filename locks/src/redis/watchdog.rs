@@ -24,8 +24,9 @@
 //!    command executor: each attempt waits `command_timeout` (Redisson `timeout`, 3 s) for its reply
 //!    and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s) apart, before the
 //!    command fails. Then, by `renewal`:
-//!    - `"3.44"` (Redisson 3.44 and later, `renewal/LockTask`): a failed command just schedules the
-//!      next renewal; only a "not ours" answer (the key is gone or another's) stops it;
+//!    - `"3.44"` (Redisson 3.44 and later, `renewal/LockTask`): a failed command — no reply, or an
+//!      error reply such as a master's `NOREPLICAS` — just schedules the next renewal; only a "not
+//!      ours" answer (the key is gone or another's) stops it;
 //!    - `"3.43"` (up to 3.43, `RedissonBaseLock.renewExpiration`): a failed command, or "not ours",
 //!      stops the renewal for good; the holder is not told.
 //! 5. Release: stop the watchdog, then the unlock script: one hold less; at none it deletes the hash and
@@ -293,7 +294,10 @@ async fn renew(executor: Executor, lease: Duration, lock_name: String, version: 
         executor.ctx.point(TriggerEvent::Declared(&LEASE_RENEW)).await;
         match executor.eval(script, &[LOCK_KEY], &[&lease_ms, &lock_name]).await {
             Ok(reply) if reply == held => {}
-            Err(CallError::Timeout | CallError::Broken) if version == Renewal::Carries => {}
+            // 3.44+ (`RenewalTask.run`): whatever the command failed with — no reply, a broken or reset
+            // connection, or an error reply such as NOREPLICAS or READONLY — is logged, and the next
+            // round is scheduled.
+            Ok(RedisReply::Error(_)) | Err(_) if version == Renewal::Carries => {}
             _ => return,
         }
     }
