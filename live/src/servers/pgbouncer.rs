@@ -23,7 +23,9 @@ pub static LAUNCHER: Launcher = Launcher {
 };
 
 /// pgbouncer with the `[backend]`'s `pooler` as its `pool_mode`, `pool_size` as its
-/// `default_pool_size` and `server_reset_query_always` as its own, pooling database `postgres` of the server on the upstream port for user
+/// `default_pool_size`, and `server_reset_query_always`, `server_idle_timeout` and `server_lifetime` as
+/// its own (times in seconds, fractions allowed: libusual's `parse_time` reads a decimal), pooling
+/// database `postgres` of the server on the upstream port for user
 /// `postgres` (trusted, as the server trusts it), everything else at its default — `server_reset_query`
 /// `DISCARD ALL`, run in session mode only, and `server_round_robin` off (last released first). As the
 /// `postgres` user when locksim runs as root: pgbouncer refuses to run as root.
@@ -42,6 +44,8 @@ fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
          pool_mode = {}\n\
          default_pool_size = {}\n\
          server_reset_query_always = {}\n\
+         server_idle_timeout = {}\n\
+         server_lifetime = {}\n\
          max_client_conn = 1000\n\
          ignore_startup_parameters = extra_float_digits,options\n",
         upstream.port,
@@ -50,6 +54,8 @@ fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
         upstream.backend.choice("pooler"),
         upstream.backend.int("pool_size"),
         u8::from(upstream.backend.bool("server_reset_query_always")),
+        upstream.backend.duration("server_idle_timeout").as_secs_f64(),
+        upstream.backend.duration("server_lifetime").as_secs_f64(),
     );
     std::fs::write(dir.join("pgbouncer.ini"), config)?;
     // Trust still needs the user listed.

@@ -94,6 +94,18 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
         doc: "pgbouncer's server_reset_query_always: DISCARD ALL each time a backend goes back to the pool, in \
               transaction pooling too (it frees a session advisory lock as its statement ends)",
     },
+    ParamSpec::duration(
+        "server_idle_timeout",
+        600_000,
+        "pgbouncer's server_idle_timeout: a backend left in the pool unused this long is closed, and the session \
+         advisory locks on it are freed (0: never)",
+    ),
+    ParamSpec::duration(
+        "server_lifetime",
+        3_600_000,
+        "pgbouncer's server_lifetime: a backend connected this long ago is closed when it is next unused (0: each \
+         backend serves once)",
+    ),
 ];
 
 pub static FAMILY: Family = Family {
@@ -142,8 +154,13 @@ fn deploy(world: &mut World, params: &Params) -> Servers {
         _ => None,
     };
     if let Some(mode) = mode {
-        let (size, reset_always) = (params.int("pool_size") as usize, params.bool("server_reset_query_always"));
-        db = db.with_pooler(Pooler { mode, size, reset_always });
+        db = db.with_pooler(Pooler {
+            mode,
+            size: params.int("pool_size") as usize,
+            reset_always: params.bool("server_reset_query_always"),
+            idle_timeout: params.duration("server_idle_timeout"),
+            lifetime: params.duration("server_lifetime"),
+        });
     }
     db.create_table("lock_rows", [("lock".to_string(), Row::new())]);
     db.create_table("locks", []);

@@ -32,7 +32,7 @@ pub struct Pgbouncer {
 /// The model's database, behind its pooler in transaction mode (`reset_always`: resetting every
 /// backend it takes back).
 fn pooled(reset_always: bool) -> SqlState {
-    super::fresh().with_pooler(Pooler { mode: PoolMode::Transaction, size: POOL_SIZE, reset_always })
+    super::fresh().with_pooler(Pooler { size: POOL_SIZE, reset_always, ..Pooler::new(PoolMode::Transaction) })
 }
 
 impl Family for Pgbouncer {

@@ -112,9 +112,9 @@ impl SqlState {
         self.respond(conn, seq, result, out);
         let session = self.sessions.get_mut(&conn).expect("finishing session");
         session.idle_since_ms = now.mono_ms;
-        // A backend idle again (`ReadyForQuery`, status `I`) goes back to the pooler.
-        if session.pooled && session.txn.is_none() && self.pool.as_mut().is_some_and(|p| p.idle_again(conn)) {
-            self.discard_all(conn);
+        // A backend idle again (`ReadyForQuery`, status `I`) goes back to the pooler, which may close it.
+        if session.pooled && session.txn.is_none() && !self.release(conn, now, out) {
+            return;
         }
         let session = &self.sessions[&conn];
         if let Some(why) = session.closing {

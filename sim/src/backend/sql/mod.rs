@@ -83,7 +83,7 @@ use super::{Backend, Now, Out};
 use crate::hazard::Hazard;
 use crate::history::{EventKind, NodeIx};
 use crate::net::Probe;
-use pool::{Left, Pool, Waiting};
+use pool::{Left, Pool, Released, Waiting};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -663,17 +663,42 @@ impl SqlState {
 
     /// A pooler's client disconnected: its backend goes back to the pool after `DISCARD ALL`
     /// (session mode, idle), or is closed (see [`pool`]).
-    fn client_gone(&mut self, conn: ConnId, out: &mut Out) {
+    fn client_gone(&mut self, conn: ConnId, now: Now, out: &mut Out) {
         let Some(pool) = &mut self.pool else { return };
         let sessions = &self.sessions;
         let idle = |server: ConnId| sessions.get(&server).is_some_and(|s| s.txn.is_none() && !s.waiting);
-        match pool.client_gone(conn, idle) {
+        match pool.client_gone(conn, idle, now.wall_ms) {
             Left::Nothing => {}
             Left::Reset(server) => self.discard_all(server),
-            Left::Close(server) => {
-                self.connection_ended(server, "closed by pgbouncer: its client disconnected while it was not idle", out)
+            Left::Close(server, why) => self.connection_ended(server, why, out),
+        }
+    }
+
+    /// A backend its transaction-pooled client gave back (`ReadyForQuery`, status `I`): into the
+    /// pool, reset or not, or closed at the end of its lifetime. Whether its session is still open.
+    fn release(&mut self, server: ConnId, now: Now, out: &mut Out) -> bool {
+        match self.pool.as_mut().map_or(Released::Kept, |p| p.idle_again(server, now.wall_ms)) {
+            Released::Kept | Released::Pooled { reset: false } => true,
+            Released::Pooled { reset: true } => {
+                self.discard_all(server);
+                true
+            }
+            Released::Closed => {
+                self.close_unused(server, pool::LIFETIME_OVER, out);
+                false
             }
         }
+    }
+
+    /// pgbouncer closes a backend no client is linked to: its session ends, and with it the session
+    /// advisory locks a transaction-pooled client left on it (hazard `lease-expired-while-held`, if
+    /// that client still holds the lock).
+    fn close_unused(&mut self, server: ConnId, why: &'static str, out: &mut Out) {
+        let holds = self.locks.iter().any(|(lock, (owner, _))| *owner == server && matches!(lock, Lock::Advisory(_)));
+        if let Some((client, node)) = self.pool.as_ref().and_then(|p| p.last_client(server)).filter(|_| holds) {
+            out.lease_ended(node, client);
+        }
+        self.end_session(server, why, out);
     }
 
     /// `DISCARD ALL` on a pooler's backend: `pg_advisory_unlock_all()`, and every setting back to its
@@ -689,7 +714,7 @@ impl SqlState {
     /// Hand waiting clients of the pooler a backend each and run their statements; whether any ran.
     fn hand_out(&mut self, now: Now, out: &mut Out) -> bool {
         let mut ran = false;
-        while let Some(handed) = self.pool.as_mut().and_then(Pool::hand_out) {
+        while let Some(handed) = self.pool.as_mut().and_then(|p| p.hand_out(now.wall_ms)) {
             let (node, incarnation) = self.pool.as_ref().expect("handing out").client_node(handed.client);
             let server = handed.server;
             if handed.new {
@@ -756,7 +781,7 @@ impl SqlState {
                 }
             },
             SqlRequest::Close { conn } if self.pool.as_ref().is_some_and(|p| p.has_client(conn)) => {
-                self.client_gone(conn, out)
+                self.client_gone(conn, now, out)
             }
             SqlRequest::Close { conn } => self.connection_ended(conn, CLOSED_BY_CLIENT, out),
         }
@@ -823,7 +848,7 @@ impl Backend for SqlState {
     fn connection_closed(&mut self, now: Now, peer: NodeIx, life: u32, out: &mut Out) {
         if let Some(pool) = &self.pool {
             for conn in pool.clients_of(peer, life) {
-                self.client_gone(conn, out);
+                self.client_gone(conn, now, out);
             }
         }
         let conns: Vec<ConnId> = self
@@ -854,6 +879,10 @@ impl Backend for SqlState {
             .collect();
         for conn in idle {
             self.end_session(conn, "terminated: idle in transaction", out);
+        }
+        let unused = self.pool.as_mut().map_or(Vec::new(), |p| p.janitor(now.wall_ms));
+        for (server, why) in unused {
+            self.close_unused(server, why, out);
         }
         self.wake(now, out);
     }

@@ -592,7 +592,7 @@ fn sql_text_runs_as_the_statement_it_stands_for() {
 
 /// A server behind pgbouncer in `mode` with `size` backends, and clients A, B and C connected to it.
 fn pooled(mode: PoolMode, size: usize) -> SqlState {
-    pooled_with(Pooler { mode, size, reset_always: false })
+    pooled_with(Pooler { size, ..Pooler::new(mode) })
 }
 
 fn pooled_with(pooler: Pooler) -> SqlState {
@@ -678,9 +678,57 @@ fn a_backend_closed_under_a_departing_client_frees_its_place_in_the_pool() {
 
 #[test]
 fn server_reset_query_always_frees_a_session_lock_as_its_backend_goes_back() {
-    let mut db = pooled_with(Pooler { mode: PoolMode::Transaction, size: 20, reset_always: true });
+    let mut db = pooled_with(Pooler { reset_always: true, ..Pooler::new(PoolMode::Transaction) });
     assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
     // DISCARD ALL ran as A's backend went back: B, handed it, finds the key free.
     let (took, marks) = exec_marked(&mut db, 1, B, Stmt::TryAdvisoryLock(42));
     assert_eq!((took, marks), (vec![(B, SqlResult::Bool(true))], vec![]));
+}
+
+/// The pooler's janitor at `now` (the server's tick): the leases it ended.
+fn janitor(db: &mut SqlState, now: i64) -> Vec<(NodeIx, u64, bool)> {
+    let mut out = Out::default();
+    db.tick(Now::at(now), &mut out);
+    out.leases
+}
+
+#[test]
+fn server_idle_timeout_closes_an_unused_backend_and_frees_the_session_lock_left_on_it() {
+    let mut db = pooled_with(Pooler { idle_timeout: Duration::from_secs(10), ..Pooler::new(PoolMode::Transaction) });
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
+    // Idle exactly the timeout: kept (pgbouncer closes one idle *more* than it).
+    assert_eq!(janitor(&mut db, 10_000), vec![]);
+    // Then closed: its session ends, A's lock with it, while A believes it holds.
+    assert_eq!(janitor(&mut db, 10_100), vec![(NodeIx(A as u32), A, false)]);
+    assert_eq!(exec(&mut db, 10_200, B, Stmt::TryAdvisoryLock(42)), vec![(B, SqlResult::Bool(true))]);
+}
+
+#[test]
+fn neither_timeout_closes_a_backend_linked_to_its_session_pooled_client() {
+    let short =
+        Pooler { idle_timeout: Duration::from_secs(1), lifetime: Duration::ZERO, ..Pooler::new(PoolMode::Session) };
+    let mut db = pooled_with(short);
+    assert_eq!(exec(&mut db, 0, A, Stmt::AdvisoryLock(42)), vec![(A, SqlResult::Done)]);
+    assert_eq!(janitor(&mut db, 60_000), vec![]);
+    assert_eq!(exec(&mut db, 60_100, B, Stmt::TryAdvisoryLock(42)), vec![(B, SqlResult::Bool(false))]);
+}
+
+#[test]
+fn server_lifetime_closes_a_backend_as_it_is_released_and_spaces_the_janitors_closes() {
+    // Lifetime zero: each backend serves one transaction, and A's lock goes with it.
+    let mut db = pooled_with(Pooler { lifetime: Duration::ZERO, ..Pooler::new(PoolMode::Transaction) });
+    exec(&mut db, 0, A, Stmt::AdvisoryLock(42));
+    assert_eq!(exec(&mut db, 1, B, Stmt::TryAdvisoryLock(42)), vec![(B, SqlResult::Bool(true))]);
+    // Two backends of a pool of 2, left unused past a 10 s lifetime: one is closed, and the other
+    // only lifetime / pool size (5 s) after it.
+    let pooler = Pooler { size: 2, lifetime: Duration::from_secs(10), ..Pooler::new(PoolMode::Transaction) };
+    let mut db = pooled_with(pooler);
+    exec(&mut db, 0, A, Stmt::Begin);
+    exec(&mut db, 0, B, Stmt::AdvisoryLock(7));
+    exec(&mut db, 1, A, Stmt::AdvisoryLock(8));
+    exec(&mut db, 2, A, Stmt::Commit);
+    let closed = |leases: Vec<(NodeIx, u64, bool)>| leases.len();
+    assert_eq!(closed(janitor(&mut db, 10_000)), 1);
+    assert_eq!(closed(janitor(&mut db, 14_900)), 0);
+    assert_eq!(closed(janitor(&mut db, 15_000)), 1);
 }
