@@ -154,3 +154,17 @@ fn a_link_that_heals_after_the_last_keepalive_probe_still_loses_the_session() {
     let healed = run(&Scenario::parse("healed.toml", &text, &Registry::builtin()).unwrap(), 0..20);
     assert_eq!(found(&healed, FindingKind::DoubleHolder), 0, "{:?}", healed.reasons);
 }
+
+/// pgbouncer's settings without a pooler are refused, naming the key; with one they run, and its
+/// timeouts close backends under transaction-scoped locks without a double holder.
+#[test]
+fn pgbouncer_settings_need_a_pooler_and_its_timeouts_spare_linked_backends() {
+    let text =
+        std::fs::read_to_string(common::catalog_dir().join("sql-advisory-xact-pgbouncer-timeouts.toml")).unwrap();
+    let parse = |text: &str| Scenario::parse("x.toml", text, &Registry::builtin()).map_err(|e| e.to_string());
+    let direct = text.replace("pooler = \"transaction\"\n", "");
+    let Err(err) = parse(&direct) else { panic!("pgbouncer's settings without a pooler were taken") };
+    assert!(err.contains("server_idle_timeout is pgbouncer's") && err.contains("pooler"), "{err}");
+    let r = assert_as_expected("sql-advisory-xact-pgbouncer-timeouts", 0..100);
+    assert_eq!(found(&r, FindingKind::DoubleHolder), 0);
+}

@@ -48,7 +48,7 @@ pub const TRANSACTION: RecipeSpec = RecipeSpec {
     guard: crate::Guard::Lock,
     promises_fifo: true,
     points: &[],
-    validate: crate::no_constraints,
+    validate: super::pooler_settings,
     build: |params, ctx, servers| build(params, ctx, servers, Scope::Transaction),
 };
 

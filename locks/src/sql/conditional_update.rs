@@ -15,6 +15,6 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     guard: Guard::ConditionalUpdate,
     promises_fifo: false,
     points: &[],
-    validate: crate::no_constraints,
+    validate: super::pooler_settings,
     build: crate::baseline::no_lock,
 };

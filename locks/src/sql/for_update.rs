@@ -34,7 +34,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     guard: crate::Guard::Lock,
     promises_fifo: true,
     points: &[],
-    validate: crate::no_constraints,
+    validate: super::pooler_settings,
     build,
 };
 

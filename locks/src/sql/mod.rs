@@ -108,6 +108,26 @@ pub const BACKEND_PARAMS: &[ParamSpec] = &[
     ),
 ];
 
+/// pgbouncer's `[backend]` keys: they mean something only with a `pooler`.
+const POOLER_KEYS: [&str; 4] = ["pool_size", "server_reset_query_always", "server_idle_timeout", "server_lifetime"];
+
+/// Every SQL recipe checks: a pgbouncer setting away from its default comes with a pooler, or the
+/// scenario would run without the pooler it describes.
+pub(crate) fn pooler_settings(_: &Params, backend: &Params) -> Result<(), String> {
+    if backend.choice("pooler") != "none" {
+        return Ok(());
+    }
+    let defaults = Params::resolve(BACKEND_PARAMS, []);
+    let value = |params: &Params, key: &str| params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    match POOLER_KEYS.into_iter().find(|key| value(backend, key) != value(&defaults, key)) {
+        Some(key) => Err(format!(
+            "[backend] {key} is pgbouncer's, but pooler = \"none\": set pooler = \"session\" or \"transaction\", or \
+             drop {key}"
+        )),
+        None => Ok(()),
+    }
+}
+
 pub static FAMILY: Family = Family {
     name: "sql",
     summary: "PostgreSQL 15 semantics: row locks, unique keys, advisory locks, sessions ended by keep-alive",

@@ -43,7 +43,7 @@ pub const RECIPE: RecipeSpec = RecipeSpec {
     guard: crate::Guard::Lock,
     promises_fifo: false,
     points: &[],
-    validate: crate::no_constraints,
+    validate: super::pooler_settings,
     build,
 };
 
