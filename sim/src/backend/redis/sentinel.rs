@@ -37,8 +37,9 @@
 //!   after a partition — is sent `REPLICAOF <master>` (`+convert-to-slave`) once it has not been down
 //!   for 8 s, has reported the master role for 8 s, and the master looks sane (up, and its `INFO` fresh;
 //!   `sentinelRefreshInstanceInfo`). It then resynchronises from the new master and loses what only it
-//!   had. A replica that follows another master is pointed at this one once it has been up for
-//!   `failover-timeout` (`+fix-slave-config`).
+//!   had. A replica that follows another master is pointed at this one once it has been up, and has
+//!   named that master in its `INFO`, for `failover-timeout` (`+fix-slave-config`, by
+//!   `slave_conf_change_time`).
 //! - Clients ask `SENTINEL masters`, which answers with the master's node and whether this Sentinel
 //!   sees it down (redis-py's `discover_master` skips a Sentinel whose answer says down).
 //!
@@ -120,12 +121,25 @@ struct Link {
     /// When an INFO was last sent, and when one was last answered (`info_refresh`).
     info_sent_ms: Option<i64>,
     info_ms: Option<i64>,
-    /// The role its last INFO reported, and since when it has reported that role.
+    /// The role its last INFO reported, and since when it has reported that role
+    /// (`role_reported_time`).
     role: Option<Role>,
     role_since_ms: i64,
+    /// The master its INFO last named as a replica (`slave_master_host`/`port`), and since when
+    /// (`slave_conf_change_time`: the instance's creation, a report of the replica role, a report of
+    /// another master).
+    master_reported: Option<NodeIx>,
+    conf_change_ms: i64,
     /// Since when it has been subjectively down (`s_down_since_time`; never cleared, as in Redis).
     down_since_ms: Option<i64>,
     down: bool,
+}
+
+impl Link {
+    /// A link to an instance made `now` (`createSentinelRedisInstance`), with the role it is known by.
+    fn new(role: Option<Role>, now: i64) -> Link {
+        Link { role, role_since_ms: now, conf_change_ms: now, ..Link::default() }
+    }
 }
 
 /// What this Sentinel last heard from a peer Sentinel.
@@ -254,7 +268,7 @@ impl SentinelState {
         let master = self.master;
         for node in std::iter::once(master).chain(self.replicas.clone()) {
             let info_period = if node != master && busy { PING_PERIOD_MS } else { INFO_PERIOD_MS };
-            let link = self.links.entry(node).or_default();
+            let link = self.links.entry(node).or_insert_with(|| Link::new(None, now));
             let stale = |at: Option<i64>, period: i64| at.is_none_or(|t| now - t > period);
             let info = stale(link.info_ms, info_period) && stale(link.info_sent_ms, info_period);
             let ping = stale(link.last_pong_ms, ping_period) && stale(link.last_ping_ms, ping_period);
@@ -436,7 +450,7 @@ impl SentinelState {
         for node in std::iter::once(to).chain(self.replicas.iter().copied()) {
             // A replica instance is made with the slave role reported (`createSentinelRedisInstance`).
             let role = (node != to).then_some(Role { replica_of: Some(to), offset: 0 });
-            self.links.insert(node, Link { role, role_since_ms: now, ..Link::default() });
+            self.links.insert(node, Link::new(role, now));
         }
         for view in self.peer_views.values_mut() {
             view.says_down = false;
@@ -465,8 +479,13 @@ impl SentinelState {
         link.down = false;
         let Some(role) = role else { return };
         link.info_ms = Some(now);
-        if link.role.map(|r| r.replica_of.is_some()) != Some(role.replica_of.is_some()) {
+        let role_changed = link.role.map(|r| r.replica_of.is_some()) != Some(role.replica_of.is_some());
+        if role_changed {
             link.role_since_ms = now;
+        }
+        if role.replica_of.is_some() && (role_changed || link.master_reported != role.replica_of) {
+            link.conf_change_ms = now;
+            link.master_reported = role.replica_of;
         }
         link.role = Some(role);
         // A replica in this Sentinel's view that says it is a master: convert it, once settled.
@@ -480,9 +499,12 @@ impl SentinelState {
         if from != master && role.replica_of.is_none() && !promoting && sane && up_for(4 * HELLO_PERIOD_MS) {
             out.push(from, RedisRequest::ReplicaOf { master: Some(master) }); // +convert-to-slave
         }
-        // A replica that follows another master: point it at this one, once settled (+fix-slave-config).
+        // A replica that follows another master: point it at this one once it has been up, and has
+        // named that master, for `failover-timeout` (+fix-slave-config).
         let elsewhere = role.replica_of.is_some_and(|m| m != master);
-        if from != master && elsewhere && self.failover.is_none() && sane && up_for(failover_timeout) {
+        let settled = link.down_since_ms.is_none_or(|t| now - t > failover_timeout)
+            && now - link.conf_change_ms > failover_timeout;
+        if from != master && elsewhere && self.failover.is_none() && sane && settled {
             out.push(from, RedisRequest::ReplicaOf { master: Some(master) });
         }
     }
@@ -782,5 +804,26 @@ mod tests {
         answer(&mut s, 8_200, REPLICA, new_master);
         let convert = answer(&mut s, 8_200, MASTER, AS_MASTER);
         assert_eq!(convert, vec![(MASTER, RedisRequest::ReplicaOf { master: Some(REPLICA) })]);
+    }
+
+    /// A replica that follows another master is pointed at this one once it has named that master for
+    /// `failover-timeout` (60 s here): the clock restarts when it names yet another one.
+    #[test]
+    fn a_replica_of_another_master_is_fixed_once_its_configuration_settled() {
+        const OTHER: NodeIx = NodeIx(3);
+        const ANOTHER: NodeIx = NodeIx(4);
+        let mut s = sentinel(0);
+        tick(&mut s, 0);
+        let fix = vec![(REPLICA, RedisRequest::ReplicaOf { master: Some(MASTER) })];
+        let follows = |m: NodeIx| Some(Role { replica_of: Some(m), offset: 7 });
+        let at = |s: &mut SentinelState, ms: i64, m: NodeIx| {
+            answer(s, ms, MASTER, AS_MASTER);
+            answer(s, ms, REPLICA, follows(m))
+        };
+        assert!(at(&mut s, 100, OTHER).is_empty());
+        assert!(at(&mut s, 30_000, ANOTHER).is_empty(), "another master again, 30 s in: the clock restarts");
+        assert!(at(&mut s, 60_050, ANOTHER).is_empty(), "60 s after the instance was made, 30 s after the change");
+        assert!(at(&mut s, 90_000, ANOTHER).is_empty(), "exactly 60 s is not more than 60 s");
+        assert_eq!(at(&mut s, 90_100, ANOTHER), fix);
     }
 }
