@@ -23,7 +23,8 @@
 //! 4. While held, every `watchdog_timeout / 3` the watchdog runs the renewal script through Redisson's
 //!    command executor: each attempt waits `command_timeout` (Redisson `timeout`, 3 s) for its reply
 //!    and is sent again up to `retry_attempts` (3) times, `retry_interval` (1.5 s) apart, before the
-//!    command fails. Then, by `renewal`:
+//!    command fails — after no reply, a broken connection, or a demoted master's `READONLY` (retried
+//!    since 3.27.1; other error replies, such as `NOREPLICAS`, fail at once). Then, by `renewal`:
 //!    - `"3.44"` (Redisson 3.44 and later, `renewal/LockTask`): a failed command — no reply, or an
 //!      error reply such as a master's `NOREPLICAS` — just schedules the next renewal; only a "not
 //!      ours" answer (the key is gone or another's) stops it;
@@ -261,14 +262,20 @@ impl Executor {
     async fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Result<RedisReply, CallError> {
         let mut attempt = 0;
         loop {
-            match self.redis.eval(script, keys, args).await {
+            let reply = self.redis.eval(script, keys, args).await;
+            let again = match &reply {
                 // A broken connection leaves the command's fate unknown, as a timeout does.
-                Err(CallError::Timeout | CallError::Broken) if attempt < self.retry_attempts => {
-                    attempt += 1;
-                    self.ctx.sleep(self.retry_interval).await;
-                }
-                answer => return answer,
+                Err(CallError::Timeout | CallError::Broken) => true,
+                // A replica's READONLY (`RedisReadonlyException`, retried since 3.27.1), sent again on
+                // the new connection to the master the client finds then.
+                Ok(RedisReply::Error(e)) => e.starts_with("READONLY"),
+                _ => false,
+            };
+            if !again || attempt >= self.retry_attempts {
+                return reply;
             }
+            attempt += 1;
+            self.ctx.sleep(self.retry_interval).await;
         }
     }
 }
