@@ -33,7 +33,8 @@
 //!   mode, or inside a transaction) is never closed by either. Closing a backend ends its PostgreSQL
 //!   session: the session advisory locks a transaction-pooled client left on it are freed. pgbouncer
 //!   reads both ages from libusual's `get_time_usec`, which is `gettimeofday`: the database host's
-//!   wall clock, so a clock stepped forward closes old backends at once. The model looks on the
+//!   wall clock, so a clock stepped forward closes old backends at once — and so does one stepped
+//!   back, since the ages are unsigned (`usec_t` is `uint64_t`) and wrap. The model looks on the
 //!   server's 100 ms tick rather than every 333 ms: a close comes up to 100 ms after its due time
 //!   rather than up to 333 ms.
 //!
@@ -271,7 +272,8 @@ impl Pool {
         let lifetime = self.settings.lifetime.as_millis() as i64;
         let Some(backend) = self.backends.get(&server) else { return false };
         let gap = lifetime / self.settings.size as i64;
-        now_ms - backend.connected_ms >= lifetime && self.last_lifetime_close_ms.is_none_or(|at| now_ms - at >= gap)
+        since(now_ms, backend.connected_ms) >= lifetime
+            && self.last_lifetime_close_ms.is_none_or(|at| since(now_ms, at) >= gap)
     }
 
     /// The janitor at `now_ms`: the unused backends to close, and why (`check_unused_servers`).
@@ -280,7 +282,7 @@ impl Pool {
         let mut closed = Vec::new();
         for server in self.idle.clone() {
             let backend = &self.backends[&server];
-            if idle_timeout > 0 && now_ms - backend.last_packet_ms > idle_timeout {
+            if idle_timeout > 0 && since(now_ms, backend.last_packet_ms) > idle_timeout {
                 closed.push((server, IDLE_TIMEOUT));
             } else if self.life_over(server, now_ms) {
                 self.last_lifetime_close_ms = Some(now_ms);
@@ -334,6 +336,15 @@ impl Pool {
             .filter(|(_, c)| c.node == node && c.incarnation == incarnation)
             .map(|(conn, _)| *conn)
             .collect()
+    }
+}
+
+/// `now - then` as pgbouncer computes an age, in unsigned microseconds (`usec_t`): a wall clock stepped
+/// back before `then` wraps it past any setting.
+fn since(now_ms: i64, then_ms: i64) -> i64 {
+    match now_ms >= then_ms {
+        true => now_ms - then_ms,
+        false => i64::MAX,
     }
 }
 

@@ -704,6 +704,18 @@ fn server_idle_timeout_closes_an_unused_backend_and_frees_the_session_lock_left_
 }
 
 #[test]
+fn a_wall_clock_stepped_back_closes_unused_backends_as_their_unsigned_ages_wrap() {
+    let mut db = pooled_with(Pooler::new(PoolMode::Transaction));
+    exec(&mut db, 10_000, A, Stmt::AdvisoryLock(42));
+    let mut out = Out::default();
+    db.tick(Now { wall_ms: 10_500, mono_ms: 10_500 }, &mut out);
+    assert_eq!(out.leases, vec![], "half a second idle: kept");
+    // The database host's clock steps back 5 s: pgbouncer's `now - request_time` wraps.
+    db.tick(Now { wall_ms: 5_600, mono_ms: 10_600 }, &mut out);
+    assert_eq!(out.leases, vec![(NodeIx(A as u32), A, false)]);
+}
+
+#[test]
 fn neither_timeout_closes_a_backend_linked_to_its_session_pooled_client() {
     let short =
         Pooler { idle_timeout: Duration::from_secs(1), lifetime: Duration::ZERO, ..Pooler::new(PoolMode::Session) };
