@@ -201,16 +201,18 @@ fn real_mode_refuses_what_a_real_cluster_cannot_do() {
     }
 }
 
-/// A built-in recipe runs for real only where its scenario maps to one real server, and only for the
-/// families done so far; the refusal comes before anything starts, naming why.
+/// A built-in recipe runs for real only where its scenario maps to real servers locksim starts; the refusal comes before anything starts, naming why.
 #[test]
 fn real_mode_refuses_a_built_in_recipe_it_cannot_map_to_one_real_server() {
     for (scenario, why) in [
         (
             "redis-redlock-checked-pause.toml",
-            "redis.redlock with [backend] masters = 5: --real starts one Redis server",
+            "redis.redlock with [backend] masters = 5: --real starts one Redis master",
         ),
-        ("redis-failover.toml", "with [backend] replicas = 1: --real starts one Redis server, without a replica"),
+        (
+            "redis-failover.toml",
+            "with [backend] replicas = 1 and no Sentinels: --real fails a master over only as Sentinel",
+        ),
         (
             "zk-ephemeral-gc-pause.toml",
             "zk.ephemeral with [backend] tick_time = 2000ms: --real starts ZooKeeper with tickTime 200ms",
@@ -541,6 +543,39 @@ fn every_builtin_etcd_and_zookeeper_recipe_runs_for_real_and_stays_safe_without_
                 .unwrap_or_else(|| panic!("{id}: no acquisitions measured: {text}"));
             assert!(acquisitions >= 2.0, "{id}: {text}");
         }
+    }
+}
+
+/// Under real Sentinel (a master, two replicas, three Sentinels, their links through locksim's proxies)
+/// the built-in Redis recipes' clients ask a Sentinel for the master and take turns; and when the master
+/// is killed for good, the Sentinels promote a replica and the clients find it: the lock is granted again
+/// within the liveness window, or the run would find a `deadlock`.
+#[test]
+fn builtin_redis_recipes_follow_real_sentinel_to_the_promoted_replica() {
+    if !server_ready("redis-server") {
+        return;
+    }
+    let backend = "[backend]\nreplicas = 2\nsentinels = 3\ndown_after = \"1s\"\nfailover_timeout = \"3s\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    for (id, keys, faults) in [
+        ("redis.set-nx-px", "ttl = \"1s\"\n", ""),
+        ("redis.watchdog", "", ""),
+        (
+            "redis.set-nx-px",
+            "ttl = \"1s\"\n",
+            "[[faults.schedule]]\nat = \"2s\"\nkind = \"crash\"\ntarget = \"redis-0\"\n[check]\nliveness = \"6s\"\n",
+        ),
+    ] {
+        let path = dir.path().join("sentinel.toml");
+        let text = format!(
+            "name = \"sentinel\"\n[recipe]\nid = \"{id}\"\n{keys}{backend}[workload]\nkind = \"counter\"\nclients = 2\n\
+             duration = \"10s\"\nhold = [\"50ms\", \"100ms\"]\n{faults}"
+        );
+        std::fs::write(&path, safety_only(&text)).unwrap();
+        let out = locksim(&["run", path.to_str().unwrap(), "--real", "--runs", "1"]);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(0), "{id} {faults}: {text}\n{}", stderr(&out));
+        assert!(text.contains(&format!("sentinel ({id}): 1 real run, 0 unsafe")), "{id} {faults}: {text}");
     }
 }
 

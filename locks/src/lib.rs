@@ -174,17 +174,28 @@ impl RealServer {
 }
 
 /// Where a real client process finds its real servers (real mode sets one, through its proxy): each
-/// by its [`RealServer::env`] variable.
+/// by its [`RealServer::env`] variable. A cluster's members are listed there with commas, and two more
+/// variables describe them, in the same order: `<env>_NODES`, their nodes (`redis-0,…,sentinel-2`), and
+/// `<env>_ANNOUNCED`, where members that announce an address of their own to each other say they are
+/// (what a Redis Sentinel answers when asked for the master), for a client that maps one to the
+/// other as redis-py's `address_remap` and Redisson's `natMapper` do.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RealServers {
     addresses: std::collections::BTreeMap<&'static str, String>,
+    /// `<env>_NODES` and `<env>_ANNOUNCED`, by variable.
+    cluster: std::collections::BTreeMap<String, String>,
 }
+
+/// The suffixes of a cluster's variables (see [`RealServers`]).
+pub const CLUSTER_VARS: [&str; 2] = ["_NODES", "_ANNOUNCED"];
 
 impl RealServers {
     /// The servers named by the variables of `env` (a process's environment).
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> RealServers {
         let found = REAL_SERVERS.iter().filter_map(|s| Some((s.name, env(s.env)?)));
-        RealServers { addresses: found.collect() }
+        let vars = REAL_SERVERS.iter().flat_map(|s| CLUSTER_VARS.map(|suffix| format!("{}{suffix}", s.env)));
+        let cluster = vars.filter_map(|var| Some((var.clone(), env(&var)?))).collect();
+        RealServers { addresses: found.collect(), cluster }
     }
 
     /// These servers and `server` at `address` (as [`RealServer::address`] gives it).
@@ -199,6 +210,34 @@ impl RealServers {
         let address = self.addresses.get(server.name);
         address.unwrap_or_else(|| panic!("a {} recipe's process is given {}", server.name, server.env))
     }
+
+    /// A cluster's members, each as its node, the address this process reaches it at, and the one it
+    /// announces to the others (the same if the cluster says none); `None` for a server that is no
+    /// cluster.
+    pub fn members(&self, server: &RealServer) -> Option<Vec<RealMember>> {
+        let var = |suffix: &str| self.cluster.get(&format!("{}{suffix}", server.env));
+        let list = |text: &String| text.split(',').map(str::to_string).collect::<Vec<_>>();
+        let (nodes, reach) = (list(var(CLUSTER_VARS[0])?), list(&self.of(server).to_string()));
+        let announced = var(CLUSTER_VARS[1]).map_or_else(|| reach.clone(), list);
+        assert!(
+            nodes.len() == reach.len() && reach.len() == announced.len(),
+            "{}'s cluster variables list its members alike",
+            server.env
+        );
+        let members = nodes.into_iter().zip(reach).zip(announced);
+        Some(members.map(|((node, reach), announced)| RealMember { node, reach, announced }).collect())
+    }
+}
+
+/// One member of a real cluster, as a client process is told of it ([`RealServers::members`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RealMember {
+    /// Its node, e.g. `sentinel-0`.
+    pub node: String,
+    /// Where this process reaches it.
+    pub reach: String,
+    /// Where the members say it is.
+    pub announced: String,
 }
 
 /// A backend family: its `[backend]` parameters and how to start its servers in a world.
@@ -381,6 +420,57 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster's members, as real mode tells a client process of them: its own paths to them, their
+    /// nodes and the addresses they announce to each other, in one order; a server alone has none.
+    #[test]
+    fn a_client_process_reads_a_clusters_members_from_its_environment() {
+        let env = |name: &str| match name {
+            "LOCKSIM_REDIS" => Some("127.0.0.1:1,127.0.0.1:2".to_string()),
+            "LOCKSIM_REDIS_NODES" => Some("redis-0,sentinel-0".to_string()),
+            "LOCKSIM_REDIS_ANNOUNCED" => Some("127.0.0.1:11,127.0.0.1:12".to_string()),
+            "LOCKSIM_ETCD" => Some("127.0.0.1:3".to_string()),
+            _ => None,
+        };
+        let servers = RealServers::from_env(env);
+        let member = |node: &str, reach: &str, announced: &str| RealMember {
+            node: node.into(),
+            reach: reach.into(),
+            announced: announced.into(),
+        };
+        assert_eq!(
+            servers.members(&redis::REAL),
+            Some(vec![
+                member("redis-0", "127.0.0.1:1", "127.0.0.1:11"),
+                member("sentinel-0", "127.0.0.1:2", "127.0.0.1:12")
+            ])
+        );
+        assert_eq!(servers.members(&etcd::REAL), None);
+        assert_eq!(servers.of(&etcd::REAL), "127.0.0.1:3");
+    }
+
+    /// redis-py's `discover_master`: the Sentinels in turn, the first to name a master goes to the front
+    /// of the list for the next time.
+    #[test]
+    fn a_sentinel_that_names_the_master_is_asked_first_next_time() {
+        let order = redis::SentinelOrder::default();
+        let asked = std::cell::RefCell::new(Vec::new());
+        let discover = |answers: [Option<&'static str>; 3]| {
+            asked.borrow_mut().clear();
+            let ask = async |s: &usize| {
+                asked.borrow_mut().push(*s);
+                answers[*s]
+            };
+            let future = std::pin::pin!(order.discover(&[0, 1, 2], ask));
+            let polled = future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+            let std::task::Poll::Ready(master) = polled else { panic!("nothing here waits") };
+            (master, asked.borrow().clone())
+        };
+        use std::future::Future;
+        assert_eq!(discover([None, Some("m"), Some("n")]), (Some("m"), vec![0, 1]));
+        assert_eq!(discover([None, Some("m"), None]), (Some("m"), vec![1]));
+        assert_eq!(discover([None, None, None]), (None, vec![1, 0, 2]));
+    }
 
     /// The recipes declaring each built-in point (what `on = "..."` accepts and the aimed nemesis draws);
     /// `scenarios/tests/aimed.rs` runs every recipe and checks that its clients pass exactly these.

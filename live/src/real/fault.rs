@@ -28,14 +28,16 @@
 //! `rate`, which on TCP breaks the connection: the client is reset after its request was applied.
 //! In a cluster the members' links to each other go through proxies too
 //! ([`crate::servers::Cluster`]): a `partition` of a member with `peers` naming members (or roles) holds
-//! the bytes between them both ways while their clients still reach both, and one with no `peers`
-//! cuts the member from its clients and its peers alike.
+//! the bytes between them both ways while their clients still reach both (`peers` may name clients
+//! too, whose links to the member it cuts), and one with no `peers` cuts the member from its clients
+//! and its peers alike.
 //!
 //! Refused before the run starts ([`refuse_unsupported`]), naming the fault and why:
 //! - `loss`: TCP retransmits a lost segment, so loss is delay by whole retransmission timeouts — what
 //!   the simulation makes of it — and the proxy does not draw lost segments (`delay` is the nearest);
 //! - `clock-jump`, `clock-drift`: every process reads the kernel's one clock;
-//! - `restart`: a crash with `duration` restarts the node; `failover`: one server, no replica;
+//! - `restart`: a crash with `duration` restarts the node; `failover`: a real master fails over only as
+//!   real Sentinel fails it over (`[backend] sentinels = 3`);
 //! - `stall`: SIGSTOP stops a member's client side with its consensus loop; `lag` (and ZooKeeper's
 //!   `[backend] apply_lag`): a real server applies as fast as it can;
 //! - a `clog` between members: a peer connection, opened by either member, carries both ways' messages;
@@ -122,11 +124,13 @@ fn refusal(f: &Fault, servers: &Servers) -> Option<String> {
     if f.target == Target::Node("resource".into()) {
         return Some("cannot fault the resource: it is locksim's own, inside its process".into());
     }
-    let clients = |peers: &[String]| !peers.is_empty() && peers.iter().all(|p| p.starts_with("client-"));
     let members = |peers: &[String]| !peers.is_empty() && peers.iter().all(|p| servers.names(p));
+    // A server's peers: clients, and members too where their links can be cut (a partition only).
+    let cuttable =
+        |p: &String, clog: bool| p.starts_with("client-") || (servers.names(p) && servers.peer_cuts && !clog);
     let peers_ok = |peers: &[String], clog: bool| match on_server {
         true if peers.is_empty() => !cluster || (servers.peer_cuts && !clog),
-        true => clients(peers) || (members(peers) && servers.peer_cuts && !clog),
+        true => peers.iter().all(|p| cuttable(p, clog)),
         false => members(peers),
     };
     let peers_why = |clog: bool| match on_server {
@@ -165,7 +169,11 @@ fn refusal(f: &Fault, servers: &Servers) -> Option<String> {
             "cannot move one process's clock (every process reads the kernel's)".into()
         }
         Action::Restart => "restarts a node only as a crash with a duration: give the crash `duration`".into(),
-        Action::Failover => "starts one server, with no replica to fail over to".into(),
+        Action::Failover => {
+            "fails a master over only as real Sentinel does ([backend] sentinels = 3): the failover fault runs simulated \
+             only"
+                .into()
+        }
         Action::Stall { .. } => "cannot stall a member's consensus loop alone: a SIGSTOP stops its client side too \
                                  (stall runs simulated only)"
             .into(),

@@ -8,8 +8,9 @@
 //! clients as processes of this very binary, `locksim adapter SCENARIO --seed S` ([`adapter`],
 //! [`Clients::Builtin`]): the simulator's recipe code, on a real clock (`Ctx::real`) and a real client
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
-//! checkers. Its backend must map to real servers locksim starts: the Redis family on one master without
-//! replicas (not Redlock, not failover), the ZooKeeper family (standalone with the launcher's tickTime, or
+//! checkers. Its backend must map to real servers locksim starts: the Redis family on one master (not
+//! Redlock), alone or with its replicas under three Sentinels ([`crate::servers::Cluster`]; a client
+//! asks a Sentinel for the master as redis-py's Sentinel client does), the ZooKeeper family (standalone with the launcher's tickTime, or
 //! an ensemble of `[backend] servers` with its timing, [`crate::servers::Cluster`]), the etcd family
 //! (through etcd's JSON gateway; one member or a cluster), and the database family on PostgreSQL (its
 //! tables and sequence made, and the `[backend]` settings set, on the fresh database before the clients
@@ -217,13 +218,23 @@ impl Run {
     }
 
     /// The environment of `client`'s process: the servers are its proxies (a cluster's members listed
-    /// with commas, as a connect string or an endpoint list has them).
+    /// with commas, as a connect string or an endpoint list has them, and their nodes and announced
+    /// addresses in the variables [`locksim_locks::RealServers`] reads).
     pub fn env(&self, client: &str) -> Vec<(String, String)> {
         let mut env = self.env.clone();
         if let Some(served) = &self.served {
             if let Some(proxies) = self.node(client).map(|n| &served.proxies[self.client_index(n)]) {
-                let addresses: Vec<String> = proxies.iter().map(|p| (served.server_of.address)(p.addr())).collect();
-                env.push((served.server_of.env.into(), addresses.join(",")));
+                let address = |addr| (served.server_of.address)(addr);
+                let addresses: Vec<String> = proxies.iter().map(|p| address(p.addr())).collect();
+                let var = served.server_of.env;
+                env.push((var.into(), addresses.join(",")));
+                if served.cluster.size() > 1 {
+                    let [nodes, announced] = locksim_locks::CLUSTER_VARS.map(|suffix| format!("{var}{suffix}"));
+                    env.push((nodes, self.nodes[..served.cluster.size()].join(",")));
+                    if let Some(addrs) = served.cluster.announced() {
+                        env.push((announced, addrs.iter().map(|a| address(*a)).collect::<Vec<_>>().join(",")));
+                    }
+                }
             }
         }
         env.push((ENV_CLIENT.into(), client.into()));

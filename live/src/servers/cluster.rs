@@ -1,5 +1,5 @@
-//! A cluster of real servers on loopback: a ZooKeeper ensemble, an etcd cluster. Every member is
-//! started at once (none answers before a quorum is up), each in its own temporary directory, and
+//! A cluster of real servers on loopback: a ZooKeeper ensemble, an etcd cluster, a Redis master with
+//! its replicas and three Sentinels. Every member is started at once (none answers before a quorum is up), each in its own temporary directory, and
 //! stopped with the cluster.
 //!
 //! **Peer links through proxies** ([`Launcher::peer_links`]), so that [`Cluster::cut`] can hold the
@@ -21,8 +21,15 @@
 //!   directory is that process's. Every peer connection — Raft's streams and pipeline, the snapshot,
 //!   a follower's lease keep-alives forwarded to the leader (`/leases`), the version checks — goes
 //!   through the proxy of the member it is to, on the link of the member it is from.
+//!   A Redis deployment under Sentinel has the same need: a replica and every Sentinel must reach the
+//!   master (and a Sentinel every replica and every other Sentinel) at the address the others hear of
+//!   — the master's `INFO` lists its replicas as they announce themselves (`replica-announce-port`), a
+//!   Sentinel tells the others its own in its hellos (`sentinel announce-port`), and after a failover
+//!   it sends the replicas `REPLICAOF` with the promoted replica's announced address. So each member
+//!   announces its proxy's port, the proxy stands in front of its one port, and tells a connection's
+//!   source by the working directory of the process at its other end, as for etcd.
 
-use super::{free_ports, Launcher, Member, PeerLinks, Ports, Server};
+use super::{free_ports, Fronted, Launcher, Member, PeerLinks, Ports, Server};
 use crate::real::proxy::{Dir, Proxy, Source};
 use locksim_locks::params::Params;
 use locksim_sim::rng::{stream, ChaCha8Rng, Stream};
@@ -37,6 +44,10 @@ pub struct Cluster {
     proxies: Vec<Proxy>,
     /// The paths from one member to another through them.
     paths: Vec<Path>,
+    /// Where each member says its clients' port is to the others, if the members announce addresses of
+    /// their own there (the proxies' of a proxy per member in front of it, [`Fronted::Client`]); else
+    /// empty.
+    announced: Vec<SocketAddr>,
 }
 
 /// How the members of a cluster about to start reach each other: each member's view of the others'
@@ -45,13 +56,14 @@ struct Peers {
     views: Vec<Vec<(u16, u16)>>,
     proxies: Vec<Proxy>,
     paths: Vec<Path>,
+    announced: Vec<SocketAddr>,
 }
 
 impl Peers {
     /// Each member at its own ports (`own`: each member's client, peer and election port).
     fn direct(own: &[[u16; 3]]) -> Peers {
         let view: Vec<(u16, u16)> = own.iter().map(|[_, peer, election]| (*peer, *election)).collect();
-        Peers { views: vec![view; own.len()], proxies: Vec::new(), paths: Vec::new() }
+        Peers { views: vec![view; own.len()], proxies: Vec::new(), paths: Vec::new(), announced: Vec::new() }
     }
 
     /// A quorum and an election proxy from each member to each other member (ZooKeeper); `rng` draws
@@ -81,6 +93,7 @@ impl Peers {
     /// start) the process at its other end has.
     fn per_member(
         own: &[[u16; 3]],
+        fronted: Fronted,
         rng: impl Fn(usize, usize) -> ChaCha8Rng,
         dirs: Arc<Mutex<Vec<PathBuf>>>,
     ) -> anyhow::Result<Peers> {
@@ -92,13 +105,22 @@ impl Peers {
             })
         });
         let (n, mut proxies, mut paths) = (own.len(), Vec::new(), Vec::new());
-        for (to, [_, peer, _]) in own.iter().enumerate() {
+        for (to, [client, peer, _]) in own.iter().enumerate() {
             let rngs = (0..n).map(|from| rng(from, to)).collect();
             paths.extend((0..n).map(|from| Path { from, to, proxy: proxies.len(), link: from }));
-            proxies.push(Proxy::by_source(addr(*peer), rngs, source.clone())?);
+            let port = match fronted {
+                Fronted::Client => *client,
+                Fronted::Peer => *peer,
+            };
+            proxies.push(Proxy::by_source(addr(port), rngs, source.clone())?);
         }
         let view: Vec<(u16, u16)> = proxies.iter().map(|p| (p.addr().port(), 0)).collect();
-        Ok(Peers { views: vec![view; n], proxies, paths })
+        // What a member announces is a client port only where the proxies stand in front of one.
+        let announced = match fronted {
+            Fronted::Client => proxies.iter().map(Proxy::addr).collect(),
+            Fronted::Peer => Vec::new(),
+        };
+        Ok(Peers { views: vec![view; n], proxies, paths, announced })
     }
 }
 
@@ -118,7 +140,7 @@ struct Path {
 impl Cluster {
     /// A cluster of one server.
     pub fn single(server: Server) -> Cluster {
-        Cluster { members: vec![Mutex::new(server)], proxies: Vec::new(), paths: Vec::new() }
+        Cluster { members: vec![Mutex::new(server)], proxies: Vec::new(), paths: Vec::new(), announced: Vec::new() }
     }
 
     /// Start `n` members of `launcher`'s server with `backend`'s settings and wait until each answers;
@@ -144,7 +166,7 @@ impl Cluster {
         let peers = match launcher.peer_links {
             PeerLinks::Direct => Peers::direct(&own),
             PeerLinks::PerPair => Peers::per_pair(&own, rng)?,
-            PeerLinks::PerMember => Peers::per_member(&own, rng, dirs.clone())?,
+            PeerLinks::PerMember(fronted) => Peers::per_member(&own, fronted, rng, dirs.clone())?,
         };
         let mut members = Vec::new();
         for (index, [client, peer, election]) in own.iter().copied().enumerate() {
@@ -160,7 +182,7 @@ impl Cluster {
             member.wait_ready()?;
         }
         let members = members.into_iter().map(Mutex::new).collect();
-        Ok(Cluster { members, proxies: peers.proxies, paths: peers.paths })
+        Ok(Cluster { members, proxies: peers.proxies, paths: peers.paths, announced: peers.announced })
     }
 
     /// How many members it has.
@@ -176,6 +198,12 @@ impl Cluster {
     /// Where each member's clients connect.
     pub fn addrs(&self) -> Vec<SocketAddr> {
         (0..self.size()).map(|i| self.member(i).addr().0).collect()
+    }
+
+    /// Where each member says its clients' port is to the others, when they announce addresses of
+    /// their own there (Redis under Sentinel: what a Sentinel answers when asked for the master).
+    pub fn announced(&self) -> Option<&[SocketAddr]> {
+        Some(&self.announced[..]).filter(|a| !a.is_empty())
     }
 
     /// The member leading the cluster now, as it says itself; `None` during an election, for a server

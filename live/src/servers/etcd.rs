@@ -1,7 +1,7 @@
 //! etcd (Debian 12 `etcd-server`, 3.4; `LOCKSIM_ETCD` may name a 3.5 binary from PyPI): one member, or a
 //! member of a cluster ([`super::Cluster`]).
 
-use super::{binary, Crash, Launcher, PeerLinks, Ports};
+use super::{binary, Crash, Fronted, Launcher, PeerLinks, Ports};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -16,7 +16,7 @@ pub static LAUNCHER: Launcher = Launcher {
     crash: Crash::Kill,
     set_up: Launcher::as_started,
     leads: Some(leads),
-    peer_links: PeerLinks::PerMember,
+    peer_links: PeerLinks::PerMember(Fronted::Peer),
     front: Launcher::alone,
 };
 

@@ -71,9 +71,19 @@ pub enum PeerLinks {
     /// Through a proxy per pair of members: each member's configuration names an address of its own for
     /// each other member (ZooKeeper).
     PerPair,
-    /// Through a proxy per member, which tells each connection's source by its process: every member
-    /// must name each member at one address alike (etcd).
-    PerMember,
+    /// Through a proxy per member, in front of the port named, which tells each connection's source by
+    /// its process: every member must name each member at one address alike (etcd, in front of its peer
+    /// port; a Redis master, its replicas and Sentinels, in front of their one port).
+    PerMember(Fronted),
+}
+
+/// The port of a member that its proxy stands in front of ([`PeerLinks::PerMember`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fronted {
+    /// [`Ports::client`]: a server that takes its peers on its clients' port (Redis).
+    Client,
+    /// [`Ports::peer`].
+    Peer,
 }
 
 /// The ports a server listens on, and for a cluster's member how it reaches the others.

@@ -176,16 +176,46 @@ pub struct SimRedis {
 
 /// A node's connection to the master Sentinel named, as redis-py's Sentinel client keeps it
 /// (`SentinelConnectionPool`, `Sentinel.discover_master`, redis-py 5): on connecting, it asks the
-/// Sentinels in turn for the master (`SENTINEL masters`), skips one that does not answer within the
-/// call timeout or says the master is down, and swaps the one that answered to the front of its list.
-/// The connection then stays on that server, whatever the Sentinels decide later, until a command on
-/// it times out or breaks, or is refused with `READONLY` (`SentinelManagedConnection.read_response`
-/// disconnects): the next command connects again and asks again.
+/// Sentinels for the master ([`SentinelOrder`]). The connection then stays on that server, whatever the
+/// Sentinels decide later, until a command on it times out or breaks, or is refused with `READONLY`
+/// (`SentinelManagedConnection.read_response` disconnects): the next command connects again and asks
+/// again.
 #[derive(Default)]
 struct SentinelClient {
     master: std::cell::Cell<Option<NodeIx>>,
-    order: std::cell::RefCell<Vec<NodeIx>>,
+    order: SentinelOrder<NodeIx>,
 }
+
+/// The order in which a client asks the Sentinels for the master (`Sentinel.discover_master`, redis-py
+/// 5), simulated or real: each in turn, skipping one that does not answer within the call timeout or
+/// says the master is down; the one that named it goes to the front of the list.
+pub struct SentinelOrder<S>(std::cell::RefCell<Vec<S>>);
+
+impl<S> Default for SentinelOrder<S> {
+    fn default() -> Self {
+        SentinelOrder(std::cell::RefCell::default())
+    }
+}
+
+impl<S: Clone> SentinelOrder<S> {
+    /// The master the first of `sentinels` to name one names (`ask`), or `None` (`MasterNotFoundError`).
+    pub async fn discover<M>(&self, sentinels: &[S], ask: impl AsyncFn(&S) -> Option<M>) -> Option<M> {
+        if self.0.borrow().is_empty() {
+            *self.0.borrow_mut() = sentinels.to_vec();
+        }
+        let order = self.0.borrow().clone();
+        for (i, sentinel) in order.iter().enumerate() {
+            if let Some(master) = ask(sentinel).await {
+                self.0.borrow_mut().swap(0, i);
+                return Some(master);
+            }
+        }
+        None
+    }
+}
+
+/// The name real mode's Sentinels monitor the master by (`sentinel monitor mymaster …`).
+pub const SENTINEL_MASTER: &str = "mymaster";
 
 impl SimRedis {
     pub fn new(ctx: Ctx, servers: &RedisServers, shard: usize, timeout: Duration) -> SimRedis {
@@ -229,22 +259,19 @@ impl SimRedis {
         if let Some(master) = client.master.get() {
             return Ok(master);
         }
-        if client.order.borrow().is_empty() {
-            *client.order.borrow_mut() = self.sentinels.clone();
-        }
-        let order = client.order.borrow().clone();
-        for (i, sentinel) in order.iter().enumerate() {
+        let ask = async |sentinel: &NodeIx| {
             let asked = self.ctx.rpc().call(*sentinel, RedisRequest::Sentinel(SentinelMsg::Masters), self.timeout);
-            if let Ok(RedisReply::Array(answer)) = asked.await {
-                if let [RedisReply::Int(master), RedisReply::Int(0)] = answer[..] {
-                    client.order.borrow_mut().swap(0, i);
-                    let master = NodeIx(master as u32);
-                    client.master.set(Some(master));
-                    return Ok(master);
-                }
+            match asked.await {
+                Ok(RedisReply::Array(answer)) => match answer[..] {
+                    [RedisReply::Int(master), RedisReply::Int(0)] => Some(NodeIx(master as u32)),
+                    _ => None,
+                },
+                _ => None,
             }
-        }
-        Err(CallError::Reset) // MasterNotFoundError: nothing was sent
+        };
+        let master = client.order.discover(&self.sentinels, ask).await;
+        client.master.set(master);
+        master.ok_or(CallError::Reset) // MasterNotFoundError: nothing was sent
     }
 
     /// After a command's outcome: a connection that failed, or found a replica, is dropped.
@@ -302,9 +329,8 @@ impl RedisConn {
         match servers {
             #[cfg(feature = "real-clients")]
             Servers::Real(real) => {
-                assert_eq!(shard, 0, "a real run has one Redis server");
-                let addr = real.of(&REAL);
-                RedisConn::Real(real::RealRedis::new(addr, timeout))
+                assert_eq!(shard, 0, "a real run has one Redis master");
+                RedisConn::Real(real::RealRedis::new(real, timeout))
             }
             other => RedisConn::Sim(SimRedis::new(ctx, RedisServers::from(other), shard, timeout)),
         }
@@ -479,25 +505,35 @@ pub static FAMILY: Family = Family {
     },
 };
 
-/// Redis 7.0 (Debian 12 `redis-server`), one master: no Redlock's independent masters, no replica or
-/// Sentinel to fail over to (both are simulated only). It restarts empty unless `persist = true` (real
-/// mode then runs it with an append-only file).
+/// Redis 7.0 (Debian 12 `redis-server`): one master, or one master with its replicas and three
+/// Sentinels (`redis-server --sentinel`, what Debian's `redis-sentinel` runs); no Redlock's independent
+/// masters, no replica without Sentinel (the `failover` fault is simulated only), no slowed replica. It
+/// restarts empty unless `persist = true` (real mode then runs it with an append-only file).
 pub static REAL: RealServer = RealServer {
     name: "redis",
     node: "redis-0",
     env: "LOCKSIM_REDIS",
     package: "redis-server",
     client_built: cfg!(feature = "real-clients"),
-    refuses: |backend| match (backend.int("masters"), backend.int("replicas")) {
-        (1, 0) => Ok(()),
-        (masters, _) if masters != 1 => Err(format!(
-            "with [backend] masters = {masters}: --real starts one Redis server, and Redlock's independent masters \
-             would each need their own"
-        )),
-        (_, replicas) => Err(format!(
-            "with [backend] replicas = {replicas}: --real starts one Redis server, without a replica or Sentinel \
-             to fail over to"
-        )),
+    refuses: |backend| {
+        let (masters, replicas, sentinels) =
+            (backend.int("masters"), backend.int("replicas"), backend.int("sentinels"));
+        if masters != 1 {
+            return Err(format!(
+                "with [backend] masters = {masters}: --real starts one Redis master, and Redlock's independent \
+                 masters would each need their own"
+            ));
+        }
+        if replicas > 0 && sentinels == 0 {
+            return Err(format!(
+                "with [backend] replicas = {replicas} and no Sentinels: --real fails a master over only as \
+                 Sentinel does (sentinels = 3); the `failover` fault is simulated only"
+            ));
+        }
+        if !backend.duration("replication_lag").is_zero() {
+            return Err("with [backend] replication_lag: a real replica is not slowed (it runs simulated only)".into());
+        }
+        Ok(())
     },
     keeps_data: |backend| backend.bool("persist"),
     address: RealServer::host_port,

@@ -282,6 +282,7 @@ impl RedisRequest {
             RedisRequest::Replicate { .. }
             | RedisRequest::ReplAck { .. }
             | RedisRequest::ReplSync
+            | RedisRequest::ReplClose
             | RedisRequest::ReplicaOf { .. }
             | RedisRequest::Sentinel(_) => {
                 unreachable!("replication and Sentinel traffic is not a client command")

@@ -287,6 +287,11 @@ impl Data {
                 }
                 Ok
             }
+            RedisRequest::ReplClose => {
+                self.replicas.remove(&from);
+                self.resync.remove(&from);
+                Ok
+            }
             RedisRequest::Wait { .. } => Int(self.synced(from)),
             RedisRequest::InfoReplicas => Int(self.replicas.len() as i64),
             RedisRequest::Eval { .. }

@@ -183,6 +183,12 @@ pub enum RedisRequest {
     /// A restarted replica asks its master for the stream (`PSYNC`): the master answers with a full
     /// resynchronisation, its whole dataset, on the replica link.
     ReplSync,
+    /// A replica leaves the master it followed (`REPLICAOF` another, or `NO ONE`): it closes its link,
+    /// and the master, reading the connection's end after whatever the link still held, frees the
+    /// replica (`replicationSetMaster`/`replicationUnsetMaster` → `freeClient(server.master)`; on the
+    /// master `freeClient` → `refreshGoodSlavesCount`): it no longer counts for `min-replicas-*` or
+    /// `WAIT`, and is fed no more.
+    ReplClose,
     /// `REPLICAOF host port`, or `REPLICAOF NO ONE` (`None`), as Sentinel sends it.
     ReplicaOf {
         master: Option<NodeIx>,
@@ -266,6 +272,8 @@ pub struct RedisState {
     replica_of: Option<NodeIx>,
     /// This server's node and the Sentinels watching it, for hazard marks only.
     watched: Option<(NodeIx, sentinel::Sentinels)>,
+    /// As a master under `min-replicas-*`: how many replicas it last counted good (see [`Managed`]).
+    good_replicas: usize,
 }
 
 /// A server under Sentinel ([`sentinel`]): its role changes at `REPLICAOF`, as a replica it sends
@@ -275,8 +283,11 @@ pub struct RedisState {
 /// `min-replicas-*` (`processCommand` → `checkGoodReplicasStatus`, `replication.c`, 7.0): a replica
 /// is good while `unixtime - repl_ack_time <= min-replicas-max-lag`, both in whole seconds of the
 /// master's wall clock; a write command is refused with `NOREPLICAS`, and so is each write a script
-/// makes (`scriptVerifyWriteCommandAllow`). Redis recounts good replicas once a second; the model
-/// counts at each command, up to a second sooner.
+/// makes (`scriptVerifyWriteCommandAllow`). The count a write is checked against is the one Redis last
+/// made (`refreshGoodSlavesCount`): once a second (`replicationCron`, the server's tick here), when a
+/// replica comes online (its first acknowledgement here, as after its synchronisation) and when one
+/// is freed (its link closed, [`RedisRequest::ReplClose`]) — not at each acknowledgement. So an
+/// acknowledgement that a cut held back, arriving just before the replica's close, never counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Managed {
     pub min_replicas_to_write: u32,
@@ -335,17 +346,22 @@ impl RedisState {
         self.replica_of = None;
     }
 
-    /// Why writes are refused at wall time `wall_ms`, if they are: a replica's `READONLY`, a master's
+    /// Why writes are refused now, if they are: a replica's `READONLY`, a master's
     /// `NOREPLICAS` (see [`Managed`]).
-    fn refusal(&self, wall_ms: i64) -> Option<&'static str> {
+    fn refusal(&self) -> Option<&'static str> {
         if self.replica_of.is_some() {
             return Some(READONLY);
         }
         let managed = self.managed.filter(|m| m.min_replicas_to_write > 0)?;
+        (self.good_replicas < managed.min_replicas_to_write as usize).then_some(NOREPLICAS)
+    }
+
+    /// `refreshGoodSlavesCount` at wall time `wall_ms` (see [`Managed`]).
+    fn recount(&mut self, wall_ms: i64) {
+        let Some(managed) = self.managed else { return };
         let max_lag_s = managed.min_replicas_max_lag.as_secs() as i64;
         let good = |at_ms: i64| wall_ms.div_euclid(1000) - at_ms.div_euclid(1000) <= max_lag_s;
-        let good = self.data.replicas.values().filter(|a| a.at_ms.is_some_and(good)).count();
-        (good < managed.min_replicas_to_write as usize).then_some(NOREPLICAS)
+        self.good_replicas = self.data.replicas.values().filter(|a| a.at_ms.is_some_and(good)).count();
     }
 
     /// `REPLICAOF NO ONE` (`None`): stop following, keep the dataset, take writes. `REPLICAOF m`:
@@ -355,13 +371,16 @@ impl RedisState {
     fn replicaof(&mut self, master: Option<NodeIx>, out: &mut Out) -> RedisReply {
         match master {
             None => {
-                if self.replica_of.take().is_some() {
+                if let Some(old) = self.replica_of.take() {
                     self.data.promoted = true;
+                    out.push(old, RedisRequest::ReplClose);
                 }
             }
             Some(m) if self.replica_of == Some(m) => {}
             Some(m) => {
-                self.replica_of = Some(m);
+                if let Some(old) = self.replica_of.replace(m) {
+                    out.push(old, RedisRequest::ReplClose);
+                }
                 self.data.feed(&[]);
                 self.data.shipped.clear();
                 self.data.resync.clear();
@@ -429,7 +448,13 @@ impl Backend for RedisState {
             }
             _ => {}
         }
-        self.data.refusal = self.refusal(now.wall_ms);
+        self.data.refusal = self.refusal();
+        // A replica online (its first acknowledgement) or freed changes the count at once.
+        let recount = match request {
+            RedisRequest::ReplClose => true,
+            RedisRequest::ReplAck { .. } => self.data.replicas.get(&from).is_some_and(|a| a.at_ms.is_none()),
+            _ => false,
+        };
         let offset = self.data.offset;
         // A client's write (or a script, or a command line, that may write) — not a read that expired a key.
         let writes = request.is_write()
@@ -438,6 +463,9 @@ impl Backend for RedisState {
                 RedisRequest::Eval { .. } | RedisRequest::EvalSha { .. } | RedisRequest::Command { .. }
             );
         let reply = self.command(now.wall_ms, from, request, out);
+        if recount {
+            self.recount(now.wall_ms);
+        }
         if self.data.offset > offset && writes && self.watched.as_ref().is_some_and(|(me, s)| s.deposed(*me)) {
             out.mark(crate::hazard::Hazard::DeposedMasterWrite);
         }
@@ -451,14 +479,16 @@ impl Backend for RedisState {
         reply
     }
 
-    /// A replica under Sentinel acknowledges every second (`replicationCron`).
+    /// Under Sentinel, `replicationCron` every second: a replica acknowledges, a master recounts its
+    /// good replicas.
     fn tick_interval(&self) -> Option<Duration> {
         self.managed.map(|_| Duration::from_secs(1))
     }
 
-    fn tick(&mut self, _now: Now, out: &mut Out) {
-        if let Some(master) = self.replica_of {
-            out.push(master, RedisRequest::ReplAck { offset: self.data.applied() });
+    fn tick(&mut self, now: Now, out: &mut Out) {
+        match self.replica_of {
+            Some(master) => out.push(master, RedisRequest::ReplAck { offset: self.data.applied() }),
+            None => self.recount(now.wall_ms),
         }
     }
 

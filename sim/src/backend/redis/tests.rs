@@ -719,8 +719,15 @@ fn ack(state: &mut RedisState, now_ms: i64) {
     state.apply(Now::at(now_ms), NodeIx(1), RedisRequest::ReplAck { offset: 0 }, &mut Out::default());
 }
 
+/// `replicationCron` on the master: it recounts its good replicas.
+fn cron(state: &mut RedisState, now_ms: i64) {
+    state.tick(Now::at(now_ms), &mut Out::default());
+}
+
 /// `min-replicas-max-lag` counts whole seconds of the master's clock since the replica's last
-/// acknowledgement; a write, and each write a script makes, is refused past it; reads are not.
+/// acknowledgement; a write, and each write a script makes, is refused past it; reads are not. The
+/// count is the one the master last made: when the replica came online (its first acknowledgement)
+/// and once a second (`replicationCron`), not at each acknowledgement.
 #[test]
 fn a_master_without_a_good_replica_refuses_writes() {
     use SetCondition::*;
@@ -728,12 +735,16 @@ fn a_master_without_a_good_replica_refuses_writes() {
     let refused = Error(NOREPLICAS.into());
     table(&mut master, vec![(0, set("lock", "a", Nx, Some(60_000)), refused.clone())]);
     ack(&mut master, 1_900);
+    table(&mut master, vec![(2_000, set("lock", "a", Nx, Some(60_000)), Ok)]);
+    // Acknowledged in second 1: good up to second 11 (11 - 1 <= 10), not from second 12.
+    cron(&mut master, 11_999);
+    table(&mut master, vec![(11_999, RedisRequest::Incr { key: key("n") }, Int(1))]);
+    // Until the next count, the last one stands.
+    table(&mut master, vec![(12_000, RedisRequest::Incr { key: key("n") }, Int(2))]);
+    cron(&mut master, 12_000);
     table(
         &mut master,
         vec![
-            (2_000, set("lock", "a", Nx, Some(60_000)), Ok),
-            // Acknowledged in second 1: good up to second 11 (11 - 1 <= 10), refused from second 12.
-            (11_999, RedisRequest::Incr { key: key("n") }, Int(1)),
             (12_000, RedisRequest::Incr { key: key("n") }, refused.clone()),
             (12_000, RedisRequest::Get { key: key("lock") }, Bulk("a".into())),
             (12_000, eval(COMPARE_AND_DELETE, &["lock"], &["b"]), Int(0)),
@@ -743,8 +754,38 @@ fn a_master_without_a_good_replica_refuses_writes() {
     let script =
         master.apply(Now::at(12_000), NodeIx(0), eval(COMPARE_AND_DELETE, &["lock"], &["a"]), &mut Out::default());
     assert!(matches!(&script, Error(e) if e.starts_with(NOREPLICAS)), "{script:?}");
+    // A late acknowledgement counts at the next count, not before.
     ack(&mut master, 12_500);
-    table(&mut master, vec![(12_600, RedisRequest::Del { keys: vec![key("lock")] }, Int(1))]);
+    table(&mut master, vec![(12_600, RedisRequest::Del { keys: vec![key("lock")] }, refused.clone())]);
+    cron(&mut master, 13_000);
+    table(&mut master, vec![(13_000, RedisRequest::Del { keys: vec![key("lock")] }, Int(1))]);
+}
+
+/// A replica that leaves its master (`REPLICAOF` another, or `NO ONE`) closes its link; the master,
+/// reading the connection's end after what the link held, frees it and counts again at once: an
+/// acknowledgement that a cut held back and that arrives just before the close never makes the master
+/// take writes, and a freed replica is no longer counted (`INFO replication`) nor fed.
+#[test]
+fn a_replica_that_leaves_is_freed_and_no_longer_counts() {
+    use SetCondition::*;
+    let mut master = managed_master();
+    ack(&mut master, 0);
+    cron(&mut master, 15_000);
+    table(&mut master, vec![(15_000, set("lock", "a", Nx, None), Error(NOREPLICAS.into()))]);
+    // The cut heals: the acknowledgements the link held — a write between them and the close is still
+    // refused — then the replica's close.
+    ack(&mut master, 15_100);
+    table(&mut master, vec![(15_100, set("lock", "a", Nx, None), Error(NOREPLICAS.into()))]);
+    master.apply(Now::at(15_100), NodeIx(1), RedisRequest::ReplClose, &mut Out::default());
+    table(
+        &mut master,
+        vec![
+            (15_100, set("lock", "a", Nx, None), Error(NOREPLICAS.into())),
+            (15_100, RedisRequest::InfoReplicas, Int(0)),
+        ],
+    );
+    cron(&mut master, 16_000);
+    table(&mut master, vec![(16_000, set("lock", "a", Nx, None), Error(NOREPLICAS.into()))]);
 }
 
 /// `REPLICAOF m` makes a master a read-only replica that asks `m` for a full resynchronisation;
@@ -769,7 +810,12 @@ fn replicaof_turns_a_master_into_a_replica_and_back() {
     };
     state.apply(Now::at(2), NodeIx(3), stray, &mut Out::default());
     table(&mut state, vec![(3, RedisRequest::Get { key: key("lock") }, Nil)]);
-    state.apply(Now::at(4), NodeIx(9), RedisRequest::ReplicaOf { master: None }, &mut Out::default());
+    // Promoted, it closes its link to the master it followed.
+    let mut out = Out::default();
+    state.apply(Now::at(4), NodeIx(9), RedisRequest::ReplicaOf { master: None }, &mut out);
+    let closed: Vec<_> =
+        out.pushes.drain(..).map(|(to, m)| (to, *m.downcast::<RedisRequest>().expect("a request"))).collect();
+    assert_eq!(closed, vec![(new_master, RedisRequest::ReplClose)]);
     table(&mut state, vec![(5, set("lock", "a", Nx, None), Ok)]);
 }
 
