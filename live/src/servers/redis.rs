@@ -4,7 +4,6 @@
 //! (`redis-server sentinel.conf --sentinel`, which is what Debian's `redis-sentinel` package runs).
 
 use super::{binary, Crash, Fronted, Launcher, Member, PeerLinks, Ports};
-use locksim_locks::params::Params;
 use locksim_locks::redis::SENTINEL_MASTER;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -31,40 +30,53 @@ pub static LAUNCHER: Launcher = Launcher {
 /// than 100.
 ///
 /// A cluster's members are, in the order of the family's nodes, the master (`redis-0`), its replicas
-/// and the Sentinels ([`sentinel`]). A replica follows the master at its proxy and announces its own
-/// proxy (`replica-announce-ip`/`-port`); every data server takes the `[backend]`'s `min-replicas-*`.
+/// and the Sentinels ([`sentinel`]). Every data server announces its proxy (`replica-announce-ip`/
+/// `-port`: the master too, which a failover may make a replica) and takes the `[backend]`'s
+/// `min-replicas-*`; a replica follows the master at its proxy.
 fn launch(dir: &Path, ports: &Ports) -> anyhow::Result<Command> {
-    let port = ports.client;
     let mut cmd = Command::new(binary("redis-server", &["/usr/bin/redis-server"])?);
-    let Some(member) = &ports.member else {
-        data_server(&mut cmd, dir, port);
-        return Ok(cmd);
-    };
-    let backend = &member.backend;
-    if member.index > backend.int("replicas") as usize {
-        sentinel(dir, port, member, backend)?;
-        cmd.arg(dir.join("sentinel.conf")).arg("--sentinel");
-        return Ok(cmd);
-    }
-    data_server(&mut cmd, dir, port);
-    let min_replicas =
-        [backend.int("min_replicas_to_write"), backend.duration("min_replicas_max_lag").as_secs() as i64];
-    cmd.args(["--min-replicas-to-write", &min_replicas[0].to_string(), "--min-replicas-max-lag"])
-        .arg(min_replicas[1].to_string());
-    if member.index > 0 {
-        let master = member.view[0].0.to_string();
-        cmd.args(["--replicaof", "127.0.0.1", &master, "--replica-announce-ip", "127.0.0.1"])
-            .args(["--replica-announce-port", &member.view[member.index].0.to_string()]);
+    match &ports.member {
+        Some(member) if member.index > member.backend.int("replicas") as usize => {
+            sentinel(dir, ports.client, member)?;
+            cmd.arg(dir.join("sentinel.conf")).arg("--sentinel");
+        }
+        member => {
+            data_server(dir, ports.client, member.as_ref())?;
+            cmd.arg(dir.join("redis.conf"));
+        }
     }
     Ok(cmd)
 }
 
-/// A data server's arguments (see [`launch`]).
-fn data_server(cmd: &mut Command, dir: &Path, port: u16) {
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
-        .arg(dir)
-        .args(["--appendonly", "yes", "--appendfsync", "no", "--save", "", "--daemonize", "no", "--hz", "100"])
-        .args(["--protected-mode", "no", "--logfile", ""]);
+/// Write a data server's `redis.conf` into `dir`, once (see [`launch`]): a server under Sentinel is
+/// sent `REPLICAOF` and `CONFIG REWRITE` at a failover, and one that starts again after a crash keeps
+/// the role Sentinel gave it, as the model's does (arguments on the command line would put it back
+/// under its first master).
+fn data_server(dir: &Path, port: u16, member: Option<&Member>) -> anyhow::Result<()> {
+    let path = dir.join("redis.conf");
+    if path.exists() {
+        return Ok(());
+    }
+    let mut conf = format!(
+        "port {port}\nbind 127.0.0.1\ndir {}\nappendonly yes\nappendfsync no\nsave \"\"\ndaemonize no\nhz 100\n\
+         protected-mode no\nlogfile \"\"\n",
+        dir.display()
+    );
+    if let Some(member) = member {
+        let backend = &member.backend;
+        conf += &format!(
+            "min-replicas-to-write {}\nmin-replicas-max-lag {}\nreplica-announce-ip 127.0.0.1\n\
+             replica-announce-port {}\n",
+            backend.int("min_replicas_to_write"),
+            backend.duration("min_replicas_max_lag").as_secs(),
+            member.view[member.index].0
+        );
+        if member.index > 0 {
+            conf += &format!("replicaof 127.0.0.1 {}\n", member.view[0].0);
+        }
+    }
+    std::fs::write(&path, conf)?;
+    Ok(())
 }
 
 /// Write a Sentinel's `sentinel.conf` into `dir`, once: a Sentinel rewrites its file as its view
@@ -78,7 +90,8 @@ fn data_server(cmd: &mut Command, dir: &Path, port: u16) {
 /// It knows the replicas and the other Sentinels from the start (`known-replica`, `known-sentinel`,
 /// each Sentinel's id fixed by its place), as the model's Sentinels do: a real one otherwise learns of
 /// the replicas from the master's `INFO`, every 10 s, and a run's fault could come before it has.
-fn sentinel(dir: &Path, port: u16, member: &Member, backend: &Params) -> anyhow::Result<()> {
+fn sentinel(dir: &Path, port: u16, member: &Member) -> anyhow::Result<()> {
+    let backend = &member.backend;
     let path = dir.join("sentinel.conf");
     if path.exists() {
         return Ok(());
@@ -132,4 +145,48 @@ fn synced(addr: SocketAddr) -> anyhow::Result<()> {
 fn ready(stream: TcpStream, _: SocketAddr) -> bool {
     let mut conn = crate::wire::resp::Conn::on(stream);
     matches!(conn.command(&["PING"]), Ok(crate::wire::resp::Value::Simple(s)) if s == "PONG")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use locksim_locks::params::{ParamValue, Params};
+    use locksim_locks::redis::BACKEND_PARAMS;
+
+    /// Member `index` of a master, two replicas and three Sentinels, each member's proxy at port
+    /// 1000 + its index.
+    fn member(index: usize) -> Member {
+        let given = [("replicas", ParamValue::Int(2)), ("sentinels", ParamValue::Int(3))];
+        let backend = Params::resolve(BACKEND_PARAMS, given);
+        Member { index, view: (0..6).map(|i| (1000 + i as u16, 0)).collect(), backend }
+    }
+
+    /// Every data server announces its proxy (the master too: a failover may make it a replica), a
+    /// replica follows the master's, and a file once written is the server's own: what Sentinel
+    /// rewrote survives a restart.
+    #[test]
+    fn a_members_configuration_announces_its_proxy_and_is_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        data_server(dir.path(), 7000, Some(&member(0))).unwrap();
+        let master = read("redis.conf");
+        assert!(master.contains("replica-announce-port 1000\n") && !master.contains("replicaof"), "{master}");
+        std::fs::write(dir.path().join("redis.conf"), "replicaof 127.0.0.1 1001\n").unwrap();
+        data_server(dir.path(), 7000, Some(&member(0))).unwrap();
+        assert_eq!(read("redis.conf"), "replicaof 127.0.0.1 1001\n");
+
+        let dir = tempfile::tempdir().unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        data_server(dir.path(), 7001, Some(&member(2))).unwrap();
+        let replica = read("redis.conf");
+        assert!(replica.contains("replicaof 127.0.0.1 1000\n"), "{replica}");
+        assert!(replica.contains("replica-announce-port 1002\n"), "{replica}");
+        sentinel(dir.path(), 7003, &member(3)).unwrap();
+        let conf = read("sentinel.conf");
+        assert!(conf.contains(&format!("sentinel monitor {SENTINEL_MASTER} 127.0.0.1 1000 2\n")), "{conf}");
+        assert!(conf.contains("sentinel announce-port 1003\n"), "{conf}");
+        assert!(conf.contains(&format!("sentinel known-replica {SENTINEL_MASTER} 127.0.0.1 1002\n")), "{conf}");
+        let known: Vec<&str> = conf.lines().filter(|l| l.starts_with("sentinel known-sentinel")).collect();
+        assert_eq!(known.len(), 2, "the other two Sentinels: {conf}");
+    }
 }
