@@ -10,8 +10,9 @@
 //! crate (`Servers::Real`), speaking the protocol below through the same proxies, faults, resource and
 //! checkers. Its backend must map to real servers locksim starts: the Redis family on one master (not
 //! Redlock), alone or with its replicas under three Sentinels ([`crate::servers::Cluster`]; a client
-//! asks a Sentinel for the master as redis-py's Sentinel client does), the ZooKeeper family (standalone with the launcher's tickTime, or
-//! an ensemble of `[backend] servers` with its timing, [`crate::servers::Cluster`]), the etcd family
+//! asks a Sentinel for the master as redis-py's Sentinel client does), the ZooKeeper family
+//! (standalone with the launcher's tickTime, or an ensemble of `[backend] servers` with its timing,
+//! [`crate::servers::Cluster`]), the etcd family
 //! (through etcd's JSON gateway; one member or a cluster), and the database family on PostgreSQL (its
 //! tables and sequence made, and the `[backend]` settings set, on the fresh database before the clients
 //! start); anything else is

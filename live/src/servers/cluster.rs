@@ -1,6 +1,6 @@
 //! A cluster of real servers on loopback: a ZooKeeper ensemble, an etcd cluster, a Redis master with
-//! its replicas and three Sentinels. Every member is started at once (none answers before a quorum is up), each in its own temporary directory, and
-//! stopped with the cluster.
+//! its replicas and three Sentinels. Every member is started at once (none answers before a quorum is
+//! up), each in its own temporary directory, and stopped with the cluster.
 //!
 //! **Peer links through proxies** ([`Launcher::peer_links`]), so that [`Cluster::cut`] can hold the
 //! bytes between two members, as a partition does, while their clients still reach both:
