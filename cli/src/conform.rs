@@ -7,6 +7,7 @@ use locksim_live::conform::client::sql::SqlClientSide;
 use locksim_live::conform::client::zk::ZkClientSide;
 use locksim_live::conform::client::{self, ClientFamily};
 use locksim_live::conform::ensemble::etcd::EtcdCluster;
+use locksim_live::conform::ensemble::sentinel::RedisSentinel;
 use locksim_live::conform::ensemble::zk::ZkEnsemble;
 use locksim_live::conform::ensemble::{self, EnsembleFamily};
 use locksim_live::conform::etcd::Etcd;
@@ -98,6 +99,7 @@ const DRIVERS: &[Driver] = &[
     Driver::client::<EtcdClientSide>(),
     Driver::ensemble::<ZkEnsemble>(),
     Driver::ensemble::<EtcdCluster>(),
+    Driver::ensemble::<RedisSentinel>(),
 ];
 
 /// `all`, then each driver, with its line of help.
@@ -245,7 +247,7 @@ fn client_family<F: ClientFamily>(family: &F, args: &Args) -> anyhow::Result<Rep
 
 /// An ensemble family: each seed on a real ensemble of its own, started for it.
 fn ensemble_family<F: EnsembleFamily>(family: &F, args: &Args) -> anyhow::Result<Report> {
-    let jobs = super::jobs(args.jobs.map(|j| j.min(64))).min(ENSEMBLES_AT_ONCE);
+    let jobs = super::jobs(args.jobs.map(|j| j.min(64))).min(F::AT_ONCE);
     let counts: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
     let outcomes = lanes(
         F::NAME,
@@ -260,9 +262,6 @@ fn ensemble_family<F: EnsembleFamily>(family: &F, args: &Args) -> anyhow::Result
     let report = Report::new(F::NAME, args, counts.into_inner().expect("counts lock"));
     timeline_report(report, outcomes, jobs, |seed| ensemble::check(family, seed))
 }
-
-/// The most ensembles played at once: each is three servers (JVMs, for ZooKeeper) starting together.
-const ENSEMBLES_AT_ONCE: usize = 2;
 
 /// A report of timelines compared, seed by seed. A timeline is real time: a seed that mismatched while
 /// other seeds ran beside it (`jobs` > 1) is played once more alone, and the replay's outcome counts —

@@ -1,5 +1,6 @@
 //! Ensemble conformance against real ensembles on loopback: three ZooKeeper servers (their peer links
-//! through locksim's proxies) or three etcd members started for each seed. Where a server is missing
+//! through locksim's proxies), three etcd members, or a Redis master with its replicas and three
+//! Sentinels, started for each seed. Where a server is missing
 //! these tests say so and pass, unless `LOCKSIM_REQUIRE_SERVERS` is set — as `.ci/run` sets it.
 
 mod common;
@@ -7,6 +8,7 @@ mod common;
 use common::{locksim, stderr, stdout};
 use locksim_live::conform::client::Outcome;
 use locksim_live::conform::ensemble::etcd::EtcdCluster;
+use locksim_live::conform::ensemble::sentinel::RedisSentinel;
 use locksim_live::conform::ensemble::zk::ZkEnsemble;
 use locksim_live::conform::ensemble::{check, plan, EnsembleFamily};
 use locksim_live::servers::{self, Launcher, Server};
@@ -36,17 +38,22 @@ fn conform_zk_ensemble_agrees_with_a_real_ensemble() {
     if !here(&servers::ZOOKEEPER) {
         return;
     }
-    // Two seeds in a row that play both kinds of plan; CI's `conform all` plays the breadth.
     let (open, shut) = ("window open (T < syncLimit·tickTime)", "window shut (T > syncLimit·tickTime)");
-    let kind = |s: u64| ZkEnsemble::kind(&plan::<ZkEnsemble>(s));
-    let first = (0..100).find(|s| kind(*s) != kind(s + 1)).expect("both kinds among the first seeds");
+    agrees_on_two_kinds::<ZkEnsemble>(open, &[open, shut]);
+}
+
+/// `conform F` on two seeds in a row, one whose plan is of kind `one` and one of another kind (CI's
+/// `conform all` plays the breadth): every seed agrees, and the coverage line names each of `played`.
+fn agrees_on_two_kinds<F: EnsembleFamily>(one: &str, played: &[&str]) {
+    let is_one = |s: u64| F::kind(&plan::<F>(s)) == one;
+    let first = (0..100).find(|s| is_one(*s) != is_one(s + 1)).expect("both kinds among the first seeds");
     let seeds = format!("{first}..{}", first + 2);
-    let o = locksim(&["conform", "zk-ensemble", "--seeds", &seeds, "--jobs", "2"]);
+    let o = locksim(&["conform", F::NAME, "--seeds", &seeds, "--jobs", "2"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let out = stdout(&o);
-    let said = format!("zk-ensemble: 2 seeds (seeds {seeds}): ");
+    let said = format!("{}: 2 seeds (seeds {seeds}): ", F::NAME);
     assert!(out.contains(&said) && out.contains(" agreed, 0 mismatched"), "{out}");
-    assert!(out.contains(open) && out.contains(shut), "{out}");
+    assert!(played.iter().all(|p| out.contains(p)), "{out}");
 }
 
 /// The model's ensemble with a planted bug: its followers wait four ticks longer than `syncLimit` for
@@ -82,14 +89,15 @@ fn conform_etcd_cluster_agrees_with_a_real_cluster() {
     if !here(&servers::ETCD) {
         return;
     }
-    // Two seeds in a row that play both kinds of plan: the leader killed, the leader paused.
-    let paused = |s: u64| EtcdCluster::kind(&plan::<EtcdCluster>(s)) == "leader paused, every member read";
-    let first = (0..100).find(|s| paused(*s) != paused(s + 1)).expect("both kinds among the first seeds");
-    let seeds = format!("{first}..{}", first + 2);
-    let o = locksim(&["conform", "etcd-cluster", "--seeds", &seeds, "--jobs", "2"]);
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    let out = stdout(&o);
-    let said = format!("etcd-cluster: 2 seeds (seeds {seeds}): ");
-    assert!(out.contains(&said) && out.contains(" agreed, 0 mismatched"), "{out}");
-    assert!(out.contains("leader paused, every member read 1") && out.contains("leader killed 1"), "{out}");
+    let paused = "leader paused, every member read";
+    agrees_on_two_kinds::<EtcdCluster>(paused, &["leader paused, every member read 1", "leader killed 1"]);
+}
+
+#[test]
+fn conform_redis_sentinel_agrees_with_a_real_deployment() {
+    let _turn = turn();
+    if !here(&servers::REDIS) {
+        return;
+    }
+    agrees_on_two_kinds::<RedisSentinel>("master killed", &["master killed 1", "master cut off"]);
 }

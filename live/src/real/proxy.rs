@@ -16,8 +16,10 @@
 //!   connection is broken, as here. The reader stops reading while it holds, so the rest waits in the
 //!   kernel's buffers (bounded by them, and by the client's flow control). Two differences remain:
 //!   the client's kernel gets its data acknowledged (by the proxy's) and its keep-alive probes
-//!   answered, and a new connection is accepted at once (only its bytes are held); the adapters here
-//!   notice a partition by their own timeouts, not by TCP keep-alive.
+//!   answered, and a new connection is accepted at once — though nothing passes on it until its SYN
+//!   would have got through, at the first SYN retransmission after the heal (1, 3, 7, 15 … s after the
+//!   dial: `handshake`); the adapters here notice a partition by their own timeouts, not by TCP
+//!   keep-alive.
 //! - **delay**: each chunk is delivered `latency` after it was read (the client's and the server's
 //!   delays add, as the simulator adds the sender's and the receiver's).
 //! - **drop-reply** (at `rate`): a chunk from the server is lost — which TCP cannot do without
@@ -28,7 +30,7 @@
 //! error as a reset; a connection the server refuses (it is down) is reset at once. Every thread polls
 //! the run's end every [`POLL`], so dropping a [`Proxy`] joins them all and closes every socket.
 
-use locksim_sim::net::retransmission_after;
+use locksim_sim::net::{retransmission_after, syn_retransmission_after};
 use locksim_sim::rng::{ChaCha8Rng, Rng};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -317,11 +319,14 @@ enum Piece {
 }
 
 fn serve(client: TcpStream, server: SocketAddr, link: &Link) {
+    let conn = Conn { broken: AtomicBool::new(false) };
+    if !handshake(link, Instant::now(), &conn) {
+        return reset(&client);
+    }
     let Ok(upstream) = TcpStream::connect(server) else {
         // The server is down: its host would refuse; the client's connection to the proxy is reset.
         return reset(&client);
     };
-    let conn = Conn { broken: AtomicBool::new(false) };
     link.open.fetch_add(1, Ordering::Relaxed);
     let _open = Open(&link.open);
     let handles = (client.try_clone(), client.try_clone(), upstream.try_clone());
@@ -343,6 +348,29 @@ fn serve(client: TcpStream, server: SocketAddr, link: &Link) {
     // Every other handle is closed: this last one resets a broken connection as it closes.
     if conn.broken() {
         reset(&client_kept);
+    }
+}
+
+/// A connection dialled while its link is cut (either way) gets through only after the heal: its SYN
+/// (or the answer) is lost, and the client's kernel sends it again 1, 3, 7, 15 … s after the dial
+/// ([`syn_retransmission_after`], the simulator's rule), giving up after `tcp_syn_retries`. Meanwhile
+/// nothing passes either way (what the client sends waits in its kernel's buffer). False: the dial
+/// failed, or the run ended.
+fn handshake(link: &Link, dialled: Instant, conn: &Conn) -> bool {
+    let mut s = link.state();
+    if s.cuts == [0, 0] {
+        return true;
+    }
+    while s.cuts != [0, 0] {
+        if s.stopped {
+            return false;
+        }
+        s = link.changed.wait_timeout(s, POLL).expect("link lock").0;
+    }
+    drop(s);
+    match syn_retransmission_after(0, dialled.elapsed().as_nanos() as u64) {
+        Some(ns) => sleep_until(dialled + Duration::from_nanos(ns), link, conn),
+        None => false,
     }
 }
 
@@ -473,9 +501,35 @@ mod tests {
     }
 
     fn connect(proxy: &Proxy) -> TcpStream {
+        let open = || proxy.link().open.load(Ordering::Relaxed);
+        let before = open();
         let conn = TcpStream::connect(proxy.addr()).unwrap();
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Through its handshake (a connection dialled into a cut is another test's) before the test
+        // cuts anything, unless the proxy does not serve it.
+        let dialled = Instant::now();
+        while open() == before && dialled.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         conn
+    }
+
+    #[test]
+    fn a_connection_dialled_into_a_cut_passes_nothing_until_its_syn_is_sent_again_after_the_heal() {
+        let (proxy, _) = echo_and_proxy();
+        proxy.link().cut(Dir::Up, true);
+        let dialled = Instant::now();
+        let mut conn = TcpStream::connect(proxy.addr()).unwrap();
+        conn.write_all(b"held").unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        proxy.link().cut(Dir::Up, false);
+        // Healed at 0.4 s: the SYN sent again 1 s after the dial gets through, then the bytes.
+        let mut buf = [0u8; 4];
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"held");
+        let after = dialled.elapsed();
+        assert!(after >= Duration::from_millis(1000) && after < Duration::from_millis(1400), "{after:?}");
     }
 
     /// Send `text` and read as many bytes back, returning them and how long it took.

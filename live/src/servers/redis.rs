@@ -27,7 +27,9 @@ pub static LAUNCHER: Launcher = Launcher {
 /// acknowledged write (the kernel has it; fsync matters only when the machine dies), as the model's
 /// `persist = true` assumes — and `appendfsync no` keeps a write from waiting on the disk. No RDB
 /// snapshots, no protected mode; `hz 100` so that a `WAIT` times out within 10 ms of its time rather
-/// than 100.
+/// than 100. `repl-diskless-sync-delay 0`: a master starts a replica's full synchronisation at its next
+/// `replicationCron` (within a second) rather than waiting 5 s for more replicas to join it, as the
+/// model's master feeds a replica at once (docs/models.md says what that leaves out).
 ///
 /// A cluster's members are, in the order of the family's nodes, the master (`redis-0`), its replicas
 /// and the Sentinels ([`sentinel`]). Every data server announces its proxy (`replica-announce-ip`/
@@ -59,7 +61,7 @@ fn data_server(dir: &Path, port: u16, member: Option<&Member>) -> anyhow::Result
     }
     let mut conf = format!(
         "port {port}\nbind 127.0.0.1\ndir {}\nappendonly yes\nappendfsync no\nsave \"\"\ndaemonize no\nhz 100\n\
-         protected-mode no\nlogfile \"\"\n",
+         protected-mode no\nlogfile \"\"\nrepl-diskless-sync-delay 0\n",
         dir.display()
     );
     if let Some(member) = member {
@@ -127,8 +129,7 @@ fn sentinel(dir: &Path, port: u16, member: &Member) -> anyhow::Result<()> {
 /// A replica is ready once its first synchronisation with the master is done (`INFO replication`:
 /// `master_link_status:up`), as the model's replicas are from the start: before that it acknowledges
 /// nothing, so a `WAIT` in the run's first seconds (Redisson's lock) would find no replica. A master
-/// holds a diskless synchronisation back `repl-diskless-sync-delay` (5 s by default) for more replicas
-/// to join it. A master and a Sentinel are ready as they answer.
+/// and a Sentinel are ready as they answer.
 fn synced(addr: SocketAddr) -> anyhow::Result<()> {
     let mut conn = crate::wire::resp::Conn::on(TcpStream::connect(addr)?);
     let info = match conn.command(&["INFO", "replication"])? {

@@ -46,6 +46,9 @@ pub struct Out {
     pub leases: Vec<(NodeIx, u64, bool)>,
     /// Client connections the server closes, after its reply ([`Rpc::close_connection`]).
     pub closes: Vec<Connection>,
+    /// Peers whose connection this node closes and opens again, before its pushes go
+    /// ([`Rpc::reconnect`]: a Redis Sentinel's link to an instance).
+    pub reconnects: Vec<NodeIx>,
     /// Server moments that start aimed faults, in order: a member that just became its cluster's leader
     /// ([`TriggerEvent::LeaderChange`]), a leader that just took a read index
     /// ([`TriggerEvent::ReadIndex`]). Triggers, never events in the history.
@@ -80,6 +83,12 @@ impl Out {
         self.closes.push(connection);
     }
 
+    /// This node closes its connection to `peer` and opens a new one ([`Rpc::reconnect`]); what it
+    /// pushes to `peer` after that goes on the new one.
+    pub fn reconnect(&mut self, peer: NodeIx) {
+        self.reconnects.push(peer);
+    }
+
     /// The server reached `hazard` (a mark beside the history, never an event in it).
     pub fn mark(&mut self, hazard: Hazard) {
         self.marks.push(hazard);
@@ -112,6 +121,9 @@ impl Out {
         }
         for (node, kind) in self.events.drain(..) {
             recorder.record(node, kind);
+        }
+        for peer in self.reconnects.drain(..) {
+            rpc.reconnect(peer);
         }
         for (to, msg) in self.pushes.drain(..) {
             rpc.tell_boxed(to, msg);
@@ -174,7 +186,8 @@ pub trait Backend: Send + 'static {
     /// `Some(start_ms)`: the first tick of this life falls at `start_ms` on the monotonic clock and each
     /// later one an interval after the previous, as a loop that sleeps between rounds does (etcd's
     /// `lessor.runLoop`, `time.After(500ms)`): a pause pushes every later tick back. Read when the
-    /// shell starts serving.
+    /// shell starts serving; [`Backend::tick_interval`] is then read again after each tick, so such a
+    /// server may vary it (Redis Sentinel's timer).
     fn ticks_from(&self) -> Option<i64> {
         None
     }
@@ -229,7 +242,11 @@ pub async fn serve<B: Backend>(state: Arc<Mutex<B>>, rpc: &Rpc, clock: &Clock, r
                     clock.sleep(Duration::from_millis((next_ms - now_ms) as u64)).await;
                     continue;
                 }
-                state.lock().expect("backend lock").tick(Now::of(&clock), &mut out);
+                let every_ms = {
+                    let mut s = state.lock().expect("backend lock");
+                    s.tick(Now::of(&clock), &mut out);
+                    s.tick_interval().map_or(every_ms, |every| every.as_millis() as i64)
+                };
                 out.flush(&rpc, &recorder);
                 next_ms = if from.is_some() { now_ms + every_ms } else { next_boundary(now_ms) };
             }

@@ -648,6 +648,11 @@ impl NetState {
         Socket(socket)
     }
 
+    /// The socket `node` and `peer` last opened between them (0: none, the pair's shared one).
+    fn newest_socket(&self, node: NodeIx, peer: NodeIx) -> Socket {
+        Socket(self.sockets.newest.get(&(node, peer)).copied().unwrap_or(0))
+    }
+
     /// `node` closes its socket to `peer` ([`Rpc::close`]).
     fn close(&mut self, node: NodeIx, peer: NodeIx, Socket(socket): Socket) {
         self.sockets.closed.insert((node, socket));

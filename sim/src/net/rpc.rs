@@ -127,6 +127,17 @@ impl Rpc {
         self.net.state().close(self.me, to, socket);
     }
 
+    /// Close the connection this node last opened to `to` (the pair's shared one if none, socket 0)
+    /// as [`Rpc::close`] does, and open a new one, on which what it then sends without a socket of its
+    /// own goes: a client that drops a connection it gave up on and dials again (a Redis Sentinel's
+    /// link to an instance, `instanceLinkCloseConnection` then `sentinelReconnectInstance`).
+    pub fn reconnect(&self, to: NodeIx) {
+        let mut s = self.net.state();
+        let old = s.newest_socket(self.me, to);
+        s.close(self.me, to, old);
+        s.open(self.me, to);
+    }
+
     /// A server closes a client's connection (ZooKeeper's `ServerCnxn.close`: an expired session's,
     /// a shut-down server's): its kernel sends a FIN behind what the server already sent on it, one
     /// network delay away (held by a cut, as data is; its latency from the kernel's stream, so a run

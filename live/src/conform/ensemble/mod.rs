@@ -14,12 +14,13 @@
 //! plan's times is inconclusive: played once more, never reported as a mismatch.
 
 pub mod etcd;
+pub mod sentinel;
 pub mod zk;
 
 use super::client::{differ, Late, Margin, Outcome, Play, Timeline};
 use crate::servers::{Cluster, Launcher};
 use locksim_locks::params::Params;
-use locksim_locks::{Family, RealServer, RealServers, Servers};
+use locksim_locks::{Family, RealServer, RealServers, Servers, CLUSTER_VARS};
 use locksim_sim::clock::sim_now_ns;
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::Fault;
@@ -39,9 +40,14 @@ pub trait EnsembleFamily: Sync {
     /// One line for `locksim conform --help`.
     const ABOUT: &'static str;
     type Plan: fmt::Display + Clone + Send + Sync;
+    /// How many seeds may play at once, each on a cluster started for it: two by default (three JVMs
+    /// starting together, for ZooKeeper, are a lot for a small machine).
+    const AT_ONCE: usize = 2;
 
     /// The real server whose members the plans are played on.
     fn launcher() -> &'static Launcher;
+    /// The model's family: its topology names the members, in the order the cluster starts them.
+    fn family() -> &'static Family;
     /// A plan from a random stream.
     fn plan(rng: &mut ChaCha8Rng) -> Self::Plan;
     /// The name of a plan's kind, for the coverage counts.
@@ -77,7 +83,8 @@ pub fn check<F: EnsembleFamily>(family: &F, seed: u64) -> anyhow::Result<Outcome
     let backend = F::backend(&plan);
     let mut late = String::new();
     for _ in 0..2 {
-        let cluster = Cluster::start(F::launcher(), backend.int("servers") as usize, &backend, seed)?;
+        let members = (F::family().topology)(&backend).servers.len();
+        let cluster = Cluster::start(F::launcher(), members, &backend, seed)?;
         match family.real(&plan, &cluster) {
             Ok(real) => {
                 let (compared, alone) = without_drawn_alone::<F>(&plan, &model, &real);
@@ -172,8 +179,13 @@ impl Seen {
 
     /// Record `what` now.
     pub fn record(&self, what: &'static str) {
-        let now = self.now_ms();
-        self.timeline.lock().expect("timeline lock").push(now, what);
+        self.record_at(self.now_ms(), what);
+    }
+
+    /// Record `what` at `ms` of the plan: a time the client read from the servers (when the write a
+    /// server kept was made).
+    pub fn record_at(&self, ms: u64, what: &'static str) {
+        self.timeline.lock().expect("timeline lock").push(ms, what);
     }
 
     /// Sleep on `ctx` until `ms` of the plan; a real step that starts late is noted (inconclusive).
@@ -224,19 +236,21 @@ pub fn model_play<P: Clone + Send + Sync + 'static>(
     seen.timeline()
 }
 
-/// Play `plan` on `cluster`, `server`'s members: `clients` on a current-thread runtime with real
-/// contexts and clocks, each reaching its member (or every member) directly on loopback, until
-/// `end_ms`; `faults` on the calling thread meanwhile, on the play's clock. `Err` with [`Late`] inside
-/// if a step started late.
+/// Play `plan` on `cluster`, the real members of `deployment`: `clients` on a current-thread runtime
+/// with real contexts and clocks, each reaching its member (or every member) directly on loopback,
+/// until `end_ms`; `faults` on the calling thread meanwhile, on the play's clock. `Err` with [`Late`]
+/// inside if a step started late.
 pub fn real_play<P: Clone + Send + Sync + 'static>(
     cluster: &Cluster,
-    server: &'static RealServer,
+    deployment: &Model,
     plan: &P,
     clients: &[Client<P>],
     end_ms: u64,
     faults: impl FnOnce(&Play) -> anyhow::Result<()>,
 ) -> anyhow::Result<Timeline> {
-    let addrs: Vec<String> = cluster.addrs().iter().map(ToString::to_string).collect();
+    let server = deployment.family.real.expect("an ensemble family has a real server");
+    let addrs: Vec<String> = cluster.addrs().iter().map(|a| (server.address)(*a)).collect();
+    let nodes = (deployment.family.topology)(deployment.backend).servers;
     // Time to start the clients before the plan's time 0.
     let start = Instant::now() + Duration::from_millis(500);
     let play = Arc::new(Play::starting_at(start));
@@ -250,8 +264,7 @@ pub fn real_play<P: Clone + Send + Sync + 'static>(
             local.block_on(&runtime, async {
                 let mut running = Vec::new();
                 for (i, (member, run)) in planned.into_iter().enumerate() {
-                    let reach = member.map_or_else(|| addrs.join(","), |m| addrs[m].clone());
-                    let servers = Servers::Real(RealServers::from_env(|_| None).with(server, reach));
+                    let servers = Servers::Real(reach(cluster, server, &addrs, &nodes, member));
                     let ctx = Ctx::real(0, i as u64, crate::real::adapter::REAL_TIME);
                     let (plan, seen) = (plan.clone(), seen.clone());
                     running.push(tokio::task::spawn_local(async move {
@@ -274,6 +287,29 @@ pub fn real_play<P: Clone + Send + Sync + 'static>(
     Ok(timeline)
 }
 
+/// The real servers as a client of `member` (or of every member) is told of them, as real mode tells
+/// a client process ([`RealServers`]): its member's address, or every member's with their nodes and
+/// the addresses they announce to each other.
+fn reach(
+    cluster: &Cluster,
+    server: &RealServer,
+    addrs: &[String],
+    nodes: &[String],
+    member: Option<usize>,
+) -> RealServers {
+    let Some(m) = member else {
+        let announced = cluster.announced().map(|a| a.iter().map(|a| (server.address)(*a)).collect::<Vec<_>>());
+        let [nodes_var, announced_var] = CLUSTER_VARS.map(|suffix| format!("{}{suffix}", server.env));
+        return RealServers::from_env(|var| match var {
+            _ if var == server.env => Some(addrs.join(",")),
+            _ if var == nodes_var => Some(nodes.join(",")),
+            _ if var == announced_var => announced.as_ref().map(|a| a.join(",")),
+            _ => None,
+        });
+    };
+    RealServers::from_env(|_| None).with(server, addrs[m].clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +329,9 @@ mod tests {
         type Plan = String;
         fn launcher() -> &'static Launcher {
             &crate::servers::ETCD
+        }
+        fn family() -> &'static Family {
+            &locksim_locks::etcd::FAMILY
         }
         fn plan(_: &mut ChaCha8Rng) -> String {
             String::new()

@@ -26,8 +26,8 @@ use crate::conform::client::zk::{said, DISCONNECTED, GET_LOST};
 use crate::conform::client::{Late, Margin, Timeline, UNDECIDED};
 use crate::servers::{Cluster, Launcher};
 use locksim_locks::params::{ParamValue, Params};
-use locksim_locks::zk::{ZkServers, ZkSession, BACKEND_PARAMS, FAMILY, REAL};
-use locksim_locks::Servers;
+use locksim_locks::zk::{ZkServers, ZkSession, BACKEND_PARAMS, FAMILY};
+use locksim_locks::{Family, Servers};
 use locksim_sim::backend::zk::client::{ConnState, ZkClient};
 use locksim_sim::backend::zk::{CreateMode, ZkOp, ZkReply};
 use locksim_sim::ctx::Ctx;
@@ -114,6 +114,10 @@ impl EnsembleFamily for ZkEnsemble {
 
     fn launcher() -> &'static Launcher {
         &crate::servers::ZOOKEEPER
+    }
+
+    fn family() -> &'static Family {
+        &FAMILY
     }
 
     fn plan(rng: &mut ChaCha8Rng) -> Plan {
@@ -213,7 +217,9 @@ fn real(plan: &Plan, cluster: &Cluster) -> anyhow::Result<Timeline> {
             return Err(Late(why).into());
         }
     }
-    real_play(cluster, &REAL, plan, &clients(plan), plan.end_ms(), |play| {
+    let backend = backend(plan, 0);
+    let deployment = Model { family: &FAMILY, backend: &backend, pin: ZkServers::pinned };
+    real_play(cluster, &deployment, plan, &clients(plan), plan.end_ms(), |play| {
         play.at(plan.cut_at_ms, "the cut");
         cluster.cut(plan.follower, LEADER, true);
         play.at(plan.cut_at_ms + plan.cut_ms, "the heal");

@@ -222,6 +222,19 @@ impl RedisRequest {
         )
     }
 
+    /// Whether a client sends it: neither replication nor Sentinel traffic.
+    pub fn from_a_client(&self) -> bool {
+        !matches!(
+            self,
+            RedisRequest::Replicate { .. }
+                | RedisRequest::ReplAck { .. }
+                | RedisRequest::ReplSync
+                | RedisRequest::ReplClose
+                | RedisRequest::ReplicaOf { .. }
+                | RedisRequest::Sentinel(_)
+        )
+    }
+
     /// Parse a client's command line (see [`parse`]).
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<RedisRequest, String> {
         parse(args, Caller::Client)
@@ -279,14 +292,7 @@ impl RedisRequest {
             }
             RedisRequest::InfoReplicas => push(&["INFO", "replication"]),
             RedisRequest::Command { args } => args.iter().for_each(|a| push(&[a])),
-            RedisRequest::Replicate { .. }
-            | RedisRequest::ReplAck { .. }
-            | RedisRequest::ReplSync
-            | RedisRequest::ReplClose
-            | RedisRequest::ReplicaOf { .. }
-            | RedisRequest::Sentinel(_) => {
-                unreachable!("replication and Sentinel traffic is not a client command")
-            }
+            request => unreachable!("{request:?}: replication and Sentinel traffic is not a client command"),
         }
         args
     }

@@ -59,11 +59,11 @@ pub use lua::{format_g17, sha1_hex, INSTRUCTION_BUDGET};
 use super::{Backend, Now, Out};
 use crate::clock::sim_now_ns;
 use crate::history::NodeIx;
-use crate::net::Rpc;
+use crate::net::{Connection, Rpc};
 use crate::world::NodeEnv;
 use data::Data;
 use lua::Scripting;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -274,6 +274,10 @@ pub struct RedisState {
     watched: Option<(NodeIx, sentinel::Sentinels)>,
     /// As a master under `min-replicas-*`: how many replicas it last counted good (see [`Managed`]).
     good_replicas: usize,
+    /// Under Sentinel: the connections clients sent commands on (normal and pub/sub clients; not a
+    /// replica's link, not a Sentinel's), which a Sentinel's `REPLICAOF` closes (see
+    /// [`RedisState::replicaof`]).
+    clients: BTreeSet<Connection>,
 }
 
 /// A server under Sentinel ([`sentinel`]): its role changes at `REPLICAOF`, as a replica it sends
@@ -315,6 +319,7 @@ impl RedisState {
     /// the script cache, the subscriptions and the replica link's buffers.
     pub fn restart(&mut self) {
         self.scripting = None;
+        self.clients.clear();
         self.data.forget_subscribers();
         self.data.shipped.clear();
     }
@@ -368,7 +373,13 @@ impl RedisState {
     /// follow `m` — drop this server's own replica link and ask `m` for a full resynchronisation, which
     /// empties the dataset first (`replicationSetMaster`, `replication.c`, 7.0). Already following `m`:
     /// nothing changes ("Already connected to specified master").
+    ///
+    /// Sentinel sends it in a transaction with `CLIENT KILL TYPE normal` and `CLIENT KILL TYPE pubsub`
+    /// (`sentinelSendSlaveOf`, `sentinel.c`, 7.0: "to trigger the ask-master-on-reconnection protocol
+    /// for connected clients"): every client's connection is closed, so a client on a master just
+    /// made a replica sees its connection end, not `READONLY`, and asks the Sentinels again.
     fn replicaof(&mut self, master: Option<NodeIx>, out: &mut Out) -> RedisReply {
+        std::mem::take(&mut self.clients).into_iter().for_each(|c| out.close(c));
         match master {
             None => {
                 if let Some(old) = self.replica_of.take() {
@@ -425,6 +436,15 @@ impl RedisState {
 impl Backend for RedisState {
     type Request = RedisRequest;
     type Reply = RedisReply;
+
+    /// Under Sentinel a client's connection is kept, for the `CLIENT KILL` that comes with a Sentinel's
+    /// `REPLICAOF`.
+    fn apply_via(&mut self, now: Now, via: Connection, request: RedisRequest, out: &mut Out) -> RedisReply {
+        if self.managed.is_some() && request.from_a_client() {
+            self.clients.insert(via);
+        }
+        self.apply(now, via.peer, request, out)
+    }
 
     /// Key expiry follows the wall clock: Redis 7 stores absolute Unix-time deadlines (`mstime()`),
     /// so a jump of the server's clock expires keys early or late.

@@ -2,11 +2,18 @@
 //! agree that the master is down, elect one of themselves, and promote a replica.
 //!
 //! Modelled behaviour, from `sentinel.c` (7.0) and the Sentinel documentation:
-//! - Each Sentinel's timer runs ten times a second (`sentinelTimer`, `hz` 10). It PINGs every instance
-//!   once `min(down-after-milliseconds, 1 s)` has passed since its last reply, and asks `INFO` every
-//!   10 s — every second of a replica while its master is objectively down or failing over
-//!   (`sentinelSendPeriodicCommands`). At most one PING and one INFO are in flight per instance: a
-//!   real Sentinel's link holds the rest, and closes and reopens itself when a PING waits too long.
+//! - Each Sentinel's timer runs 10 to 19 times a second, the rate drawn at each run (`sentinelTimer`
+//!   sets `server.hz` so, to desynchronise the Sentinels: three whose timers stay in step ask for
+//!   votes at the same instant and split them). It PINGs every instance once `min(down-after-
+//!   milliseconds, 1 s)` has passed since its last reply, and asks `INFO` every 10 s — every second of
+//!   a replica while its master is objectively down or failing over (`sentinelSendPeriodicCommands`).
+//!   At most one PING and one INFO are in flight per instance: a real Sentinel's link holds the rest.
+//! - Each link to an instance is a connection of its own: one at least 15 s old whose pending PING and
+//!   last PONG are both older than half `down-after-milliseconds` is closed and dialled again
+//!   (`sentinelCheckSubjectivelyDown`, `SENTINEL_MIN_LINK_RECONNECT_PERIOD`), and a `+switch-master`
+//!   makes every instance, and its link, anew. In a partition the new connection's SYN waits for the
+//!   heal ([`crate::net::Rpc::reconnect`]), so the old master is reached again at its next SYN
+//!   retransmission, not at an old link's data retransmission minutes later.
 //! - An instance is subjectively down (SDOWN) once its oldest unanswered PING is older than
 //!   `down-after-milliseconds` (`act_ping_time`, `sentinelCheckSubjectivelyDown`); a reply clears it.
 //! - While it sees the master SDOWN, a Sentinel asks each other Sentinel `SENTINEL
@@ -43,11 +50,14 @@
 //! - Clients ask `SENTINEL masters`, which answers with the master's node and whether this Sentinel
 //!   sees it down (redis-py's `discover_master` skips a Sentinel whose answer says down).
 //!
+//! - A Sentinel's `REPLICAOF` comes with `CLIENT KILL TYPE normal` and `TYPE pubsub`, closing the
+//!   instance's clients' connections ([`super::RedisState`]).
+//!
+//! Checked against real Sentinels by `locksim conform redis-sentinel`.
+//!
 //! Not modelled: TILT mode (Sentinel's timers read the node's monotonic clock here, so clock jumps do
 //! not move them), replica priorities, `parallel-syncs`, Sentinels' own SDOWN, the discovery of
-//! Sentinels and replicas, and a link's reconnection: a Sentinel's messages to an instance ride the
-//! simulator's one TCP link between the two nodes, so after a long cut they arrive at the sender's
-//! next retransmission, where a real Sentinel would have closed the link and reconnected.
+//! Sentinels and replicas, and the pub/sub link (hellos go from Sentinel to Sentinel).
 
 use super::{RedisReply, RedisRequest};
 use crate::backend::{Backend, Now, Out};
@@ -58,8 +68,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How often a Sentinel's timer runs (`hz` 10).
+/// A Sentinel's timer runs at `hz` 10 to 19, drawn again at each run (`sentinelTimer`: "continuously
+/// change the frequency … in order to desynchronize every Sentinel from every other", so that
+/// Sentinels started together do not keep asking for votes at the same instant and split them): the
+/// first run is within this of a life's start.
 const TIMER_MS: i64 = 100;
+/// `CONFIG_DEFAULT_HZ`.
+const DEFAULT_HZ: i64 = 10;
 /// `SENTINEL_PING_PERIOD`: the longest wait between PINGs.
 const PING_PERIOD_MS: i64 = 1_000;
 /// `SENTINEL_INFO_PERIOD`.
@@ -73,6 +88,8 @@ const HELLO_PERIOD_MS: i64 = 2_000;
 const MAX_DESYNC_MS: i64 = 1_000;
 /// `SENTINEL_ELECTION_TIMEOUT`.
 const ELECTION_TIMEOUT_MS: i64 = 10_000;
+/// `SENTINEL_MIN_LINK_RECONNECT_PERIOD`: a link younger than this is never recycled.
+const MIN_LINK_RECONNECT_PERIOD_MS: i64 = 15_000;
 
 /// What a replication instance reports of itself in `INFO replication`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +128,12 @@ pub struct SentinelConfig {
     pub quorum: usize,
 }
 
-/// One Sentinel's link to an instance it watches.
+/// One Sentinel's link to an instance it watches: a connection of its own, which it closes and dials
+/// again when a PING has waited too long ([`SentinelState::check_down`]).
 #[derive(Debug, Clone, Default)]
 struct Link {
+    /// When its connection was opened (`cc_conn_time`).
+    conn_ms: i64,
     /// When the oldest unanswered PING was sent (`act_ping_time`).
     ping_pending_since: Option<i64>,
     last_ping_ms: Option<i64>,
@@ -138,7 +158,7 @@ struct Link {
 impl Link {
     /// A link to an instance made `now` (`createSentinelRedisInstance`), with the role it is known by.
     fn new(role: Option<Role>, now: i64) -> Link {
-        Link { role, role_since_ms: now, conf_change_ms: now, ..Link::default() }
+        Link { conn_ms: now, role, role_since_ms: now, conf_change_ms: now, ..Link::default() }
     }
 }
 
@@ -188,6 +208,8 @@ pub struct SentinelState {
     rng: Option<ChaCha8Rng>,
     /// The monotonic time of this life's first timer (set by the node when it starts).
     pub first_tick_ms: Option<i64>,
+    /// How long until the next timer: `1000 / hz`, `hz` drawn at each timer ([`DEFAULT_HZ`]).
+    timer_ms: i64,
 }
 
 impl SentinelState {
@@ -216,6 +238,7 @@ impl SentinelState {
             last_hello_ms: None,
             rng: None,
             first_tick_ms: None,
+            timer_ms: TIMER_MS,
         }
     }
 
@@ -283,10 +306,21 @@ impl SentinelState {
         }
     }
 
-    /// SDOWN of every instance (`sentinelCheckSubjectivelyDown`).
-    fn check_down(&mut self, now: i64) {
+    /// SDOWN of every instance (`sentinelCheckSubjectivelyDown`). First, a link older than
+    /// [`MIN_LINK_RECONNECT_PERIOD_MS`] whose pending PING and last PONG are both older than half
+    /// `down-after` is closed and dialled again (in a partition the new connection's SYN waits for
+    /// the heal); the PING still counts from the first unanswered one (`act_ping_time` is kept), and
+    /// the next timer PINGs on the new connection (`sentinelReconnectInstance`: "Send a PING ASAP").
+    fn check_down(&mut self, now: i64, out: &mut Out) {
         let down_after = self.down_after_ms();
-        for link in self.links.values_mut() {
+        for (node, link) in self.links.iter_mut() {
+            let old = |at: Option<i64>| at.is_none_or(|t| now - t > down_after / 2);
+            let stuck = link.ping_pending_since.is_some_and(|t| now - t > down_after / 2) && old(link.last_pong_ms);
+            if now - link.conn_ms > MIN_LINK_RECONNECT_PERIOD_MS && stuck {
+                out.reconnect(*node);
+                link.conn_ms = now;
+                (link.last_ping_ms, link.info_sent_ms) = (None, None);
+            }
             let down = link.ping_pending_since.is_some_and(|t| now - t > down_after);
             if down && !link.down {
                 link.down_since_ms = Some(now);
@@ -432,15 +466,16 @@ impl SentinelState {
                     !link.down && link.role.is_none_or(|role| role.replica_of != Some(promoted))
                 });
                 if !pending || now - since > self.failover_timeout_ms() {
-                    self.switch_master(now, promoted);
+                    self.switch_master(now, promoted, out);
                 }
             }
         }
     }
 
     /// `+switch-master` (`sentinelResetMasterAndChangeAddress`): `to` is the master now, the old master
-    /// one of its replicas; links start afresh and a new failover may start at once.
-    fn switch_master(&mut self, now: i64, to: NodeIx) {
+    /// one of its replicas; links start afresh — each instance is made anew, and its link with a new
+    /// connection — and a new failover may start at once.
+    fn switch_master(&mut self, now: i64, to: NodeIx, out: &mut Out) {
         let old = self.master;
         self.replicas.retain(|r| *r != to);
         self.replicas.push(old);
@@ -451,6 +486,7 @@ impl SentinelState {
             // A replica instance is made with the slave role reported (`createSentinelRedisInstance`).
             let role = (node != to).then_some(Role { replica_of: Some(to), offset: 0 });
             self.links.insert(node, Link::new(role, now));
+            out.reconnect(node);
         }
         for view in self.peer_views.values_mut() {
             view.says_down = false;
@@ -549,7 +585,7 @@ impl SentinelState {
                 if config_epoch > self.config_epoch {
                     self.config_epoch = config_epoch;
                     if master != self.master {
-                        self.switch_master(now, master); // +config-update-from, +switch-master
+                        self.switch_master(now, master, out); // +config-update-from, +switch-master
                     }
                 }
             }
@@ -574,7 +610,7 @@ impl Backend for SentinelState {
     }
 
     fn tick_interval(&self) -> Option<Duration> {
-        Some(Duration::from_millis(TIMER_MS as u64))
+        Some(Duration::from_millis(self.timer_ms as u64))
     }
 
     fn ticks_from(&self) -> Option<i64> {
@@ -587,13 +623,16 @@ impl Backend for SentinelState {
 
         self.probe(now, out);
         self.hello(now, out);
-        self.check_down(now);
+        self.check_down(now, out);
         self.check_objectively_down();
         if self.start_failover_if_needed(now) {
             self.ask_peers(now, true, out);
         }
         self.run_failover(now, out);
         self.ask_peers(now, false, out);
+        if let Some(rng) = &mut self.rng {
+            self.timer_ms = 1000 / (DEFAULT_HZ + rng.gen_range(0..DEFAULT_HZ));
+        }
     }
 }
 
@@ -804,6 +843,45 @@ mod tests {
         answer(&mut s, 8_200, REPLICA, new_master);
         let convert = answer(&mut s, 8_200, MASTER, AS_MASTER);
         assert_eq!(convert, vec![(MASTER, RedisRequest::ReplicaOf { master: Some(REPLICA) })]);
+    }
+
+    /// A link whose PING has waited more than half `down-after` (and no PONG came for as long) is
+    /// closed and dialled again once it is 15 s old; the instance is still down since its first
+    /// unanswered PING, and the new connection is PINGed at the next timer.
+    #[test]
+    fn a_stuck_link_is_dialled_again_once_fifteen_seconds_old() {
+        let mut s = sentinel(0);
+        let mut out = Out::default();
+        s.tick(Now::at(0), &mut out);
+        let probes =
+            sent(&mut out).into_iter().filter(|(_, m)| matches!(m, RedisRequest::Sentinel(SentinelMsg::Probe { .. })));
+        assert_eq!(probes.map(|(to, _)| to).collect::<Vec<_>>(), vec![MASTER, REPLICA]);
+        s.tick(Now::at(14_900), &mut out);
+        assert!(out.reconnects.is_empty(), "not 15 s old yet");
+        assert!(s.master_down(), "down since the PING at 0");
+        sent(&mut out);
+        s.tick(Now::at(15_100), &mut out);
+        assert_eq!(out.reconnects, vec![MASTER, REPLICA]);
+        assert!(s.master_down(), "still down since the PING at 0");
+        out.reconnects.clear();
+        let pings = tick(&mut s, 15_200);
+        assert!(pings.contains(&(MASTER, RedisRequest::Sentinel(SentinelMsg::Probe { info: true }))), "{pings:?}");
+        s.tick(Now::at(20_000), &mut out);
+        assert!(out.reconnects.is_empty(), "the new link is young");
+    }
+
+    /// The timer's frequency is drawn at each run, 10 to 19 times a second.
+    #[test]
+    fn the_timer_runs_at_a_frequency_drawn_each_time() {
+        let mut s = sentinel(0);
+        s.restart(stream(7, Stream::Sentinel, 0), 0);
+        let mut seen = std::collections::BTreeSet::new();
+        for ms in (0..20_000).step_by(100) {
+            tick(&mut s, ms);
+            seen.insert(s.tick_interval().expect("a timer").as_millis());
+        }
+        assert!(seen.iter().all(|ms| (52..=100).contains(ms)), "{seen:?}");
+        assert!(seen.len() > 5, "{seen:?}");
     }
 
     /// A replica that follows another master is pointed at this one once it has named that master for

@@ -833,3 +833,29 @@ fn a_sentinels_probe_is_answered_with_the_role() {
         (sentinel, RedisRequest::Sentinel(sentinel::SentinelMsg::Probed { role }))
     );
 }
+
+/// Sentinel's `REPLICAOF` comes with `CLIENT KILL TYPE normal` and `TYPE pubsub`: every client's
+/// connection is closed — not a replica's link, not a Sentinel's — and a client that comes back is
+/// tracked afresh.
+#[test]
+fn a_sentinels_replicaof_closes_every_clients_connection() {
+    use crate::net::Connection;
+    let mut state = managed_master();
+    let mut out = Out::default();
+    let (a, b) = (Connection::on(NodeIx(7), 1), Connection::on(NodeIx(8), 2));
+    let sentinel = Connection::on(NodeIx(5), 3);
+    let replica = Connection::on(NodeIx(1), 4);
+    state.apply_via(Now::at(0), a, RedisRequest::Get { key: "k".into() }, &mut out);
+    state.apply_via(Now::at(0), b, RedisRequest::Subscribe { channel: "c".into() }, &mut out);
+    state.apply_via(Now::at(0), replica, RedisRequest::ReplAck { offset: 0 }, &mut out);
+    let probe = RedisRequest::Sentinel(sentinel::SentinelMsg::Probe { info: false });
+    state.apply_via(Now::at(0), sentinel, probe, &mut out);
+    assert!(out.closes.is_empty());
+    state.apply_via(Now::at(1), sentinel, RedisRequest::ReplicaOf { master: Some(NodeIx(2)) }, &mut out);
+    assert_eq!(out.closes, vec![a, b]);
+    // Already following it: the connections are closed all the same (the transaction's CLIENT KILL).
+    out.closes.clear();
+    state.apply_via(Now::at(2), a, RedisRequest::Get { key: "k".into() }, &mut out);
+    state.apply_via(Now::at(3), sentinel, RedisRequest::ReplicaOf { master: Some(NodeIx(2)) }, &mut out);
+    assert_eq!(out.closes, vec![a]);
+}

@@ -40,9 +40,9 @@
 use super::{model_play, real_play, Client, EnsembleFamily, Model, Seen};
 use crate::conform::client::{Margin, Timeline};
 use crate::servers::{Cluster, Launcher};
-use locksim_locks::etcd::{connect, EtcdApi, EtcdServers, BACKEND_PARAMS, FAMILY, REAL};
+use locksim_locks::etcd::{connect, EtcdApi, EtcdServers, BACKEND_PARAMS, FAMILY};
 use locksim_locks::params::{ParamValue, Params};
-use locksim_locks::Servers;
+use locksim_locks::{Family, Servers};
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, LeaseId};
 use locksim_sim::ctx::Ctx;
 use locksim_sim::fault::{Action, Fault, Target};
@@ -121,6 +121,10 @@ impl EnsembleFamily for EtcdCluster {
         &crate::servers::ETCD
     }
 
+    fn family() -> &'static Family {
+        &FAMILY
+    }
+
     fn plan(rng: &mut ChaCha8Rng) -> Plan {
         match rng.gen_bool(0.5) {
             true => Plan::Kill(Kill {
@@ -150,8 +154,7 @@ impl EnsembleFamily for EtcdCluster {
             Plan::Kill(k) => (&KILL_CLIENTS, kill(k)),
             Plan::Pause(p) => (&reads::CLIENTS, p.fault()),
         };
-        let model = Model { family: &FAMILY, backend: &EtcdCluster::backend(plan), pin: EtcdServers::pinned };
-        model_play(seed, model, plan, clients, vec![fault], plan.end_ms())
+        model_play(seed, deployment(&EtcdCluster::backend(plan)), plan, clients, vec![fault], plan.end_ms())
     }
 
     fn real(&self, plan: &Plan, cluster: &Cluster) -> anyhow::Result<Timeline> {
@@ -179,6 +182,11 @@ impl EnsembleFamily for EtcdCluster {
     }
 }
 
+/// The cluster of `backend`, on either side.
+fn deployment(backend: &Params) -> Model<'_> {
+    Model { family: &FAMILY, backend, pin: EtcdServers::pinned }
+}
+
 /// The kill as a scenario's crash of the `leader`.
 fn kill(k: &Kill) -> Fault {
     Fault {
@@ -191,7 +199,7 @@ fn kill(k: &Kill) -> Fault {
 
 /// The kill on a real cluster: the leader killed (SIGKILL) and started again with its data.
 fn real_kill(plan: &Plan, k: &Kill, cluster: &Cluster) -> anyhow::Result<Timeline> {
-    real_play(cluster, &REAL, plan, &KILL_CLIENTS, plan.end_ms(), |play| {
+    real_play(cluster, &deployment(&EtcdCluster::backend(plan)), plan, &KILL_CLIENTS, plan.end_ms(), |play| {
         play.at(k.kill_ms, "the kill");
         let Some(leader) = cluster.leader() else { anyhow::bail!("the real cluster had no leader at the kill") };
         cluster.member(leader).crash()?;

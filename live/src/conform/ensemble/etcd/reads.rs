@@ -2,11 +2,11 @@
 //! member reads (the module above says what it measures and why a stale read on the paused member is
 //! counted one way only).
 
-use super::Plan;
+use super::{deployment, EtcdCluster, Plan};
 use crate::conform::client::{Margin, Timeline};
-use crate::conform::ensemble::{real_play, Client, Seen};
+use crate::conform::ensemble::{real_play, Client, EnsembleFamily, Seen};
 use crate::servers::Cluster;
-use locksim_locks::etcd::{connect, EtcdApi, REAL};
+use locksim_locks::etcd::{connect, EtcdApi};
 use locksim_locks::Servers;
 use locksim_sim::backend::etcd::{EtcdReply, EtcdRequest, Op, OpResult, Range};
 use locksim_sim::ctx::Ctx;
@@ -69,7 +69,7 @@ impl Pause {
 
     /// The plan on a real cluster: the leader stopped (SIGSTOP) and continued (SIGCONT).
     pub(super) fn real(&self, plan: &Plan, cluster: &Cluster) -> anyhow::Result<Timeline> {
-        real_play(cluster, &REAL, plan, &CLIENTS, self.end_ms(), |play| {
+        real_play(cluster, &deployment(&EtcdCluster::backend(plan)), plan, &CLIENTS, self.end_ms(), |play| {
             play.at(self.pause_ms, "the pause");
             let Some(leader) = cluster.leader() else { anyhow::bail!("the real cluster had no leader at the pause") };
             cluster.member(leader).stop()?;
