@@ -27,9 +27,10 @@ pub static LAUNCHER: Launcher = Launcher {
 /// acknowledged write (the kernel has it; fsync matters only when the machine dies), as the model's
 /// `persist = true` assumes — and `appendfsync no` keeps a write from waiting on the disk. No RDB
 /// snapshots, no protected mode; `hz 100` so that a `WAIT` times out within 10 ms of its time rather
-/// than 100. `repl-diskless-sync-delay 0`: a master starts a replica's full synchronisation at its next
-/// `replicationCron` (within a second) rather than waiting 5 s for more replicas to join it, as the
-/// model's master feeds a replica at once (docs/models.md says what that leaves out).
+/// than 100. `repl-diskless-sync-delay 0`: a master starts a replica's full synchronisation at once
+/// (`syncCommand`), rather than in `replicationCron` once the replica has waited 5 whole seconds for
+/// more to join it (Redis 7.0.15, `shouldStartChildReplication`), as the model's master feeds a replica
+/// at once (docs/models.md says what that leaves out).
 ///
 /// A cluster's members are, in the order of the family's nodes, the master (`redis-0`), its replicas
 /// and the Sentinels ([`sentinel`]). Every data server announces its proxy (`replica-announce-ip`/
